@@ -1,0 +1,36 @@
+//! The whole configuration as read from pgbouncer.ini: databases, users,
+//! settings, and the warnings worth logging.
+
+use crate::database::Database;
+use crate::error::Warning;
+use crate::settings::Settings;
+use crate::user_entry::UserEntry;
+
+/// A fully read configuration.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Config {
+    /// `[databases]` entries in file order, without the `*` entry. A name
+    /// defined twice keeps its first position and its last definition.
+    pub databases: Vec<Database>,
+    /// The `*` entry: the template for databases not listed by name.
+    pub fallback_database: Option<Database>,
+    /// `[users]` entries in file order (same rule for repeated names).
+    pub users: Vec<UserEntry>,
+    /// `[pgbouncer]` and `[sluice]` settings.
+    pub settings: Settings,
+    /// Unknown keys and other oddities, for the daemon to log.
+    pub warnings: Vec<Warning>,
+}
+
+impl Config {
+    /// The `[databases]` entry named exactly `name`. The `*` fallback is not
+    /// consulted; see `fallback_database`.
+    pub fn database(&self, name: &str) -> Option<&Database> {
+        self.databases.iter().find(|database| database.name == name)
+    }
+
+    /// The `[users]` entry named exactly `name`.
+    pub fn user(&self, name: &str) -> Option<&UserEntry> {
+        self.users.iter().find(|user| user.name == name)
+    }
+}

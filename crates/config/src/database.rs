@@ -1,0 +1,242 @@
+//! One `[databases]` entry: the name clients connect to and where and how
+//! sluice connects to the server for it, read from its connection string.
+
+use std::time::Duration;
+
+use crate::choices::{LoadBalanceHosts, PoolMode};
+use crate::codecs::{Choice, Codec, parse_count, parse_port};
+use crate::connstring::ConnParam;
+use crate::entry_source::{EntrySource, ParamProblem};
+use crate::error::ConfigError;
+use crate::time_text::{parse_optional_seconds, parse_seconds};
+
+/// A `[databases]` entry. `None` means "not set here": the global setting
+/// (or, for `dbname`, the entry's own name) applies.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Database {
+    /// The name clients ask for (`*` for the fallback entry).
+    pub name: String,
+    /// As written: a host name or address, a comma-separated list of them,
+    /// or a Unix socket directory (starting with `/`, or `@` for the
+    /// abstract namespace). `None` means the default Unix socket.
+    pub host: Option<String>,
+    /// Server port; `None` means 5432.
+    pub port: Option<u16>,
+    /// Server database name; `None` means the same as `name`.
+    pub dbname: Option<String>,
+    /// Forced server user: every client shares one pool under this user.
+    pub user: Option<String>,
+    /// Password for the forced user; `None` means take it from auth_file.
+    pub password: Option<String>,
+    /// Overrides the global `auth_user`.
+    pub auth_user: Option<String>,
+    /// Overrides the global `auth_query`.
+    pub auth_query: Option<String>,
+    /// Overrides the global `auth_dbname`.
+    pub auth_dbname: Option<String>,
+    pub pool_size: Option<u32>,
+    pub min_pool_size: Option<u32>,
+    /// `reserve_pool_size`, or its old name `reserve_pool`.
+    pub reserve_pool_size: Option<u32>,
+    pub pool_mode: Option<PoolMode>,
+    pub max_db_connections: Option<u32>,
+    pub max_db_client_connections: Option<u32>,
+    pub server_lifetime: Option<Duration>,
+    /// `query_wait_timeout` for this database; `-1` in the file means unset.
+    pub query_wait_timeout: Option<Duration>,
+    /// Run on each new server connection before clients use it.
+    pub connect_query: Option<String>,
+    pub client_encoding: Option<String>,
+    pub datestyle: Option<String>,
+    pub timezone: Option<String>,
+    pub application_name: Option<String>,
+    /// How a host from a `host` list is picked; `None` means round-robin.
+    pub load_balance_hosts: Option<LoadBalanceHosts>,
+    /// Which servers are acceptable: any, read-write, read-only, primary or
+    /// standby. `None` means any.
+    pub target_session_attrs: Option<String>,
+    /// Line of the entry in the file that defined it.
+    pub line: usize,
+}
+
+/// The parameters a database connection string may use, with a description
+/// for the docs. The reader accepts exactly these.
+pub(crate) const DATABASE_PARAMETERS: &[(&str, &str)] = &[
+    (
+        "dbname",
+        "Server database name; default: the entry's own name.",
+    ),
+    (
+        "host",
+        "Host, address, comma-separated list, or Unix socket directory; default: Unix socket.",
+    ),
+    ("port", "Server port; default 5432."),
+    (
+        "user",
+        "Forced server user: all clients share one pool logged in as this user.",
+    ),
+    (
+        "password",
+        "Password for the forced user; default: from auth_file.",
+    ),
+    ("auth_user", "Overrides auth_user for this database."),
+    (
+        "auth_query",
+        "Overrides auth_query for this database (quote it).",
+    ),
+    ("auth_dbname", "Overrides auth_dbname for this database."),
+    ("pool_size", "Overrides default_pool_size."),
+    ("min_pool_size", "Overrides min_pool_size."),
+    (
+        "reserve_pool_size",
+        "Overrides reserve_pool_size; reserve_pool is the old name.",
+    ),
+    ("reserve_pool", "Old name of reserve_pool_size."),
+    ("pool_mode", "Overrides pool_mode."),
+    ("max_db_connections", "Overrides max_db_connections."),
+    (
+        "max_db_client_connections",
+        "Overrides max_db_client_connections.",
+    ),
+    ("server_lifetime", "Overrides server_lifetime. (seconds)"),
+    (
+        "query_wait_timeout",
+        "Overrides query_wait_timeout; -1 means not set. (seconds)",
+    ),
+    (
+        "connect_query",
+        "Query run on each new server connection before clients use it.",
+    ),
+    ("client_encoding", "client_encoding asked of the server."),
+    ("datestyle", "DateStyle asked of the server."),
+    ("timezone", "TimeZone asked of the server."),
+    ("application_name", "application_name asked of the server."),
+    (
+        "load_balance_hosts",
+        "round-robin (default) or disable: how a host from a host list is picked.",
+    ),
+    (
+        "target_session_attrs",
+        "any (default), read-write, read-only, primary or standby.",
+    ),
+];
+
+const SESSION_ATTRS: [&str; 5] = ["any", "read-write", "read-only", "primary", "standby"];
+
+impl Database {
+    /// Builds the entry `source.name = connstring`.
+    pub(crate) fn from_connstring(
+        source: &EntrySource<'_>,
+        connstring: &str,
+    ) -> Result<Database, ConfigError> {
+        let mut database = Database {
+            name: source.name.to_string(),
+            line: source.line,
+            ..Database::default()
+        };
+        source.apply_params(connstring, |param| database.apply(param))?;
+        Ok(database)
+    }
+
+    fn apply(&mut self, param: &ConnParam) -> Result<(), ParamProblem> {
+        let value = param.value.clone();
+        let text = value.as_str();
+        match param.key.as_str() {
+            "dbname" => self.dbname = Some(value),
+            "host" => self.host = Some(value),
+            "port" => self.port = Some(parse_port(text)?),
+            "user" => self.user = Some(value),
+            "password" => self.password = Some(value),
+            "auth_user" => self.auth_user = Some(value),
+            "auth_query" => self.auth_query = Some(value),
+            "auth_dbname" => self.auth_dbname = Some(value),
+            "pool_size" => self.pool_size = Some(parse_count(text)?),
+            "min_pool_size" => self.min_pool_size = Some(parse_count(text)?),
+            "reserve_pool" | "reserve_pool_size" => {
+                self.reserve_pool_size = Some(parse_count(text)?);
+            }
+            "pool_mode" => self.pool_mode = Some(Choice::<PoolMode>::parse(text)?),
+            "max_db_connections" => self.max_db_connections = Some(parse_count(text)?),
+            "max_db_client_connections" => {
+                self.max_db_client_connections = Some(parse_count(text)?);
+            }
+            "server_lifetime" => self.server_lifetime = Some(parse_seconds(text)?),
+            "query_wait_timeout" => self.query_wait_timeout = parse_optional_seconds(text)?,
+            "connect_query" => self.connect_query = Some(value),
+            "client_encoding" => self.client_encoding = Some(value),
+            "datestyle" => self.datestyle = Some(value),
+            "timezone" => self.timezone = Some(value),
+            "application_name" => self.application_name = Some(value),
+            "load_balance_hosts" => {
+                self.load_balance_hosts = Some(Choice::<LoadBalanceHosts>::parse(text)?);
+            }
+            "target_session_attrs" => {
+                let attrs = text.to_ascii_lowercase();
+                if !SESSION_ATTRS.contains(&attrs.as_str()) {
+                    return Err(format!("expected one of {}", SESSION_ATTRS.join(", ")).into());
+                }
+                self.target_session_attrs = Some(attrs);
+            }
+            _ => return Err(ParamProblem::Unknown),
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::path::Path;
+
+    fn parse(connstring: &str) -> Result<Database, ConfigError> {
+        let source = EntrySource {
+            kind: "database",
+            file: Path::new("test.ini"),
+            line: 3,
+            name: "app",
+        };
+        Database::from_connstring(&source, connstring)
+    }
+
+    #[test]
+    fn every_documented_parameter_is_accepted() {
+        for (name, _) in DATABASE_PARAMETERS {
+            let value = match *name {
+                "port"
+                | "pool_size"
+                | "min_pool_size"
+                | "reserve_pool"
+                | "reserve_pool_size"
+                | "max_db_connections"
+                | "max_db_client_connections"
+                | "server_lifetime"
+                | "query_wait_timeout" => "5",
+                "pool_mode" => "transaction",
+                "load_balance_hosts" => "disable",
+                "target_session_attrs" => "primary",
+                _ => "x",
+            };
+            parse(&format!("{name}={value}")).unwrap();
+        }
+    }
+
+    #[test]
+    fn empty_connstring_sets_nothing() {
+        let database = parse("").unwrap();
+        assert_eq!(database.name, "app");
+        assert_eq!(database.line, 3);
+        assert_eq!(database.host, None);
+    }
+
+    #[test]
+    fn query_wait_timeout_minus_one_is_unset() {
+        assert_eq!(
+            parse("query_wait_timeout=-1").unwrap().query_wait_timeout,
+            None
+        );
+        assert_eq!(
+            parse("query_wait_timeout=2.5").unwrap().query_wait_timeout,
+            Some(Duration::from_millis(2500))
+        );
+    }
+}

@@ -1,0 +1,262 @@
+//! The table of every `[pgbouncer]` and `[sluice]` key: its field type,
+//! PgBouncer's default, how it is read and shown, whether it may change
+//! while running, and a one-line description. Rows are sorted by key within
+//! each section; the macro in `settings_macro` turns them into `Settings`.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use crate::choices::{AuthType, PoolMode, RuntimeKind};
+use crate::codecs::{
+    Choice, Count, Flag, List, OctalMode, OptionalPath, OptionalText, PeerId, Port, PositiveCount,
+    Seconds, SslMode, Text, ThreadCount,
+};
+use crate::settings_macro::define_settings;
+
+/// PgBouncer's default `auth_query`.
+pub const DEFAULT_AUTH_QUERY: &str = "SELECT rolname, CASE WHEN rolvaliduntil < now() \
+     THEN NULL ELSE rolpassword END FROM pg_authid WHERE rolname=$1 AND rolcanlogin";
+
+/// `tcp_defer_accept` is on by default where the socket option exists.
+const DEFAULT_TCP_DEFER_ACCEPT: &str = if cfg!(target_os = "linux") { "1" } else { "0" };
+const DEFAULT_TCP_DEFER_ACCEPT_VALUE: u32 = if cfg!(target_os = "linux") { 1 } else { 0 };
+
+fn text(value: &str) -> String {
+    value.to_string()
+}
+
+const fn secs(seconds: u64) -> Duration {
+    Duration::from_secs(seconds)
+}
+
+define_settings! {
+    pgbouncer {
+        admin_users: Vec<String> = Vec::new() => "", List, reload,
+            "Comma-separated users allowed to run every admin console command.";
+        application_name_add_host: bool = false => "0", Flag, reload,
+            "Append the client's address and port to application_name at connect.";
+        auth_dbname: Option<String> = None => "", OptionalText, reload,
+            "Database in which auth_query runs, unless a database entry sets its own.";
+        auth_file: Option<PathBuf> = None => "", OptionalPath, reload,
+            "File of user names and passwords; a relative path is taken from the ini file's \
+             directory.";
+        auth_hba_file: Option<PathBuf> = None => "", OptionalPath, reload,
+            "pg_hba.conf-style rules used when auth_type is hba; relative to the ini file's \
+             directory.";
+        auth_ident_file: Option<PathBuf> = None => "", OptionalPath, reload,
+            "Ident user-name map used with auth_type hba; relative to the ini file's directory.";
+        auth_ldap_options: String = String::new() => "", Text, reload,
+            "LDAP connection options used when auth_type is ldap.";
+        auth_query: String = text(DEFAULT_AUTH_QUERY) => DEFAULT_AUTH_QUERY, Text, reload,
+            "Query run as auth_user to look up the password of a user missing from auth_file.";
+        auth_type: AuthType = AuthType::Md5 => "md5", Choice<AuthType>, reload,
+            "Client authentication: any, trust, plain, md5, scram-sha-256, cert, hba, pam or ldap.";
+        auth_user: Option<String> = None => "", OptionalText, reload,
+            "User that runs auth_query for users not found in auth_file.";
+        autodb_idle_timeout: Duration = secs(3600) => "3600", Seconds, reload,
+            "Free pools created from the \"*\" entry after this long unused. (seconds)";
+        cancel_wait_timeout: Duration = secs(10) => "10", Seconds, reload,
+            "Drop a cancel request not forwarded to a server within this time; 0 waits forever. \
+             (seconds)";
+        client_idle_timeout: Duration = Duration::ZERO => "0", Seconds, reload,
+            "Close client connections idle longer than this; 0 disables. (seconds)";
+        client_login_timeout: Duration = secs(60) => "60", Seconds, reload,
+            "Disconnect clients that have not logged in within this time. (seconds)";
+        client_tls13_ciphers: String = String::new() => "", Text, reload,
+            "TLS 1.3 cipher suites for client connections (stored; sluice has no TLS yet).";
+        client_tls_ca_file: String = String::new() => "", Text, reload,
+            "CA certificates that validate client certificates (stored; no TLS yet).";
+        client_tls_cert_file: String = String::new() => "", Text, reload,
+            "Certificate presented to clients (stored; no TLS yet).";
+        client_tls_ciphers: String = text("default") => "default", Text, reload,
+            "TLS 1.2-and-older ciphers for client connections (stored; no TLS yet).";
+        client_tls_dheparams: String = text("auto") => "auto", Text, reload,
+            "DHE key exchange for client connections: none, auto or legacy (stored; no TLS yet).";
+        client_tls_ecdhcurve: String = text("auto") => "auto", Text, reload,
+            "ECDH curve for client connections (stored; no TLS yet).";
+        client_tls_key_file: String = String::new() => "", Text, reload,
+            "Private key for client connections (stored; no TLS yet).";
+        client_tls_protocols: String = text("secure") => "secure", Text, reload,
+            "TLS protocol versions allowed for clients (stored; no TLS yet).";
+        client_tls_sslmode: String = text("disable") => "disable", SslMode, reload,
+            "TLS mode for clients: disable, allow, prefer, require, verify-ca, verify-full \
+             (stored; no TLS yet).";
+        conffile: String = String::new() => "", Text, reload,
+            "The configuration file; the reader sets it to the file it loaded.";
+        default_pool_size: u32 = 20 => "20", Count, reload,
+            "Server connections per user/database pair unless a database or user entry sets \
+             pool_size.";
+        disable_pqexec: bool = false => "0", Flag, fixed,
+            "Refuse the simple query protocol, so one message cannot carry several statements.";
+        dns_max_ttl: Duration = secs(15) => "15", Seconds, reload,
+            "How long a successful DNS lookup is cached. (seconds)";
+        dns_nxdomain_ttl: Duration = secs(15) => "15", Seconds, reload,
+            "How long a failed DNS lookup is cached. (seconds)";
+        dns_zone_check_period: Duration = Duration::ZERO => "0", Seconds, reload,
+            "How often to check DNS zone serials for changes; 0 disables. (seconds)";
+        idle_transaction_timeout: Duration = Duration::ZERO => "0", Seconds, reload,
+            "Disconnect clients idle inside a transaction longer than this; 0 disables. (seconds)";
+        ignore_startup_parameters: Vec<String> = Vec::new() => "", List, reload,
+            "Comma-separated startup parameters to accept from clients and ignore.";
+        job_name: String = text("pgbouncer") => "pgbouncer", Text, fixed,
+            "Service name (Windows service registration); service_name is an alias.";
+        listen_addr: String = String::new() => "", Text, fixed,
+            "Comma-separated addresses to listen on for TCP; * means all; empty means Unix socket \
+             only.";
+        listen_backlog: u32 = 128 => "128", Count, fixed,
+            "Backlog passed to listen(2).";
+        listen_port: u16 = 6432 => "6432", Port, fixed,
+            "Port to listen on, for TCP and for the Unix socket's name (1-65535).";
+        log_connections: bool = true => "1", Flag, reload,
+            "Log successful client logins.";
+        log_disconnections: bool = true => "1", Flag, reload,
+            "Log disconnections and their reasons.";
+        log_pooler_errors: bool = true => "1", Flag, reload,
+            "Log the errors the pooler sends to clients.";
+        log_stats: bool = true => "1", Flag, reload,
+            "Log aggregated statistics every stats_period.";
+        logfile: String = String::new() => "", Text, reload,
+            "File to log to, besides stderr; empty means none.";
+        login_notify_message: String = String::new() => "", Text, reload,
+            "Notice sent to clients right after they log in; empty sends none.";
+        max_client_conn: u32 = 100 => "100", PositiveCount, reload,
+            "Most client connections accepted at once (at least 1).";
+        max_db_client_connections: u32 = 0 => "0", Count, reload,
+            "Most client connections per database, across users; 0 means unlimited.";
+        max_db_connections: u32 = 0 => "0", Count, reload,
+            "Most server connections per database, across users; 0 means unlimited.";
+        max_packet_size: u32 = 2147483647 => "2147483647", Count, reload,
+            "Largest protocol message let through, in bytes.";
+        max_prepared_statements: u32 = 200 => "200", Count, reload,
+            "Protocol-level prepared statements tracked per server connection in transaction and \
+             statement mode; 0 disables tracking.";
+        max_user_client_connections: u32 = 0 => "0", Count, reload,
+            "Most client connections per user, across databases; 0 means unlimited.";
+        max_user_connections: u32 = 0 => "0", Count, reload,
+            "Most server connections per user, across databases; 0 means unlimited.";
+        min_pool_size: u32 = 0 => "0", Count, reload,
+            "Keep at least this many server connections open per pool; 0 disables.";
+        peer_id: u32 = 0 => "0", PeerId, fixed,
+            "This process's id among peered poolers (0-16383); 0 disables peering.";
+        pidfile: String = String::new() => "", Text, fixed,
+            "File the process id is written to; needed to run as a daemon.";
+        pkt_buf: u32 = 4096 => "4096", Count, fixed,
+            "Size of the internal packet buffers, in bytes.";
+        pool_idle_timeout: Duration = Duration::ZERO => "0", Seconds, reload,
+            "Free a pool with no clients and no servers after this long; 0 disables. (seconds)";
+        pool_mode: PoolMode = PoolMode::Session => "session", Choice<PoolMode>, reload,
+            "When a server connection returns to the pool: session, transaction or statement.";
+        query_timeout: Duration = Duration::ZERO => "0", Seconds, reload,
+            "Cancel queries running longer than this; 0 disables. (seconds)";
+        query_wait_notify: Duration = secs(5) => "5", Seconds, reload,
+            "Tell a queued client it is waiting after this long; 0 disables. (seconds)";
+        query_wait_timeout: Duration = secs(120) => "120", Seconds, reload,
+            "Disconnect a client whose query waited this long for a server; 0 waits forever. \
+             (seconds)";
+        reserve_pool_size: u32 = 0 => "0", Count, reload,
+            "Extra server connections a pool may open when clients wait too long; 0 disables.";
+        reserve_pool_timeout: Duration = secs(5) => "5", Seconds, reload,
+            "How long a client waits before the reserve pool is used; 0 disables. (seconds)";
+        resolv_conf: String = String::new() => "", Text, fixed,
+            "A resolv.conf to use instead of the system's; empty uses the system's.";
+        sbuf_loopcnt: u32 = 5 => "5", Count, reload,
+            "Buffers processed on one connection before turning to others; 0 means no limit.";
+        scram_iterations: u32 = 4096 => "4096", Count, reload,
+            "Iterations used when computing a SCRAM-SHA-256 secret.";
+        server_check_delay: Duration = secs(30) => "30", Seconds, reload,
+            "Reuse a released server connection without server_check_query within this time; 0 \
+             always checks. (seconds)";
+        server_check_query: String = text("select 1") => "select 1", Text, reload,
+            "Query that checks an idle server connection is alive; empty disables, `<empty>` sends \
+             an empty query.";
+        server_connect_timeout: Duration = secs(15) => "15", Seconds, reload,
+            "Give up on a server connection and login not done in this time. (seconds)";
+        server_fast_close: bool = false => "0", Flag, reload,
+            "In session mode, close servers marked for reconnect at the end of the transaction, \
+             not the session.";
+        server_idle_timeout: Duration = secs(600) => "600", Seconds, reload,
+            "Close server connections idle longer than this; 0 disables. (seconds)";
+        server_lifetime: Duration = secs(3600) => "3600", Seconds, reload,
+            "Close an unused server connection older than this; 0 uses each connection once. \
+             (seconds)";
+        server_login_retry: Duration = secs(15) => "15", Seconds, reload,
+            "After a failed server connect or login, wait this long before trying again. (seconds)";
+        server_reset_query: String = text("DISCARD ALL") => "DISCARD ALL", Text, reload,
+            "Query run on a server connection released by a session-mode client.";
+        server_reset_query_always: bool = false => "0", Flag, reload,
+            "Run server_reset_query in every pool mode, not only session mode.";
+        server_round_robin: bool = false => "0", Flag, reload,
+            "Use idle server connections in turn (FIFO) instead of most-recent first (LIFO).";
+        server_tls13_ciphers: String = String::new() => "", Text, reload,
+            "TLS 1.3 cipher suites for server connections (stored; sluice has no TLS yet).";
+        server_tls_ca_file: String = String::new() => "", Text, reload,
+            "CA certificates that validate server certificates (stored; no TLS yet).";
+        server_tls_cert_file: String = String::new() => "", Text, reload,
+            "Client certificate presented to servers (stored; no TLS yet).";
+        server_tls_ciphers: String = text("default") => "default", Text, reload,
+            "TLS 1.2-and-older ciphers for server connections (stored; no TLS yet).";
+        server_tls_key_file: String = String::new() => "", Text, reload,
+            "Private key for server connections (stored; no TLS yet).";
+        server_tls_protocols: String = text("secure") => "secure", Text, reload,
+            "TLS protocol versions allowed towards servers (stored; no TLS yet).";
+        server_tls_sslmode: String = text("prefer") => "prefer", SslMode, reload,
+            "TLS mode towards servers: disable, allow, prefer, require, verify-ca, verify-full \
+             (stored; no TLS yet).";
+        so_reuseport: bool = false => "0", Flag, fixed,
+            "Set SO_REUSEPORT on listening sockets so several processes can share the port.";
+        stats_period: Duration = secs(60) => "60", Seconds, reload,
+            "How often averages are computed and statistics logged. (seconds)";
+        stats_users: Vec<String> = Vec::new() => "", List, reload,
+            "Comma-separated users allowed to run the admin console's SHOW commands.";
+        suspend_timeout: Duration = secs(10) => "10", Seconds, reload,
+            "How long SUSPEND and online restart wait for buffers to flush. (seconds)";
+        syslog: bool = false => "0", Flag, reload,
+            "Also log to syslog.";
+        syslog_facility: String = text("daemon") => "daemon", Text, reload,
+            "Syslog facility: auth, authpriv, daemon, user or local0-7.";
+        syslog_ident: String = text("pgbouncer") => "pgbouncer", Text, reload,
+            "Program name given to syslog.";
+        tcp_defer_accept: u32 = DEFAULT_TCP_DEFER_ACCEPT_VALUE
+            => DEFAULT_TCP_DEFER_ACCEPT, Count, reload,
+            "Set TCP_DEFER_ACCEPT on listening sockets (Linux); nonzero enables.";
+        tcp_keepalive: bool = true => "1", Flag, reload,
+            "Turn on TCP keepalive, with the OS defaults unless tcp_keep* are set.";
+        tcp_keepcnt: u32 = 0 => "0", Count, reload,
+            "Keepalive probes before the connection is dropped; 0 keeps the OS default.";
+        tcp_keepidle: u32 = 0 => "0", Count, reload,
+            "Idle seconds before keepalive probes start; 0 keeps the OS default.";
+        tcp_keepintvl: u32 = 0 => "0", Count, reload,
+            "Seconds between keepalive probes; 0 keeps the OS default.";
+        tcp_socket_buffer: u32 = 0 => "0", Count, reload,
+            "Socket send and receive buffer size in bytes; 0 keeps the OS default.";
+        tcp_user_timeout: u32 = 0 => "0", Count, reload,
+            "TCP_USER_TIMEOUT in milliseconds (Linux); 0 keeps the OS default.";
+        track_extra_parameters: Vec<String> = vec![text("IntervalStyle")]
+            => "IntervalStyle", List, fixed,
+            "Comma-separated parameters tracked per client beyond client_encoding, datestyle, \
+             timezone, standard_conforming_strings and application_name.";
+        transaction_timeout: Duration = Duration::ZERO => "0", Seconds, reload,
+            "Disconnect clients whose transaction has been open longer than this; 0 disables. \
+             (seconds)";
+        unix_socket_dir: String = text("/tmp") => "/tmp", Text, fixed,
+            "Directory of the Unix socket; empty disables it; a leading @ means the abstract \
+             namespace.";
+        unix_socket_group: String = String::new() => "", Text, fixed,
+            "Group owning the Unix socket.";
+        unix_socket_mode: u32 = 0o777 => "0777", OctalMode, fixed,
+            "File mode of the Unix socket, in octal.";
+        user: String = String::new() => "", Text, fixed,
+            "Unix user to switch to after startup, when started as root.";
+        verbose: u32 = 0 => "0", Count, reload,
+            "Log verbosity; each step adds detail (like -v on the command line).";
+    }
+    sluice {
+        metrics_addr: Option<String> = None => "", OptionalText, fixed,
+            "Address (host:port) to serve Prometheus metrics on; empty disables.";
+        runtime: RuntimeKind = RuntimeKind::PerCore => "per_core", Choice<RuntimeKind>, fixed,
+            "Runtime layout: per_core (one single-threaded runtime per worker) or shared (one \
+             multi-threaded runtime).";
+        workers: usize = 0 => "0", ThreadCount, fixed,
+            "Worker threads; 0 means one per CPU.";
+    }
+}

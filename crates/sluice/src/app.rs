@@ -1,0 +1,259 @@
+//! The state every worker thread shares: the loaded configuration, the
+//! auth_file, the pools and their shared limits, the cancel keys, the client
+//! count and the shutdown phase. Pools are created on first use and
+//! reconfigured in place on RELOAD, so clients in flight keep their servers.
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU8, AtomicU32, Ordering};
+use std::sync::{Arc, Mutex, RwLock};
+
+use sluice_config::{Config, Database};
+use tokio::sync::Notify;
+
+use crate::auth::{Secret, Userlist};
+use crate::backend::cancel::CancelRegistry;
+use crate::backend::limits::ConnLimit;
+use crate::backend::pool::{Pool, PoolSettings};
+use crate::backend::target::{ServerAddr, ServerCredential, ServerTarget};
+
+/// Phases of a shutdown, in PgBouncer's terms.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+#[repr(u8)]
+pub enum Phase {
+    Running = 0,
+    /// SIGTERM: no new clients; exit when the last client has gone.
+    WaitForClients = 1,
+    /// SIGINT: no new clients or transactions; exit when servers are
+    /// released.
+    WaitForServers = 2,
+    /// SIGQUIT: exit now.
+    Immediate = 3,
+}
+
+/// Why a client cannot have a pool.
+#[derive(Debug, thiserror::Error)]
+pub enum PoolLookupError {
+    #[error("database \"{0}\" does not exist")]
+    NoDatabase(String),
+}
+
+/// Shared state of the daemon.
+pub struct App {
+    pub config_path: PathBuf,
+    config: RwLock<Arc<Config>>,
+    userlist: RwLock<Arc<Userlist>>,
+    pools: Mutex<HashMap<(String, String), Arc<Pool>>>,
+    db_limits: Mutex<HashMap<String, Arc<ConnLimit>>>,
+    user_limits: Mutex<HashMap<String, Arc<ConnLimit>>>,
+    pub cancels: CancelRegistry,
+    pub clients: AtomicU32,
+    phase: AtomicU8,
+    pub phase_changed: Notify,
+}
+
+impl App {
+    pub fn new(config_path: PathBuf, config: Config, userlist: Userlist) -> Self {
+        Self {
+            config_path,
+            config: RwLock::new(Arc::new(config)),
+            userlist: RwLock::new(Arc::new(userlist)),
+            pools: Mutex::new(HashMap::new()),
+            db_limits: Mutex::new(HashMap::new()),
+            user_limits: Mutex::new(HashMap::new()),
+            cancels: CancelRegistry::default(),
+            clients: AtomicU32::new(0),
+            phase: AtomicU8::new(Phase::Running as u8),
+            phase_changed: Notify::new(),
+        }
+    }
+
+    pub fn config(&self) -> Arc<Config> {
+        self.config
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    pub fn userlist(&self) -> Arc<Userlist> {
+        self.userlist
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    pub fn phase(&self) -> Phase {
+        match self.phase.load(Ordering::Acquire) {
+            0 => Phase::Running,
+            1 => Phase::WaitForClients,
+            2 => Phase::WaitForServers,
+            _ => Phase::Immediate,
+        }
+    }
+
+    /// Moves to a later phase (never back).
+    pub fn begin_shutdown(&self, phase: Phase) {
+        self.phase.fetch_max(phase as u8, Ordering::AcqRel);
+        self.phase_changed.notify_waiters();
+    }
+
+    pub fn pools(&self) -> Vec<Arc<Pool>> {
+        self.pools
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .values()
+            .cloned()
+            .collect()
+    }
+
+    /// The database entry for `name`: its own, or the `*` fallback.
+    fn database_entry(config: &Config, name: &str) -> Option<Database> {
+        if let Some(d) = config.database(name) {
+            return Some(d.clone());
+        }
+        config.fallback_database.as_ref().map(|d| {
+            let mut d = d.clone();
+            d.name = name.to_owned();
+            if d.dbname.is_none() {
+                d.dbname = Some(name.to_owned());
+            }
+            d
+        })
+    }
+
+    /// The pool for a client of `database` logged in as `user`.
+    pub fn pool_for(&self, database: &str, user: &str) -> Result<Arc<Pool>, PoolLookupError> {
+        let config = self.config();
+        let entry = Self::database_entry(&config, database)
+            .ok_or_else(|| PoolLookupError::NoDatabase(database.to_owned()))?;
+        let server_user = entry.user.clone().unwrap_or_else(|| user.to_owned());
+        let key = (database.to_owned(), server_user.clone());
+        let mut pools = self.pools.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(p) = pools.get(&key) {
+            return Ok(p.clone());
+        }
+        let (settings, target, credential) = self.resolve(&config, &entry, &server_user);
+        let db_limit = limit_for(&self.db_limits, database, settings_db_max(&config, &entry));
+        let user_limit = limit_for(&self.user_limits, &server_user, user_max(&config, &server_user));
+        let pool = Arc::new(Pool::new(
+            database.to_owned(),
+            server_user,
+            target,
+            credential,
+            settings,
+            db_limit,
+            user_limit,
+        ));
+        pools.insert(key, pool.clone());
+        Ok(pool)
+    }
+
+    fn resolve(
+        &self,
+        config: &Config,
+        entry: &Database,
+        server_user: &str,
+    ) -> (PoolSettings, ServerTarget, ServerCredential) {
+        let s = &config.settings;
+        let u = config.user(server_user);
+        let settings = PoolSettings {
+            mode: u
+                .and_then(|u| u.pool_mode)
+                .or(entry.pool_mode)
+                .unwrap_or(s.pool_mode),
+            pool_size: u
+                .and_then(|u| u.pool_size)
+                .or(entry.pool_size)
+                .unwrap_or(s.default_pool_size),
+            min_pool_size: entry.min_pool_size.unwrap_or(s.min_pool_size),
+            reserve_pool_size: u
+                .and_then(|u| u.reserve_pool_size)
+                .or(entry.reserve_pool_size)
+                .unwrap_or(s.reserve_pool_size),
+            reserve_pool_timeout: s.reserve_pool_timeout,
+            query_wait_timeout: s.query_wait_timeout,
+            server_idle_timeout: s.server_idle_timeout,
+            server_lifetime: entry.server_lifetime.unwrap_or(s.server_lifetime),
+            server_login_retry: s.server_login_retry,
+            server_reset_query: s.server_reset_query.clone(),
+            server_reset_query_always: s.server_reset_query_always,
+            idle_transaction_timeout: s.idle_transaction_timeout,
+            client_idle_timeout: s.client_idle_timeout,
+            max_packet_size: s.max_packet_size as usize,
+        };
+        let mut startup_params = Vec::new();
+        for (k, v) in [
+            ("client_encoding", &entry.client_encoding),
+            ("datestyle", &entry.datestyle),
+            ("timezone", &entry.timezone),
+            ("application_name", &entry.application_name),
+        ] {
+            if let Some(v) = v {
+                startup_params.push((k.to_owned(), v.clone()));
+            }
+        }
+        let host = entry.host.as_deref().map(|h| h.split(',').next().unwrap_or(h).trim());
+        let target = ServerTarget {
+            addr: ServerAddr::new(host, entry.port.unwrap_or(5432)),
+            dbname: entry.dbname.clone().unwrap_or_else(|| entry.name.clone()),
+            user: server_user.to_owned(),
+            startup_params,
+            connect_query: entry.connect_query.clone(),
+            connect_timeout: s.server_connect_timeout,
+        };
+        let mut credential = ServerCredential {
+            password: entry.password.clone(),
+            ..Default::default()
+        };
+        if credential.password.is_none() {
+            match self.userlist().get(server_user) {
+                Some(Secret::Plain(p)) => credential.password = Some(p.clone()),
+                Some(Secret::Md5(h)) => credential.md5_hash = Some(h.clone()),
+                _ => {}
+            }
+        }
+        (settings, target, credential)
+    }
+
+    /// Applies a newly loaded configuration and auth_file (RELOAD/SIGHUP):
+    /// pools take new sizes, timeouts, targets and passwords in place.
+    pub fn reload(&self, config: Config, userlist: Userlist) {
+        *self.userlist.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(userlist);
+        *self.config.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(config);
+        let config = self.config();
+        let pools = self.pools();
+        for pool in pools {
+            let Some(entry) = Self::database_entry(&config, &pool.database) else {
+                continue; // removed: its clients drain, new ones get 3D000
+            };
+            let (settings, target, credential) = self.resolve(&config, &entry, &pool.user);
+            limit_for(&self.db_limits, &pool.database, settings_db_max(&config, &entry));
+            limit_for(&self.user_limits, &pool.user, user_max(&config, &pool.user));
+            pool.reconfigure(settings, target, credential);
+        }
+    }
+}
+
+fn settings_db_max(config: &Config, entry: &Database) -> u32 {
+    entry
+        .max_db_connections
+        .unwrap_or(config.settings.max_db_connections)
+}
+
+fn user_max(config: &Config, user: &str) -> u32 {
+    config
+        .user(user)
+        .and_then(|u| u.max_user_connections)
+        .unwrap_or(config.settings.max_user_connections)
+}
+
+/// The shared limit named `name`, created or updated to `max`.
+fn limit_for(map: &Mutex<HashMap<String, Arc<ConnLimit>>>, name: &str, max: u32) -> Arc<ConnLimit> {
+    let mut m = map.lock().unwrap_or_else(|p| p.into_inner());
+    let limit = m
+        .entry(name.to_owned())
+        .or_insert_with(|| Arc::new(ConnLimit::new(max)))
+        .clone();
+    limit.set_max(max);
+    limit
+}

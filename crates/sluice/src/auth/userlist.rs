@@ -1,0 +1,137 @@
+//! PgBouncer's `auth_file`: one `"user" "secret"` pair per line, where the
+//! secret is a plain password, an md5 hash (`md5…`) or a SCRAM-SHA-256 secret
+//! as pg_authid stores it. Double quotes inside a field are doubled.
+
+use std::collections::HashMap;
+use std::path::Path;
+
+use super::scram::ScramSecret;
+
+/// What the auth_file holds for one user.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Secret {
+    Plain(String),
+    /// The 32 hex digits after `md5`: md5(password || user).
+    Md5(String),
+    Scram(ScramSecret),
+}
+
+/// All users of the auth_file.
+#[derive(Debug, Clone, Default)]
+pub struct Userlist {
+    users: HashMap<String, Secret>,
+}
+
+/// A line of the auth_file that cannot be read.
+#[derive(Debug, thiserror::Error)]
+pub enum UserlistError {
+    #[error("cannot read auth_file {path}: {source}")]
+    Io {
+        path: String,
+        source: std::io::Error,
+    },
+    #[error("auth_file {path}:{line}: {reason}")]
+    Syntax {
+        path: String,
+        line: usize,
+        reason: String,
+    },
+}
+
+impl Userlist {
+    pub fn load(path: &Path) -> Result<Self, UserlistError> {
+        let text = std::fs::read_to_string(path).map_err(|source| UserlistError::Io {
+            path: path.display().to_string(),
+            source,
+        })?;
+        Self::parse(&text).map_err(|(line, reason)| UserlistError::Syntax {
+            path: path.display().to_string(),
+            line,
+            reason,
+        })
+    }
+
+    /// Parses the text; an error carries the 1-based line and the reason.
+    pub fn parse(text: &str) -> Result<Self, (usize, String)> {
+        let mut users = HashMap::new();
+        for (i, line) in text.lines().enumerate() {
+            let trimmed = line.trim();
+            if trimmed.is_empty() || trimmed.starts_with(';') || trimmed.starts_with('#') {
+                continue;
+            }
+            let mut rest = trimmed;
+            let user = quoted_field(&mut rest).map_err(|e| (i + 1, e))?;
+            let secret = quoted_field(&mut rest).map_err(|e| (i + 1, e))?;
+            users.insert(user, classify(secret));
+        }
+        Ok(Self { users })
+    }
+
+    pub fn get(&self, user: &str) -> Option<&Secret> {
+        self.users.get(user)
+    }
+
+    pub fn len(&self) -> usize {
+        self.users.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.users.is_empty()
+    }
+}
+
+fn classify(secret: String) -> Secret {
+    if let Some(hex) = secret.strip_prefix("md5")
+        && hex.len() == 32
+        && hex.bytes().all(|b| b.is_ascii_hexdigit())
+    {
+        return Secret::Md5(hex.to_ascii_lowercase());
+    }
+    match ScramSecret::parse(&secret) {
+        Some(s) => Secret::Scram(s),
+        None => Secret::Plain(secret),
+    }
+}
+
+/// Takes one `"…"` field off the front of `rest`.
+fn quoted_field(rest: &mut &str) -> Result<String, String> {
+    let s = rest.trim_start();
+    let Some(body) = s.strip_prefix('"') else {
+        return Err("expected a double-quoted field".into());
+    };
+    let mut out = String::new();
+    let mut chars = body.char_indices().peekable();
+    while let Some((i, c)) = chars.next() {
+        if c == '"' {
+            if matches!(chars.peek(), Some((_, '"'))) {
+                chars.next();
+                out.push('"');
+                continue;
+            }
+            *rest = &body[i + 1..];
+            return Ok(out);
+        }
+        out.push(c);
+    }
+    Err("unterminated double-quoted field".into())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reads_all_kinds() {
+        let text = "\"alice\" \"secret\"\n; comment\n\"bob\" \"md5aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa\"\n\"q\"\"x\" \"SCRAM-SHA-256$4096:c2FsdA==$c3RvcmVkc3RvcmVkc3RvcmVkc3RvcmVkc3RvcmVkMTI=:c2VydmVyc2VydmVyc2VydmVyc2VydmVyc2VydmVyMTI=\"\n";
+        let u = Userlist::parse(text).unwrap();
+        assert_eq!(u.get("alice"), Some(&Secret::Plain("secret".into())));
+        assert!(matches!(u.get("bob"), Some(Secret::Md5(_))));
+        assert!(matches!(u.get("q\"x"), Some(Secret::Scram(_))));
+    }
+
+    #[test]
+    fn reports_bad_line() {
+        assert_eq!(Userlist::parse("\"a\" \"b\"\n\"c\" d").unwrap_err().0, 2);
+        assert_eq!(Userlist::parse("\"a\" \"b").unwrap_err().0, 1);
+    }
+}

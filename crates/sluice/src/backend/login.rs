@@ -1,0 +1,229 @@
+//! Opening a server connection: connect within `server_connect_timeout`, send
+//! the startup packet, answer cleartext, md5 or SCRAM-SHA-256 challenges,
+//! collect ParameterStatus and BackendKeyData, run `connect_query`.
+
+use bytes::BytesMut;
+use sluice_wire::{
+    Authentication, BackendKeyData, ErrorFields, ParameterStatus, PasswordMessage,
+    encode_query, encode_startup, sasl_initial_response, sasl_response, tags::backend,
+};
+use tokio::io::AsyncWriteExt;
+use tokio::net::{TcpStream, UnixStream};
+
+use super::server::ServerConn;
+use super::target::{ServerAddr, ServerCredential, ServerTarget};
+use crate::auth::{md5, scram};
+use crate::codec::{ReadError, read_message};
+use crate::net::Stream;
+use crate::params::{ParamSet, tracked_name};
+
+/// Largest message accepted from a server during login.
+const LOGIN_MESSAGE_LIMIT: usize = 1 << 20;
+
+/// Why a server connection could not be opened.
+#[derive(Debug, thiserror::Error)]
+pub enum LoginError {
+    #[error("could not connect to server {addr}: {source}")]
+    Connect {
+        addr: String,
+        source: std::io::Error,
+    },
+    #[error("server login timed out")]
+    Timeout,
+    #[error("server login failed: {message}")]
+    Rejected { code: String, message: String },
+    #[error("server requested {0}, which sluice cannot answer")]
+    Unsupported(String),
+    #[error("no password for server user {0} (set password= in [databases] or add the user to auth_file)")]
+    NoPassword(String),
+    #[error("server SCRAM exchange failed: {0}")]
+    Scram(#[from] scram::ScramError),
+    #[error("server connection: {0}")]
+    Read(#[from] ReadError),
+}
+
+impl LoginError {
+    /// SQLSTATE to show a client that waited for this login.
+    pub fn sqlstate(&self) -> &str {
+        match self {
+            Self::Rejected { code, .. } => code,
+            Self::Timeout | Self::Connect { .. } | Self::Read(_) => "08006",
+            _ => "28000",
+        }
+    }
+}
+
+impl From<std::io::Error> for LoginError {
+    fn from(e: std::io::Error) -> Self {
+        Self::Read(ReadError::Io(e))
+    }
+}
+
+/// All ParameterStatus values a server sent at login, to greet clients with.
+pub type Reported = Vec<(String, String)>;
+
+/// Opens and logs in one server connection.
+pub async fn open(
+    target: &ServerTarget,
+    credential: &ServerCredential,
+) -> Result<(ServerConn, Reported), LoginError> {
+    tokio::time::timeout(target.connect_timeout, open_inner(target, credential))
+        .await
+        .map_err(|_| LoginError::Timeout)?
+}
+
+async fn connect(addr: &ServerAddr) -> Result<Stream, LoginError> {
+    let err = |source| LoginError::Connect {
+        addr: addr.to_string(),
+        source,
+    };
+    match addr {
+        ServerAddr::Tcp { host, port } => {
+            let s = TcpStream::connect((host.as_str(), *port)).await.map_err(err)?;
+            s.set_nodelay(true).map_err(err)?;
+            Ok(Stream::Tcp(s))
+        }
+        ServerAddr::Unix(path) => Ok(Stream::Unix(UnixStream::connect(path).await.map_err(err)?)),
+    }
+}
+
+async fn open_inner(
+    target: &ServerTarget,
+    credential: &ServerCredential,
+) -> Result<(ServerConn, Reported), LoginError> {
+    let mut stream = connect(&target.addr).await?;
+    let mut out = BytesMut::with_capacity(256);
+    let mut params = vec![("user", target.user.as_str()), ("database", target.dbname.as_str())];
+    params.extend(target.startup_params.iter().map(|(k, v)| (k.as_str(), v.as_str())));
+    encode_startup(&mut out, params);
+    stream.write_all(&out).await?;
+
+    let mut buf = BytesMut::with_capacity(1024);
+    let mut scram_exchange: Option<scram::ClientExchange> = None;
+    let mut key = BackendKeyData {
+        process_id: 0,
+        secret_key: 0,
+    };
+    let mut tracked = ParamSet::default();
+    let mut reported = Reported::new();
+    loop {
+        let (tag, body) = read_message(&mut stream, &mut buf, LOGIN_MESSAGE_LIMIT).await?;
+        match tag {
+            backend::AUTHENTICATION => {
+                out.clear();
+                match Authentication::decode(&body).map_err(ReadError::from)? {
+                    Authentication::Ok => continue,
+                    Authentication::CleartextPassword => {
+                        let pw = credential
+                            .password
+                            .as_deref()
+                            .ok_or_else(|| LoginError::NoPassword(target.user.clone()))?;
+                        PasswordMessage::encode_password(&mut out, pw);
+                    }
+                    Authentication::Md5Password { salt } => {
+                        let hash = match (&credential.password, &credential.md5_hash) {
+                            (Some(pw), _) => md5::password_hash(pw, &target.user),
+                            (None, Some(h)) => h.clone(),
+                            _ => return Err(LoginError::NoPassword(target.user.clone())),
+                        };
+                        PasswordMessage::encode_password(&mut out, &md5::salted_response(&hash, &salt));
+                    }
+                    Authentication::Sasl { mechanisms } => {
+                        if !mechanisms.contains(&"SCRAM-SHA-256") {
+                            return Err(LoginError::Unsupported(mechanisms.join(",")));
+                        }
+                        let cred = match (&credential.password, &credential.scram_keys) {
+                            (Some(pw), _) => scram::ClientCredential::Password(pw.clone()),
+                            (None, Some(k)) => scram::ClientCredential::Keys(k.clone()),
+                            _ => return Err(LoginError::NoPassword(target.user.clone())),
+                        };
+                        let (ex, first) = scram::ClientExchange::start(cred);
+                        scram_exchange = Some(ex);
+                        sasl_initial_response(&mut out, "SCRAM-SHA-256", first.as_bytes());
+                    }
+                    Authentication::SaslContinue { data } => {
+                        let ex = scram_exchange
+                            .as_mut()
+                            .ok_or_else(|| LoginError::Unsupported("SASL out of order".into()))?;
+                        sasl_response(&mut out, ex.respond(data)?.as_bytes());
+                    }
+                    Authentication::SaslFinal { data } => {
+                        let ex = scram_exchange
+                            .as_ref()
+                            .ok_or_else(|| LoginError::Unsupported("SASL out of order".into()))?;
+                        ex.verify(data)?;
+                        continue;
+                    }
+                    Authentication::Unsupported { code } => {
+                        return Err(LoginError::Unsupported(format!("authentication method {code}")));
+                    }
+                }
+                stream.write_all(&out).await?;
+            }
+            backend::PARAMETER_STATUS => {
+                let p = ParameterStatus::decode(&body).map_err(ReadError::from)?;
+                if let Some(name) = tracked_name(p.name) {
+                    tracked.set(name, p.value);
+                }
+                reported.push((p.name.to_owned(), p.value.to_owned()));
+            }
+            backend::BACKEND_KEY_DATA => {
+                key = BackendKeyData::decode(&body).map_err(ReadError::from)?;
+            }
+            backend::ERROR_RESPONSE => return Err(rejected(&body)),
+            backend::READY_FOR_QUERY => break,
+            _ => {} // NoticeResponse, NegotiateProtocolVersion
+        }
+    }
+    let mut server = ServerConn::new(stream, key, tracked);
+    server.buf = buf;
+    if let Some(q) = &target.connect_query {
+        run_query(&mut server, q).await?;
+    }
+    Ok((server, reported))
+}
+
+fn rejected(body: &[u8]) -> LoginError {
+    match ErrorFields::decode(body) {
+        Ok(f) => LoginError::Rejected {
+            code: f.code.to_owned(),
+            message: f.message.to_owned(),
+        },
+        Err(e) => LoginError::Read(e.into()),
+    }
+}
+
+/// Runs `sql` on an idle server and waits for ReadyForQuery, discarding
+/// results. Tracked ParameterStatus values update `server.params`. An
+/// ErrorResponse is returned as `Rejected` after the server is ready again.
+pub async fn run_query(server: &mut ServerConn, sql: &str) -> Result<(), LoginError> {
+    let mut out = BytesMut::with_capacity(sql.len() + 6);
+    encode_query(&mut out, sql);
+    server.stream.write_all(&out).await?;
+    let mut failure = None;
+    loop {
+        let (tag, body) = read_message(&mut server.stream, &mut server.buf, LOGIN_MESSAGE_LIMIT).await?;
+        match tag {
+            backend::PARAMETER_STATUS => {
+                let p = ParameterStatus::decode(&body).map_err(ReadError::from)?;
+                if let Some(name) = tracked_name(p.name) {
+                    crate::params::update_shared(&mut server.params, name, p.value);
+                }
+            }
+            backend::ERROR_RESPONSE => failure = Some(rejected(&body)),
+            backend::COPY_IN_RESPONSE | backend::COPY_BOTH_RESPONSE => {
+                return Err(LoginError::Unsupported("COPY in an internal query".into()));
+            }
+            backend::READY_FOR_QUERY => {
+                return match failure {
+                    Some(f) => Err(f),
+                    None if body.first() == Some(&b'I') => Ok(()),
+                    None => Err(LoginError::Unsupported(format!(
+                        "internal query {sql:?} left a transaction open"
+                    ))),
+                };
+            }
+            _ => {}
+        }
+    }
+}

@@ -1,0 +1,9 @@
+//! Server side: connections to PostgreSQL, their login, and the pools that
+//! share them among clients within the configured limits.
+
+pub mod cancel;
+pub mod limits;
+pub mod login;
+pub mod pool;
+pub mod server;
+pub mod target;

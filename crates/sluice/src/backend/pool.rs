@@ -1,0 +1,594 @@
+//! A pool of server connections for one (database, user). Idle servers are
+//! reused last-in first-out (warm caches); clients that find none wait first-in
+//! first-out, up to `query_wait_timeout`, and after `reserve_pool_timeout` may
+//! use the reserve. Slots count servers open or opening, so `pool_size`,
+//! `max_db_connections` and `max_user_connections` hold across threads.
+//! A server handed out is owned by a `Lease`; dropping a lease without
+//! releasing closes the server, so no path can leak a slot or a dirty server.
+
+use std::collections::VecDeque;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use sluice_config::PoolMode;
+use tokio::sync::oneshot;
+
+use super::limits::ConnLimit;
+use super::login::{self, LoginError, Reported};
+use super::server::ServerConn;
+use super::target::{ServerCredential, ServerTarget};
+use crate::auth::scram::ScramKeys;
+use crate::params::ParamSet;
+
+/// How often a client blocked only by a shared (db/user) limit looks again.
+const SHARED_LIMIT_RETRY: Duration = Duration::from_millis(50);
+/// Idle time after which a server is probed for a close before reuse.
+const PROBE_AFTER_IDLE: Duration = Duration::from_secs(1);
+
+/// Per-pool settings, resolved from [pgbouncer], [databases] and [users].
+#[derive(Debug, Clone, PartialEq)]
+pub struct PoolSettings {
+    pub mode: PoolMode,
+    pub pool_size: u32,
+    pub min_pool_size: u32,
+    pub reserve_pool_size: u32,
+    pub reserve_pool_timeout: Duration,
+    pub query_wait_timeout: Duration,
+    pub server_idle_timeout: Duration,
+    pub server_lifetime: Duration,
+    pub server_login_retry: Duration,
+    pub server_reset_query: String,
+    pub server_reset_query_always: bool,
+    pub idle_transaction_timeout: Duration,
+    pub client_idle_timeout: Duration,
+    pub max_packet_size: usize,
+}
+
+/// Greeting for new clients: the ParameterStatus values of the first server.
+#[derive(Debug)]
+pub struct Welcome {
+    pub reported: Reported,
+    pub tracked: Arc<ParamSet>,
+}
+
+/// What a waiting client is handed.
+enum Grant {
+    Server(ServerConn),
+    /// Permission to open a server; the slot is already counted.
+    Slot,
+}
+
+struct Waiter {
+    id: u64,
+    tx: oneshot::Sender<Grant>,
+}
+
+struct PoolState {
+    settings: Arc<PoolSettings>,
+    target: Arc<ServerTarget>,
+    credential: ServerCredential,
+    idle: Vec<ServerConn>,
+    waiters: VecDeque<Waiter>,
+    /// Servers open or being opened.
+    total: u32,
+    /// Servers lent to clients.
+    active: u32,
+    next_waiter_id: u64,
+    welcome: Option<Arc<Welcome>>,
+    last_login_failure: Option<(Instant, String, String)>,
+    /// Bumped by a reconnect: older servers are closed when released.
+    generation: u64,
+    max_wait: Duration,
+}
+
+/// Counts shown by the console and checked by tests.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct PoolCounts {
+    pub waiting: u32,
+    pub active: u32,
+    pub idle: u32,
+    pub total: u32,
+}
+
+enum FirstLook {
+    Leased(Lease),
+    Open,
+    Failing(String, String),
+    Wait(oneshot::Receiver<Grant>, u64, Arc<PoolSettings>),
+}
+
+enum Recheck {
+    Slot,
+    Wait,
+    Expired,
+}
+
+/// Why no server could be had.
+#[derive(Debug, thiserror::Error)]
+pub enum AcquireError {
+    #[error("query_wait_timeout")]
+    WaitTimeout,
+    #[error("{0}")]
+    Login(#[from] LoginError),
+    #[error("server login has been failing, try again later: {1}")]
+    RecentFailure(String, String),
+    #[error("pool is closed")]
+    Closed,
+}
+
+impl AcquireError {
+    pub fn sqlstate(&self) -> &str {
+        match self {
+            Self::WaitTimeout => "08P01",
+            Self::Login(e) => e.sqlstate(),
+            Self::RecentFailure(code, _) => code,
+            Self::Closed => "57P01",
+        }
+    }
+}
+
+/// The pool of one (database, user).
+pub struct Pool {
+    pub database: String,
+    pub user: String,
+    db_limit: Arc<ConnLimit>,
+    user_limit: Arc<ConnLimit>,
+    state: Mutex<PoolState>,
+}
+
+/// A server lent to a client. Release it with `Pool::release`; if dropped
+/// instead, the server is closed and its slot freed.
+pub struct Lease {
+    pool: Arc<Pool>,
+    server: Option<ServerConn>,
+    generation: u64,
+}
+
+impl Lease {
+    pub fn server(&mut self) -> &mut ServerConn {
+        self.server
+            .as_mut()
+            .expect("a lease holds its server until released")
+    }
+
+    pub fn pool(&self) -> &Arc<Pool> {
+        &self.pool
+    }
+
+    /// Returns a clean server (ReadyForQuery 'I', nothing in flight).
+    pub fn release(mut self) {
+        if let Some(s) = self.server.take() {
+            self.pool.put_back(s, self.generation);
+        }
+    }
+
+    /// Closes the server: it cannot be proven clean.
+    pub fn close(mut self) {
+        if let Some(s) = self.server.take() {
+            self.pool.discard(s, true);
+        }
+    }
+}
+
+impl Drop for Lease {
+    fn drop(&mut self) {
+        if let Some(s) = self.server.take() {
+            self.pool.discard(s, true);
+        }
+    }
+}
+
+/// A counted slot being turned into a server. Dropped unused, it frees the
+/// slot.
+struct SlotGuard<'a> {
+    pool: &'a Pool,
+    armed: bool,
+}
+
+impl Drop for SlotGuard<'_> {
+    fn drop(&mut self) {
+        if self.armed {
+            let mut st = self.pool.lock();
+            self.pool.free_slot(&mut st, false);
+        }
+    }
+}
+
+impl Pool {
+    pub fn new(
+        database: String,
+        user: String,
+        target: ServerTarget,
+        credential: ServerCredential,
+        settings: PoolSettings,
+        db_limit: Arc<ConnLimit>,
+        user_limit: Arc<ConnLimit>,
+    ) -> Self {
+        Self {
+            database,
+            user,
+            db_limit,
+            user_limit,
+            state: Mutex::new(PoolState {
+                settings: Arc::new(settings),
+                target: Arc::new(target),
+                credential,
+                idle: Vec::new(),
+                waiters: VecDeque::new(),
+                total: 0,
+                active: 0,
+                next_waiter_id: 0,
+                welcome: None,
+                last_login_failure: None,
+                generation: 0,
+                max_wait: Duration::ZERO,
+            }),
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, PoolState> {
+        // A panic while holding the lock leaves counts that are still
+        // consistent (every change is a single step), so keep serving.
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    pub fn settings(&self) -> Arc<PoolSettings> {
+        self.lock().settings.clone()
+    }
+
+    pub fn target(&self) -> Arc<ServerTarget> {
+        self.lock().target.clone()
+    }
+
+    pub fn counts(&self) -> PoolCounts {
+        let st = self.lock();
+        PoolCounts {
+            waiting: st.waiters.len() as u32,
+            active: st.active,
+            idle: st.idle.len() as u32,
+            total: st.total,
+        }
+    }
+
+    /// Applies new settings, target or credentials (RELOAD). Servers made
+    /// for another target are closed as they come back.
+    pub fn reconfigure(&self, settings: PoolSettings, target: ServerTarget, credential: ServerCredential) {
+        let mut st = self.lock();
+        let target_changed = st.target.addr != target.addr
+            || st.target.dbname != target.dbname
+            || st.target.user != target.user
+            || st.target.startup_params != target.startup_params;
+        st.settings = Arc::new(settings);
+        st.target = Arc::new(target);
+        let scram_keys = st.credential.scram_keys.take();
+        st.credential = credential;
+        if st.credential.scram_keys.is_none() {
+            st.credential.scram_keys = scram_keys;
+        }
+        if target_changed {
+            st.generation += 1;
+            st.welcome = None;
+            let old: Vec<ServerConn> = st.idle.drain(..).collect();
+            for s in old {
+                self.close_counted(&mut st, s);
+            }
+        }
+    }
+
+    /// Closes every idle server and marks busy ones to close when released.
+    pub fn reconnect(&self) {
+        let mut st = self.lock();
+        st.generation += 1;
+        let old: Vec<ServerConn> = st.idle.drain(..).collect();
+        for s in old {
+            self.close_counted(&mut st, s);
+        }
+    }
+
+    /// Records SCRAM keys from a client's login, used when the auth_file
+    /// holds only a SCRAM secret for the server user.
+    pub fn learn_scram_keys(&self, keys: ScramKeys) {
+        let mut st = self.lock();
+        if st.credential.password.is_none() {
+            st.credential.scram_keys = Some(keys);
+        }
+    }
+
+    /// The greeting for a new client; opens a server if none was ever open.
+    pub async fn welcome(self: &Arc<Self>) -> Result<Arc<Welcome>, AcquireError> {
+        if let Some(w) = self.lock().welcome.clone() {
+            return Ok(w);
+        }
+        let lease = self.acquire().await?;
+        lease.release();
+        self.lock().welcome.clone().ok_or(AcquireError::Closed)
+    }
+
+    /// First look: an idle server, a free slot, a recent login failure, or
+    /// a place in line.
+    fn first_look(self: &Arc<Self>) -> FirstLook {
+        let mut st = self.lock();
+        if let Some(lease) = self.take_idle(&mut st) {
+            return FirstLook::Leased(lease);
+        }
+        let settings = st.settings.clone();
+        if st.waiters.is_empty() && self.take_slot(&mut st, false) {
+            return FirstLook::Open;
+        }
+        if st.total == 0
+            && let Some((at, code, msg)) = &st.last_login_failure
+            && at.elapsed() < settings.server_login_retry
+        {
+            return FirstLook::Failing(code.clone(), msg.clone());
+        }
+        let (tx, rx) = oneshot::channel();
+        st.next_waiter_id += 1;
+        let id = st.next_waiter_id;
+        st.waiters.push_back(Waiter { id, tx });
+        FirstLook::Wait(rx, id, settings)
+    }
+
+    /// Takes an idle server, or a slot to open one, or waits in line.
+    pub async fn acquire(self: &Arc<Self>) -> Result<Lease, AcquireError> {
+        let started = Instant::now();
+        let (mut rx, waiter_id, settings) = match self.first_look() {
+            FirstLook::Leased(l) => return Ok(l),
+            FirstLook::Open => return self.open_on_slot().await,
+            FirstLook::Failing(code, msg) => return Err(AcquireError::RecentFailure(code, msg)),
+            FirstLook::Wait(rx, id, settings) => (rx, id, settings),
+        };
+        let wait_deadline = (!settings.query_wait_timeout.is_zero())
+            .then(|| started + settings.query_wait_timeout);
+        let reserve_at = (settings.reserve_pool_size > 0).then(|| started + settings.reserve_pool_timeout);
+        loop {
+            let mut next_check = Instant::now() + SHARED_LIMIT_RETRY;
+            if let Some(d) = wait_deadline {
+                next_check = next_check.min(d);
+            }
+            let grant = match tokio::time::timeout_at(next_check.into(), &mut rx).await {
+                Ok(Ok(grant)) => Some(grant),
+                Ok(Err(_)) => return Err(AcquireError::Closed),
+                Err(_) => None,
+            };
+            let grant = match grant {
+                Some(g) => g,
+                None => match self.recheck(waiter_id, reserve_at, wait_deadline) {
+                    Recheck::Slot => Grant::Slot,
+                    Recheck::Wait => continue,
+                    Recheck::Expired => {
+                        rx.close();
+                        match rx.try_recv() {
+                            Ok(g) => g,
+                            Err(_) => return Err(AcquireError::WaitTimeout),
+                        }
+                    }
+                },
+            };
+            self.note_wait(started.elapsed());
+            return match grant {
+                Grant::Server(s) => {
+                    let generation = self.lock().generation;
+                    Ok(self.lease(s, generation))
+                }
+                Grant::Slot => self.open_on_slot().await,
+            };
+        }
+    }
+
+    /// A waiter's periodic look: the reserve, a shared limit that freed up,
+    /// or the end of its patience.
+    fn recheck(&self, waiter_id: u64, reserve_at: Option<Instant>, wait_deadline: Option<Instant>) -> Recheck {
+        let mut st = self.lock();
+        let now = Instant::now();
+        let use_reserve = reserve_at.is_some_and(|r| now >= r);
+        let first = st.waiters.front().map(|w| w.id) == Some(waiter_id);
+        if (first || use_reserve) && self.take_slot(&mut st, use_reserve) {
+            st.waiters.retain(|w| w.id != waiter_id);
+            return Recheck::Slot;
+        }
+        if wait_deadline.is_some_and(|d| now >= d) {
+            st.waiters.retain(|w| w.id != waiter_id);
+            return Recheck::Expired;
+        }
+        Recheck::Wait
+    }
+
+    fn note_wait(&self, waited: Duration) {
+        let mut st = self.lock();
+        if waited > st.max_wait {
+            st.max_wait = waited;
+        }
+    }
+
+    /// Longest wait since the last call, and resets it.
+    pub fn take_max_wait(&self) -> Duration {
+        std::mem::take(&mut self.lock().max_wait)
+    }
+
+    fn lease(self: &Arc<Self>, server: ServerConn, generation: u64) -> Lease {
+        Lease {
+            pool: self.clone(),
+            server: Some(server),
+            generation,
+        }
+    }
+
+    fn take_idle(self: &Arc<Self>, st: &mut PoolState) -> Option<Lease> {
+        while let Some(server) = st.idle.pop() {
+            let idle_for = server.last_used.elapsed();
+            let too_old = !st.settings.server_lifetime.is_zero()
+                && server.created.elapsed() >= st.settings.server_lifetime;
+            if too_old || (idle_for >= PROBE_AFTER_IDLE && server.closed_while_idle()) {
+                self.close_counted(st, server);
+                continue;
+            }
+            st.active += 1;
+            return Some(self.lease(server, st.generation));
+        }
+        None
+    }
+
+    /// Counts a new server if the pool (plus reserve) and the shared limits
+    /// allow.
+    fn take_slot(&self, st: &mut PoolState, use_reserve: bool) -> bool {
+        let mut cap = st.settings.pool_size;
+        if use_reserve {
+            cap += st.settings.reserve_pool_size;
+        }
+        if st.total >= cap {
+            return false;
+        }
+        if !self.db_limit.try_take() {
+            return false;
+        }
+        if !self.user_limit.try_take() {
+            self.db_limit.give_back();
+            return false;
+        }
+        st.total += 1;
+        true
+    }
+
+    async fn open_on_slot(self: &Arc<Self>) -> Result<Lease, AcquireError> {
+        let mut guard = SlotGuard {
+            pool: self,
+            armed: true,
+        };
+        let (target, credential, generation) = {
+            let st = self.lock();
+            (st.target.clone(), st.credential.clone(), st.generation)
+        };
+        match login::open(&target, &credential).await {
+            Ok((server, reported)) => {
+                guard.armed = false;
+                self.opened(&server, reported);
+                tracing::debug!(db = %self.database, user = %self.user, server = server.id, "new server connection");
+                Ok(self.lease(server, generation))
+            }
+            Err(e) => {
+                tracing::warn!(db = %self.database, user = %self.user, "server login failed: {e}");
+                self.lock().last_login_failure =
+                    Some((Instant::now(), e.sqlstate().to_owned(), e.to_string()));
+                Err(e.into())
+            }
+        }
+    }
+
+    fn opened(&self, server: &ServerConn, reported: Reported) {
+        let mut st = self.lock();
+        st.last_login_failure = None;
+        if st.welcome.is_none() {
+            st.welcome = Some(Arc::new(Welcome {
+                tracked: server.params.clone(),
+                reported,
+            }));
+        }
+        st.active += 1;
+    }
+
+    /// Returns a server from a lease: to the first waiter, else to the idle
+    /// stack.
+    fn put_back(&self, mut server: ServerConn, generation: u64) {
+        server.last_used = Instant::now();
+        let mut st = self.lock();
+        st.active = st.active.saturating_sub(1);
+        let too_old = !st.settings.server_lifetime.is_zero()
+            && server.created.elapsed() >= st.settings.server_lifetime;
+        let over_size = st.total > st.settings.pool_size + st.settings.reserve_pool_size;
+        if generation != st.generation || too_old || (over_size && st.waiters.is_empty()) {
+            self.close_counted(&mut st, server);
+            return;
+        }
+        while let Some(w) = st.waiters.pop_front() {
+            match w.tx.send(Grant::Server(server)) {
+                Ok(()) => {
+                    st.active += 1;
+                    return;
+                }
+                Err(Grant::Server(s)) => server = s,
+                Err(Grant::Slot) => unreachable!("sent a server"),
+            }
+        }
+        st.idle.push(server);
+    }
+
+    fn discard(&self, server: ServerConn, was_active: bool) {
+        let mut st = self.lock();
+        if was_active {
+            st.active = st.active.saturating_sub(1);
+        }
+        self.close_counted(&mut st, server);
+    }
+
+    fn close_counted(&self, st: &mut PoolState, server: ServerConn) {
+        let _ = server.stream.try_write(&[b'X', 0, 0, 0, 4]);
+        drop(server);
+        self.free_slot(st, true);
+    }
+
+    /// A slot was freed: let the first waiter that can use it open a server.
+    fn free_slot(&self, st: &mut PoolState, _was_server: bool) {
+        st.total = st.total.saturating_sub(1);
+        self.db_limit.give_back();
+        self.user_limit.give_back();
+        while !st.waiters.is_empty() {
+            if !self.take_slot(st, false) {
+                return;
+            }
+            let w = st.waiters.pop_front().expect("checked non-empty");
+            if w.tx.send(Grant::Slot).is_ok() {
+                return;
+            }
+            st.total -= 1;
+            self.db_limit.give_back();
+            self.user_limit.give_back();
+        }
+    }
+
+    /// Periodic upkeep: closes servers idle or alive too long, opens servers
+    /// up to `min_pool_size`. Returns how many servers to open.
+    pub fn maintain(self: &Arc<Self>) {
+        let mut st = self.lock();
+        let s = st.settings.clone();
+        let keep = s.min_pool_size as usize;
+        let mut i = 0;
+        while i < st.idle.len() {
+            let server = &st.idle[i];
+            let idle_expired =
+                !s.server_idle_timeout.is_zero() && server.last_used.elapsed() >= s.server_idle_timeout;
+            let life_expired = !s.server_lifetime.is_zero() && server.created.elapsed() >= s.server_lifetime;
+            if life_expired || (idle_expired && (st.total as usize) > keep) {
+                let server = st.idle.remove(i);
+                self.close_counted(&mut st, server);
+            } else {
+                i += 1;
+            }
+        }
+        let recent_failure = st
+            .last_login_failure
+            .as_ref()
+            .is_some_and(|(at, _, _)| at.elapsed() < s.server_login_retry);
+        let mut to_open = 0;
+        while !recent_failure && st.total < s.min_pool_size && self.take_slot(&mut st, false) {
+            to_open += 1;
+        }
+        drop(st);
+        for _ in 0..to_open {
+            let pool = self.clone();
+            tokio::spawn(async move {
+                if let Ok(lease) = pool.open_on_slot().await {
+                    lease.release();
+                }
+            });
+        }
+    }
+
+    /// Closes all idle servers (shutdown).
+    pub fn close_idle(&self) {
+        let mut st = self.lock();
+        let old: Vec<ServerConn> = st.idle.drain(..).collect();
+        for s in old {
+            self.close_counted(&mut st, s);
+        }
+    }
+}

@@ -1,0 +1,98 @@
+//! The control loop on the main thread: signals (HUP reload, TERM wait for
+//! clients, INT wait for servers, QUIT now, USR1/USR2 logged until the console
+//! lands), the janitor tick that keeps pools within their timeouts, and the
+//! exit when a shutdown phase has run its course.
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use tokio::signal::unix::{SignalKind, signal};
+
+use crate::app::{App, Phase};
+use crate::auth::Userlist;
+
+/// Janitor period.
+const TICK: Duration = Duration::from_millis(500);
+
+/// Reloads the configuration file and the auth_file.
+pub fn reload(app: &App) {
+    let config = match sluice_config::load(&app.config_path) {
+        Ok(c) => c,
+        Err(e) => {
+            tracing::error!("reload failed, keeping the old configuration: {e}");
+            return;
+        }
+    };
+    for w in &config.warnings {
+        tracing::warn!("{w}");
+    }
+    let userlist = match &config.settings.auth_file {
+        Some(path) => match Userlist::load(path) {
+            Ok(u) => u,
+            Err(e) => {
+                tracing::error!("reload failed, keeping the old configuration: {e}");
+                return;
+            }
+        },
+        None => Userlist::default(),
+    };
+    let old = app.config();
+    for key in ["listen_addr", "listen_port", "unix_socket_dir", "workers", "runtime"] {
+        if old.settings.value_of(key) != config.settings.value_of(key) {
+            tracing::warn!("{key} changed; it takes effect only after a restart");
+        }
+    }
+    app.reload(config, userlist);
+    tracing::info!("configuration reloaded");
+}
+
+/// Runs until the process should exit; returns then.
+pub async fn run(app: Arc<App>) -> std::io::Result<()> {
+    let mut hup = signal(SignalKind::hangup())?;
+    let mut term = signal(SignalKind::terminate())?;
+    let mut int = signal(SignalKind::interrupt())?;
+    let mut quit = signal(SignalKind::quit())?;
+    let mut usr1 = signal(SignalKind::user_defined1())?;
+    let mut usr2 = signal(SignalKind::user_defined2())?;
+    let mut tick = tokio::time::interval(TICK);
+    loop {
+        tokio::select! {
+            _ = hup.recv() => reload(&app),
+            _ = term.recv() => {
+                tracing::info!("got SIGTERM, waiting for clients to leave");
+                app.begin_shutdown(Phase::WaitForClients);
+            }
+            _ = int.recv() => {
+                tracing::info!("got SIGINT, waiting for servers to be released");
+                app.begin_shutdown(Phase::WaitForServers);
+            }
+            _ = quit.recv() => {
+                tracing::info!("got SIGQUIT, exiting now");
+                app.begin_shutdown(Phase::Immediate);
+            }
+            _ = usr1.recv() => tracing::warn!("SIGUSR1 (pause) is not implemented yet"),
+            _ = usr2.recv() => tracing::warn!("SIGUSR2 (resume) is not implemented yet"),
+            _ = tick.tick() => {
+                for pool in app.pools() {
+                    pool.maintain();
+                }
+            }
+        }
+        if shutdown_done(&app) {
+            for pool in app.pools() {
+                pool.close_idle();
+            }
+            return Ok(());
+        }
+    }
+}
+
+fn shutdown_done(app: &App) -> bool {
+    match app.phase() {
+        Phase::Running => false,
+        Phase::WaitForClients => app.clients.load(Ordering::Acquire) == 0,
+        Phase::WaitForServers => app.pools().iter().all(|p| p.counts().active == 0),
+        Phase::Immediate => true,
+    }
+}

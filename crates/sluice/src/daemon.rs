@@ -1,0 +1,82 @@
+//! Process-level chores PgBouncer's flags ask for: -d (fork into the
+//! background), -u (switch OS user), and refusing settings sluice does not
+//! implement rather than silently ignoring them.
+
+use std::ffi::CString;
+
+use sluice_config::{AuthType, Settings};
+
+/// A setting sluice cannot honour; startup stops with this.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct Unsupported(String);
+
+/// Refuses configurations that would silently behave differently.
+pub fn check_supported(s: &Settings) -> Result<(), Unsupported> {
+    match s.auth_type {
+        AuthType::Any | AuthType::Trust | AuthType::Plain | AuthType::Md5 | AuthType::ScramSha256 => {}
+        other => {
+            return Err(Unsupported(format!(
+                "auth_type = {} is not supported by sluice yet (use trust, plain, md5 or scram-sha-256)",
+                other.as_str()
+            )));
+        }
+    }
+    for (key, value) in [("client_tls_sslmode", &s.client_tls_sslmode), ("server_tls_sslmode", &s.server_tls_sslmode)] {
+        if !matches!(value.as_str(), "" | "disable" | "allow" | "prefer") {
+            return Err(Unsupported(format!("{key} = {value} needs TLS, which sluice does not do yet")));
+        }
+    }
+    Ok(())
+}
+
+/// Forks; the parent exits, the child leaves the terminal.
+pub fn daemonize() -> std::io::Result<()> {
+    // SAFETY: called before any thread is started, as fork requires.
+    match unsafe { libc::fork() } {
+        -1 => return Err(std::io::Error::last_os_error()),
+        0 => {}
+        _ => std::process::exit(0),
+    }
+    // SAFETY: plain syscalls on the child's own process and descriptors.
+    unsafe {
+        if libc::setsid() == -1 {
+            return Err(std::io::Error::last_os_error());
+        }
+        let devnull = CString::new("/dev/null").expect("static string");
+        let fd = libc::open(devnull.as_ptr(), libc::O_RDWR);
+        if fd >= 0 {
+            libc::dup2(fd, 0);
+            libc::dup2(fd, 1);
+            libc::dup2(fd, 2);
+            if fd > 2 {
+                libc::close(fd);
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Switches to `user`'s uid and gid (no-op when already that user).
+pub fn switch_user(user: &str) -> std::io::Result<()> {
+    let name = CString::new(user).map_err(|_| std::io::Error::other("user name contains NUL"))?;
+    // SAFETY: getpwnam returns a pointer into static storage or null; read
+    // at once, before any other call that could overwrite it.
+    let (uid, gid) = unsafe {
+        let pw = libc::getpwnam(name.as_ptr());
+        if pw.is_null() {
+            return Err(std::io::Error::other(format!("no such user {user}")));
+        }
+        ((*pw).pw_uid, (*pw).pw_gid)
+    };
+    // SAFETY: plain syscalls.
+    unsafe {
+        if libc::geteuid() == uid {
+            return Ok(());
+        }
+        if libc::setgid(gid) != 0 || libc::setuid(uid) != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,170 @@
+//! Listening sockets (TCP on `listen_addr:listen_port`, Unix socket in
+//! `unix_socket_dir`) and the accept loop that starts one task per client.
+//! TCP sockets use SO_REUSEPORT when several workers (or a second sluice
+//! during a rolling restart) listen on the same port.
+
+use std::net::{SocketAddr, ToSocketAddrs};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+
+use socket2::{Domain, Protocol, Socket, Type};
+use sluice_config::Settings;
+use tokio::net::{TcpListener, UnixListener};
+
+use super::login::login;
+use super::session::SessionEnd;
+use crate::app::{App, Phase};
+use crate::net::Stream;
+
+/// The TCP addresses `listen_addr` names ("*" = all IPv4 and IPv6).
+pub fn tcp_addresses(settings: &Settings) -> std::io::Result<Vec<SocketAddr>> {
+    let mut out = Vec::new();
+    for host in settings.listen_addr.split(',').map(str::trim).filter(|h| !h.is_empty()) {
+        if host == "*" {
+            out.push(SocketAddr::from(([0, 0, 0, 0], settings.listen_port)));
+            out.push(SocketAddr::from(([0u16; 8], settings.listen_port)));
+        } else {
+            out.extend((host, settings.listen_port).to_socket_addrs()?);
+        }
+    }
+    Ok(out)
+}
+
+/// Binds one TCP listening socket.
+pub fn bind_tcp(addr: SocketAddr, backlog: u32, reuse_port: bool) -> std::io::Result<std::net::TcpListener> {
+    let socket = Socket::new(Domain::for_address(addr), Type::STREAM, Some(Protocol::TCP))?;
+    socket.set_reuse_address(true)?;
+    if reuse_port {
+        socket.set_reuse_port(true)?;
+    }
+    if addr.is_ipv6() {
+        socket.set_only_v6(true)?;
+    }
+    socket.bind(&addr.into())?;
+    socket.listen(backlog.clamp(1, i32::MAX as u32) as i32)?;
+    socket.set_nonblocking(true)?;
+    Ok(socket.into())
+}
+
+/// Path of the Unix socket for `port` in `dir`.
+pub fn unix_socket_path(dir: &str, port: u16) -> PathBuf {
+    PathBuf::from(dir).join(format!(".s.PGSQL.{port}"))
+}
+
+/// Binds the Unix socket, replacing a stale socket file.
+pub fn bind_unix(path: &PathBuf, mode: u32) -> std::io::Result<std::os::unix::net::UnixListener> {
+    use std::os::unix::fs::PermissionsExt;
+    if path.exists() {
+        // Another live process answering there means the port is taken.
+        if std::os::unix::net::UnixStream::connect(path).is_ok() {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::AddrInUse,
+                format!("{} is in use", path.display()),
+            ));
+        }
+        std::fs::remove_file(path)?;
+    }
+    let l = std::os::unix::net::UnixListener::bind(path)?;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode))?;
+    l.set_nonblocking(true)?;
+    Ok(l)
+}
+
+/// A listening socket of either kind.
+pub enum Listener {
+    Tcp(TcpListener),
+    Unix(UnixListener),
+}
+
+impl Listener {
+    async fn accept(&self) -> std::io::Result<Stream> {
+        match self {
+            Self::Tcp(l) => {
+                let (s, _) = l.accept().await?;
+                let _ = s.set_nodelay(true);
+                Ok(Stream::Tcp(s))
+            }
+            Self::Unix(l) => Ok(Stream::Unix(l.accept().await?.0)),
+        }
+    }
+}
+
+/// Accepts clients until shutdown begins.
+pub async fn accept_loop(app: Arc<App>, listener: Listener) {
+    loop {
+        let changed = app.phase_changed.notified();
+        tokio::pin!(changed);
+        changed.as_mut().enable();
+        if app.phase() != Phase::Running {
+            return;
+        }
+        tokio::select! {
+            r = listener.accept() => match r {
+                Ok(stream) => {
+                    tokio::spawn(handle_connection(app.clone(), stream));
+                }
+                Err(e) => {
+                    // EMFILE and friends: back off instead of spinning.
+                    tracing::warn!("accept failed: {e}");
+                    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+                }
+            },
+            _ = &mut changed => {}
+        }
+    }
+}
+
+/// Decrements the client count however the connection ends.
+struct ClientCountGuard(Arc<App>);
+
+impl Drop for ClientCountGuard {
+    fn drop(&mut self) {
+        self.0.clients.fetch_sub(1, Ordering::AcqRel);
+        self.0.phase_changed.notify_waiters();
+    }
+}
+
+/// One client connection from accept to close.
+pub async fn handle_connection(app: Arc<App>, stream: Stream) {
+    let count = app.clients.fetch_add(1, Ordering::AcqRel) + 1;
+    let _guard = ClientCountGuard(app.clone());
+    let settings = app.config().settings.clone();
+    let over_limit = count > settings.max_client_conn;
+    let login_timeout = settings.client_login_timeout;
+    let attempt = Box::pin(login(&app, stream, over_limit));
+    let result = if login_timeout.is_zero() {
+        attempt.await
+    } else {
+        match tokio::time::timeout(login_timeout, attempt).await {
+            Ok(r) => r,
+            Err(_) => {
+                tracing::info!("client login timed out");
+                return;
+            }
+        }
+    };
+    let client = match result {
+        Ok(Some(c)) => c,
+        Ok(None) => return,
+        Err((mut stream, e)) => {
+            if settings.log_pooler_errors {
+                tracing::warn!(peer = %stream.peer(), "login failed: {e}");
+            }
+            e.send(&mut stream).await;
+            return;
+        }
+    };
+    let (mut client, end) = client.serve().await;
+    match end {
+        SessionEnd::ClientLeft => {
+            if settings.log_disconnections {
+                tracing::info!(user = %client.user, db = %client.database, "closing because: client close request");
+            }
+        }
+        SessionEnd::Error(e) => {
+            tracing::info!(user = %client.user, db = %client.database, "closing because: {e}");
+            e.send(&mut client.stream).await;
+        }
+    }
+}

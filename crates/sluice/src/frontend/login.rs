@@ -1,0 +1,252 @@
+//! A client's way in: SSL/GSS negotiation (refused for now), cancel
+//! requests, the startup packet, limits, authentication, the pool lookup and
+//! the greeting (AuthenticationOk, ParameterStatus, BackendKeyData,
+//! ReadyForQuery).
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+
+use bytes::BytesMut;
+use sluice_wire::{
+    Authentication, ParameterStatus, StartupPacket, StartupParams, TransactionStatus,
+    negotiate_protocol_version, ready_for_query,
+};
+use tokio::io::AsyncWriteExt;
+
+use super::auth::authenticate;
+use super::error::ClientError;
+use super::session::Client;
+use crate::app::{App, Phase};
+use crate::codec::read_startup;
+use crate::net::Stream;
+use crate::params::{ParamSet, tracked_name};
+
+/// Startup parameters that are not run-time settings.
+const STRUCTURAL_PARAMS: &[&str] = &["user", "database", "replication", "options"];
+
+/// Runs the login of one connection. `Ok(None)`: the connection was a cancel
+/// request and is done.
+pub async fn login(
+    app: &Arc<App>,
+    mut stream: Stream,
+    over_client_limit: bool,
+) -> Result<Option<Client>, (Stream, ClientError)> {
+    match login_inner(app, &mut stream, over_client_limit).await {
+        Ok(Some(parts)) => Ok(Some(parts.into_client(stream))),
+        Ok(None) => Ok(None),
+        Err(e) => Err((stream, e)),
+    }
+}
+
+/// Everything login learns, before the stream joins it into a `Client`.
+struct LoggedIn {
+    app: Arc<App>,
+    pool: Arc<crate::backend::pool::Pool>,
+    params: Arc<ParamSet>,
+    key: sluice_wire::BackendKeyData,
+    cancel: Arc<crate::backend::cancel::CancelTarget>,
+    user: String,
+    database: String,
+}
+
+impl LoggedIn {
+    fn into_client(self, stream: Stream) -> Client {
+        Client::new(
+            stream,
+            self.app,
+            self.pool,
+            self.params,
+            self.key,
+            self.cancel,
+            self.user,
+            self.database,
+        )
+    }
+}
+
+async fn login_inner(
+    app: &Arc<App>,
+    stream: &mut Stream,
+    over_client_limit: bool,
+) -> Result<Option<LoggedIn>, ClientError> {
+    let mut buf = BytesMut::new();
+    let (minor, params, unknown_options) = loop {
+        match read_startup(stream, &mut buf).await? {
+            StartupPacket::SslRequest | StartupPacket::GssEncRequest => {
+                stream
+                    .write_all(b"N")
+                    .await
+                    .map_err(|e| ClientError::protocol(e.to_string()))?;
+            }
+            StartupPacket::Cancel(req) => {
+                if let Err(e) = app.cancels.cancel(req).await {
+                    tracing::warn!("forwarding cancel request failed: {e}");
+                }
+                return Ok(None);
+            }
+            StartupPacket::Startup {
+                minor,
+                params,
+                unknown_protocol_options,
+            } => break (minor, params, unknown_protocol_options),
+        }
+    };
+    if over_client_limit {
+        return Err(ClientError::new(
+            "53300",
+            "no more connections allowed (max_client_conn)",
+        ));
+    }
+    if app.phase() != Phase::Running {
+        return Err(ClientError::new("57P03", "the pooler is shutting down"));
+    }
+    let user = params
+        .get("user")
+        .filter(|u| !u.is_empty())
+        .ok_or_else(|| ClientError::new("28000", "no PostgreSQL user name specified in startup packet"))?
+        .to_owned();
+    let database = params
+        .get("database")
+        .filter(|d| !d.is_empty())
+        .unwrap_or(&user)
+        .to_owned();
+    if params.get("replication").is_some_and(|r| r != "false" && r != "0" && r != "off") {
+        return Err(ClientError::new(
+            "08P01",
+            "replication connections are not supported by sluice",
+        ));
+    }
+    let mut out = BytesMut::with_capacity(512);
+    if minor > 0 || !unknown_options.is_empty() {
+        negotiate_protocol_version(&mut out, 0, &unknown_options);
+    }
+
+    let config = app.config();
+    let keys = {
+        if !out.is_empty() {
+            stream
+                .write_all(&out)
+                .await
+                .map_err(|e| ClientError::protocol(e.to_string()))?;
+            out.clear();
+        }
+        let userlist = app.userlist();
+        authenticate(stream, &mut buf, config.settings.auth_type, &userlist, &user).await?
+    };
+    let pool = app
+        .pool_for(&database, &user)
+        .map_err(|e| ClientError::new("3D000", e.to_string()))?;
+    if let Some(k) = keys {
+        pool.learn_scram_keys(k);
+    }
+    let welcome = pool
+        .welcome()
+        .await
+        .map_err(|e| ClientError::new(e.sqlstate(), e.to_string()))?;
+    let client_params = client_params(&welcome.tracked, &params, &config.settings.ignore_startup_parameters)?;
+
+    let (key, cancel) = app.cancels.register();
+    Authentication::Ok.encode(&mut out);
+    for (name, value) in &welcome.reported {
+        let value = tracked_name(name)
+            .and_then(|t| client_params.get(t))
+            .unwrap_or(value);
+        ParameterStatus { name, value }.encode(&mut out);
+    }
+    key.encode(&mut out);
+    ready_for_query(&mut out, TransactionStatus::Idle);
+    if let Err(e) = stream.write_all(&out).await {
+        app.cancels.unregister(&key);
+        return Err(ClientError::protocol(e.to_string()));
+    }
+    tracing::info!(user = %user, db = %database, peer = %stream.peer(), "login");
+    let _ = app.clients.load(Ordering::Relaxed);
+    Ok(Some(LoggedIn {
+        app: app.clone(),
+        pool,
+        params: client_params,
+        key,
+        cancel,
+        user,
+        database,
+    }))
+}
+
+/// The client's wanted parameters: the server's greeting overridden by the
+/// startup packet (and `options=-c name=value`). Unknown parameters are an
+/// error unless `ignore_startup_parameters` lists them, as in PgBouncer.
+fn client_params(
+    welcome: &Arc<ParamSet>,
+    startup: &StartupParams,
+    ignored: &[String],
+) -> Result<Arc<ParamSet>, ClientError> {
+    let mut params = welcome.clone();
+    let is_ignored = |k: &str| ignored.iter().any(|i| i.eq_ignore_ascii_case(k));
+    let mut apply = |k: &str, v: &str| -> Result<(), ClientError> {
+        if let Some(name) = tracked_name(k) {
+            crate::params::update_shared(&mut params, name, v);
+            Ok(())
+        } else if is_ignored(k) {
+            Ok(())
+        } else {
+            Err(ClientError::protocol(format!("unsupported startup parameter: {k}")))
+        }
+    };
+    for (k, v) in &startup.0 {
+        if k == "options" {
+            for setting in parse_options(v) {
+                let (name, value) = setting?;
+                apply(&name, &value)?;
+            }
+        } else if !STRUCTURAL_PARAMS.contains(&k.as_str()) {
+            apply(k, v)?;
+        }
+    }
+    Ok(params)
+}
+
+/// Splits `-c name=value` and `--name=value` out of an `options` string.
+fn parse_options(options: &str) -> Vec<Result<(String, String), ClientError>> {
+    let mut out = Vec::new();
+    let mut words = options.split_whitespace();
+    while let Some(w) = words.next() {
+        let setting = if w == "-c" {
+            words.next()
+        } else if let Some(s) = w.strip_prefix("-c").or_else(|| w.strip_prefix("--")) {
+            Some(s)
+        } else {
+            out.push(Err(ClientError::protocol(format!(
+                "unsupported startup option: {w}"
+            ))));
+            continue;
+        };
+        match setting.and_then(|s| s.split_once('=')) {
+            Some((k, v)) => out.push(Ok((k.replace('-', "_"), v.to_owned()))),
+            None => out.push(Err(ClientError::protocol(format!(
+                "invalid startup option: {options}"
+            )))),
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn options_are_parsed() {
+        let got: Vec<_> = parse_options("-c application_name=x --TimeZone=UTC")
+            .into_iter()
+            .map(|r| r.unwrap())
+            .collect();
+        assert_eq!(
+            got,
+            vec![
+                ("application_name".to_owned(), "x".to_owned()),
+                ("TimeZone".to_owned(), "UTC".to_owned())
+            ]
+        );
+        assert!(parse_options("-x").pop().unwrap().is_err());
+    }
+}

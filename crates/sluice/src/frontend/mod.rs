@@ -1,0 +1,10 @@
+//! Client side: accepting connections, the startup and authentication
+//! exchange, and the session loop that lends a client a server per
+//! transaction (or per session, or per statement).
+
+pub mod auth;
+pub mod error;
+pub mod listener;
+pub mod login;
+pub mod relay;
+pub mod session;

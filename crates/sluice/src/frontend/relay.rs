@@ -1,0 +1,339 @@
+//! The hot path: while a client holds a server, its task moves bytes both
+//! ways itself. It reads socket readiness rather than owning read futures, so
+//! one loop can read and write both sockets without splitting them; it
+//! parses five header bytes per message and the bodies of ReadyForQuery and
+//! ParameterStatus only; it writes as soon as bytes are scanned and waits for
+//! writability only when a socket is full, and stops reading a side whose
+//! bytes cannot be written (backpressure, bounded memory).
+//! When the pool mode allows and the server is provably clean — ReadyForQuery
+//! 'I', nothing unsynced or in flight, no half-sent message — the server goes
+//! back to the pool. A client that leaves mid-transaction gets its server
+//! rolled back, or closed when that cannot be done safely.
+
+use std::io::ErrorKind;
+use std::sync::Arc;
+
+use bytes::{Buf, BytesMut};
+use sluice_config::PoolMode;
+use sluice_wire::{ParameterStatus, TransactionStatus, tags};
+
+use super::error::ClientError;
+use super::session::{CLEANUP_TIMEOUT, Client, READ_CHUNK};
+use crate::backend::login::run_query;
+use crate::backend::pool::Lease;
+use crate::params::{tracked_name, update_shared};
+use crate::scan::{Scanner, Visit};
+
+/// Stop reading a side when this much is waiting to be written.
+const BUFFER_LIMIT: usize = 256 * 1024;
+
+/// How a linked period ended.
+pub enum RelayEnd {
+    /// The server went back to the pool; the client continues.
+    Released,
+    ClientLeft,
+    Error(ClientError),
+}
+
+/// Request-cycle bookkeeping of one linked period.
+struct Cycle {
+    /// Sync and Query messages sent whose ReadyForQuery has not come.
+    outstanding: u32,
+    /// Extended-protocol messages sent since the last Sync.
+    unsynced: bool,
+    status: TransactionStatus,
+    client_scan: Scanner,
+    server_scan: Scanner,
+    /// Client bytes scanned and not yet written to the server.
+    to_server: usize,
+    /// Server bytes scanned and not yet written to the client.
+    to_client: usize,
+    client_terminated: bool,
+    /// Statement mode saw a transaction block open.
+    refused_transaction: bool,
+}
+
+impl Cycle {
+    fn clean(&self) -> bool {
+        self.outstanding == 0
+            && !self.unsynced
+            && self.status == TransactionStatus::Idle
+            && self.client_scan.at_boundary()
+            && self.server_scan.at_boundary()
+    }
+
+    fn flushed(&self, server_buf: &BytesMut) -> bool {
+        self.to_server == 0 && self.to_client == 0 && server_buf.is_empty()
+    }
+}
+
+/// Relays between `client` and the leased server until the server can go
+/// back (transaction, statement mode) or the client leaves.
+pub async fn run(client: &mut Client, cbuf: &mut BytesMut, mut lease: Lease) -> RelayEnd {
+    let settings = lease.pool().settings();
+    let limit = settings.max_packet_size;
+    let target = lease.pool().target();
+    {
+        let server = lease.server();
+        client.cancel.link(&target, server.key);
+        if !Arc::ptr_eq(&server.params, &client.params) {
+            if let Some(sql) = client.params.diff_sql(&server.params)
+                && let Err(e) = run_query(server, &sql).await
+            {
+                client.cancel.unlink();
+                lease.close();
+                return RelayEnd::Error(ClientError::new(e.sqlstate(), e.to_string()));
+            }
+            server.params = client.params.clone();
+        }
+    }
+    let mut cycle = Cycle {
+        outstanding: 0,
+        unsynced: false,
+        status: TransactionStatus::Idle,
+        client_scan: Scanner::default(),
+        server_scan: Scanner::default(),
+        to_server: 0,
+        to_client: 0,
+        client_terminated: false,
+        refused_transaction: false,
+    };
+    let release_each = match settings.mode {
+        PoolMode::Session => None,
+        PoolMode::Transaction => Some(false),
+        PoolMode::Statement => Some(true),
+    };
+    let idle_tx_timeout = settings.idle_transaction_timeout;
+
+    let end = loop {
+        if let Err(e) = scan_client(&mut cycle, cbuf, limit) {
+            break Err(End::Client(ClientError::protocol(e.to_string())));
+        }
+        let server = lease.server();
+        if let Err(e) = scan_server(&mut cycle, &mut server.buf, &mut client.params, release_each == Some(true)) {
+            break Err(End::Server(format!("server sent a bad message: {e}")));
+        }
+        server.params = client.params.clone();
+        if cycle.refused_transaction {
+            break Err(End::Client(ClientError::new(
+                "25000",
+                "transaction blocks are not allowed in statement pool mode",
+            )));
+        }
+        // Write what is scanned, without waiting.
+        if cycle.to_server > 0 {
+            match server.stream.try_write(&cbuf[..cycle.to_server]) {
+                Ok(n) => {
+                    cbuf.advance(n);
+                    cycle.to_server -= n;
+                }
+                Err(e) if e.kind() == ErrorKind::WouldBlock => {}
+                Err(e) => break Err(End::Server(e.to_string())),
+            }
+        }
+        if cycle.to_client > 0 {
+            match client.stream.try_write(&server.buf[..cycle.to_client]) {
+                Ok(n) => {
+                    server.buf.advance(n);
+                    cycle.to_client -= n;
+                }
+                Err(e) if e.kind() == ErrorKind::WouldBlock => {}
+                Err(_) => break Ok(Outcome::ClientGone),
+            }
+        }
+        if cycle.client_terminated && cycle.to_server == 0 {
+            break Ok(Outcome::ClientGone);
+        }
+        if release_each.is_some() && cycle.clean() && cycle.flushed(&server.buf) {
+            break Ok(Outcome::Release);
+        }
+        let idle_in_tx = !idle_tx_timeout.is_zero()
+            && cycle.outstanding == 0
+            && cycle.status != TransactionStatus::Idle;
+        let read_server = server.buf.len() < BUFFER_LIMIT;
+        let read_client = cbuf.len() < BUFFER_LIMIT && !cycle.client_terminated;
+        tokio::select! {
+            biased;
+            r = server.stream.readable(), if read_server => {
+                if r.is_err() { break Err(End::Server("server socket failed".into())); }
+                if server.buf.capacity() - server.buf.len() < 1024 { server.buf.reserve(READ_CHUNK); }
+                match server.stream.try_read_buf(&mut server.buf) {
+                    Ok(0) => break Err(End::Server("server closed the connection unexpectedly".into())),
+                    Ok(_) => {}
+                    Err(e) if e.kind() == ErrorKind::WouldBlock => {}
+                    Err(e) => break Err(End::Server(e.to_string())),
+                }
+            }
+            r = client.stream.readable(), if read_client => {
+                if r.is_err() { break Ok(Outcome::ClientGone); }
+                if cbuf.capacity() - cbuf.len() < 1024 { cbuf.reserve(READ_CHUNK); }
+                match client.stream.try_read_buf(cbuf) {
+                    Ok(0) => break Ok(Outcome::ClientGone),
+                    Ok(_) => {}
+                    Err(e) if e.kind() == ErrorKind::WouldBlock => {}
+                    Err(_) => break Ok(Outcome::ClientGone),
+                }
+            }
+            r = server.stream.writable(), if cycle.to_server > 0 => {
+                if r.is_err() { break Err(End::Server("server socket failed".into())); }
+            }
+            r = client.stream.writable(), if cycle.to_client > 0 => {
+                if r.is_err() { break Ok(Outcome::ClientGone); }
+            }
+            _ = tokio::time::sleep(idle_tx_timeout), if idle_in_tx => {
+                break Err(End::Client(ClientError::new("25P03", "idle transaction timeout")));
+            }
+        }
+    };
+    client.cancel.unlink();
+    match end {
+        Ok(Outcome::Release) => {
+            if settings.server_reset_query_always
+                && !settings.server_reset_query.is_empty()
+                && !reset(&mut lease, &settings.server_reset_query).await
+            {
+                lease.close();
+            } else {
+                lease.release();
+            }
+            RelayEnd::Released
+        }
+        Ok(Outcome::ClientGone) => {
+            finish_abandoned(lease, &cycle, &settings.server_reset_query, settings.mode).await;
+            RelayEnd::ClientLeft
+        }
+        Err(End::Client(e)) => {
+            finish_abandoned(lease, &cycle, &settings.server_reset_query, settings.mode).await;
+            RelayEnd::Error(e)
+        }
+        Err(End::Server(why)) => {
+            tracing::warn!(user = %client.user, db = %client.database, "server connection failed: {why}");
+            lease.close();
+            RelayEnd::Error(ClientError::new("08006", format!("server connection failed: {why}")))
+        }
+    }
+}
+
+enum Outcome {
+    Release,
+    ClientGone,
+}
+
+enum End {
+    /// The client broke a rule; it gets this error.
+    Client(ClientError),
+    /// The server failed; the client gets 08006.
+    Server(String),
+}
+
+fn scan_client(cycle: &mut Cycle, cbuf: &BytesMut, limit: usize) -> Result<(), sluice_wire::WireError> {
+    use tags::frontend as f;
+    let mut terminated = false;
+    let end = cycle.client_scan.scan(cbuf, cycle.to_server, limit, |_| false, |tag, _| {
+        match tag {
+            f::QUERY | f::FUNCTION_CALL | f::SYNC => {
+                cycle.outstanding += 1;
+                cycle.unsynced = false;
+            }
+            f::TERMINATE => {
+                terminated = true;
+                return Visit::StopBefore;
+            }
+            f::COPY_DATA | f::COPY_DONE | f::COPY_FAIL => {}
+            _ => cycle.unsynced = true,
+        }
+        Visit::Forward
+    })?;
+    cycle.to_server = end.forward_to;
+    if terminated {
+        cycle.client_terminated = true;
+    }
+    Ok(())
+}
+
+/// Largest server message: PostgreSQL's own limit is 1 GB per field.
+const SERVER_MESSAGE_LIMIT: usize = i32::MAX as usize;
+
+fn scan_server(
+    cycle: &mut Cycle,
+    sbuf: &BytesMut,
+    client_params: &mut Arc<crate::params::ParamSet>,
+    refuse_transactions: bool,
+) -> Result<(), sluice_wire::WireError> {
+    use tags::backend as b;
+    let mut bad = None;
+    let end = cycle.server_scan.scan(
+        sbuf,
+        cycle.to_client,
+        SERVER_MESSAGE_LIMIT,
+        |tag| tag == b::READY_FOR_QUERY || tag == b::PARAMETER_STATUS,
+        |tag, body| {
+            match tag {
+                b::READY_FOR_QUERY => match TransactionStatus::decode(body) {
+                    Ok(s) => {
+                        cycle.outstanding = cycle.outstanding.saturating_sub(1);
+                        cycle.status = s;
+                        if refuse_transactions && s != TransactionStatus::Idle {
+                            cycle.refused_transaction = true;
+                        }
+                    }
+                    Err(e) => bad = Some(e),
+                },
+                b::PARAMETER_STATUS => match ParameterStatus::decode(body) {
+                    Ok(p) => {
+                        if let Some(name) = tracked_name(p.name) {
+                            update_shared(client_params, name, p.value);
+                        }
+                    }
+                    Err(e) => bad = Some(e),
+                },
+                _ => {}
+            }
+            Visit::Forward
+        },
+    )?;
+    if let Some(e) = bad {
+        return Err(e);
+    }
+    cycle.to_client = end.forward_to;
+    Ok(())
+}
+
+/// Runs the reset query; false when the server is not clean after it.
+async fn reset(lease: &mut Lease, sql: &str) -> bool {
+    matches!(
+        tokio::time::timeout(CLEANUP_TIMEOUT, run_query(lease.server(), sql)).await,
+        Ok(Ok(()))
+    )
+}
+
+/// The client is gone (or being thrown out): make the server clean, or
+/// close it. A server with unread results, a half-sent message or requests
+/// in flight is closed; one idle in a transaction is rolled back.
+async fn finish_abandoned(
+    mut lease: Lease,
+    cycle: &Cycle,
+    reset_query: &str,
+    mode: PoolMode,
+) {
+    let at_rest = cycle.outstanding == 0
+        && !cycle.unsynced
+        && cycle.client_scan.at_boundary()
+        && cycle.server_scan.at_boundary()
+        && cycle.to_server == 0;
+    if !at_rest {
+        lease.close();
+        return;
+    }
+    // Whole messages meant for a client that is gone.
+    lease.server().buf.clear();
+    if cycle.status != TransactionStatus::Idle && !reset(&mut lease, "ROLLBACK").await {
+        lease.close();
+        return;
+    }
+    if mode == PoolMode::Session && !reset_query.is_empty() && !reset(&mut lease, reset_query).await {
+        lease.close();
+        return;
+    }
+    lease.release();
+}

@@ -1,0 +1,142 @@
+//! A logged-in client. While idle it holds no server and almost no memory
+//! (its read buffer is released); when bytes arrive it gets a server from its
+//! pool and the relay moves bytes until the pool mode says the server goes
+//! back.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::BytesMut;
+use sluice_config::PoolMode;
+use sluice_wire::BackendKeyData;
+
+use super::error::ClientError;
+use super::relay::{self, RelayEnd};
+use crate::app::{App, Phase};
+use crate::backend::cancel::CancelTarget;
+use crate::backend::pool::Pool;
+use crate::net::Stream;
+use crate::params::ParamSet;
+
+/// Bytes reserved for a read when the buffer is empty.
+pub const READ_CHUNK: usize = 8192;
+
+/// A client after login.
+pub struct Client {
+    pub stream: Stream,
+    pub app: Arc<App>,
+    pub pool: Arc<Pool>,
+    /// Tracked parameters as the client set them.
+    pub params: Arc<ParamSet>,
+    pub key: BackendKeyData,
+    pub cancel: Arc<CancelTarget>,
+    pub user: String,
+    pub database: String,
+}
+
+/// How a session ended.
+#[derive(Debug)]
+pub enum SessionEnd {
+    /// The client said Terminate or closed its socket.
+    ClientLeft,
+    Error(ClientError),
+}
+
+impl Client {
+    #[allow(clippy::too_many_arguments)]
+    pub fn new(
+        stream: Stream,
+        app: Arc<App>,
+        pool: Arc<Pool>,
+        params: Arc<ParamSet>,
+        key: BackendKeyData,
+        cancel: Arc<CancelTarget>,
+        user: String,
+        database: String,
+    ) -> Self {
+        Self {
+            stream,
+            app,
+            pool,
+            params,
+            key,
+            cancel,
+            user,
+            database,
+        }
+    }
+
+    /// Serves the client until it leaves or fails.
+    pub async fn serve(mut self) -> (Self, SessionEnd) {
+        let end = self.serve_inner().await;
+        self.app.cancels.unregister(&self.key);
+        (self, end)
+    }
+
+    async fn serve_inner(&mut self) -> SessionEnd {
+        let mut buf = BytesMut::new();
+        loop {
+            if buf.is_empty() {
+                match self.wait_for_request(&mut buf).await {
+                    Ok(true) => {}
+                    Ok(false) => return SessionEnd::ClientLeft,
+                    Err(e) => return SessionEnd::Error(e),
+                }
+            }
+            if buf.first() == Some(&sluice_wire::tags::frontend::TERMINATE) {
+                return SessionEnd::ClientLeft;
+            }
+            if self.app.phase() >= Phase::WaitForServers {
+                return SessionEnd::Error(ClientError::new("57P01", "the pooler is shutting down"));
+            }
+            let lease = match self.pool.acquire().await {
+                Ok(l) => l,
+                Err(e) => {
+                    return SessionEnd::Error(ClientError::new(e.sqlstate(), e.to_string()));
+                }
+            };
+            // Boxed so that an idle client's task stays small.
+            match Box::pin(relay::run(self, &mut buf, lease)).await {
+                RelayEnd::Released => {}
+                RelayEnd::ClientLeft => return SessionEnd::ClientLeft,
+                RelayEnd::Error(e) => return SessionEnd::Error(e),
+            }
+            if buf.is_empty() {
+                buf = BytesMut::new();
+            }
+        }
+    }
+
+    /// Waits for the next request. `Ok(false)`: the client closed.
+    async fn wait_for_request(&mut self, buf: &mut BytesMut) -> Result<bool, ClientError> {
+        let idle_timeout = self.pool.settings().client_idle_timeout;
+        loop {
+            let ready = self.stream.readable();
+            let ready = if idle_timeout.is_zero() {
+                ready.await
+            } else {
+                match tokio::time::timeout(idle_timeout, ready).await {
+                    Ok(r) => r,
+                    Err(_) => return Err(ClientError::new("08P01", "client_idle_timeout")),
+                }
+            };
+            if ready.is_err() {
+                return Ok(false);
+            }
+            buf.reserve(READ_CHUNK);
+            match self.stream.try_read_buf(buf) {
+                Ok(0) => return Ok(false),
+                Ok(_) => return Ok(true),
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => continue,
+                Err(_) => return Ok(false),
+            }
+        }
+    }
+
+    pub fn mode(&self) -> PoolMode {
+        self.pool.settings().mode
+    }
+}
+
+/// Timeout for best-effort cleanup queries (ROLLBACK, reset query).
+pub const CLEANUP_TIMEOUT: Duration = Duration::from_secs(5);

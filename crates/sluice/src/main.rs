@@ -1,0 +1,145 @@
+//! sluice: a PostgreSQL connection pooler that reads PgBouncer's
+//! configuration, answers to its flags and signals, and uses every core.
+//! This file wires the pieces: command line, configuration, logging,
+//! daemonizing, listeners, workers and the control loop.
+
+mod app;
+mod auth;
+mod backend;
+mod cli;
+mod codec;
+mod control;
+mod daemon;
+mod frontend;
+mod logging;
+mod net;
+mod params;
+mod scan;
+mod workers;
+
+use std::process::ExitCode;
+use std::sync::Arc;
+
+use clap::Parser;
+
+use crate::app::App;
+use crate::auth::Userlist;
+
+fn main() -> ExitCode {
+    let cli = cli::Cli::parse();
+    let config = match sluice_config::load(&cli.config) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("sluice: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    for w in &config.warnings {
+        eprintln!("sluice: warning: {w}");
+    }
+    let userlist = match &config.settings.auth_file {
+        Some(path) => match Userlist::load(path) {
+            Ok(u) => u,
+            Err(e) => {
+                eprintln!("sluice: {e}");
+                return ExitCode::FAILURE;
+            }
+        },
+        None => Userlist::default(),
+    };
+    if let Err(e) = daemon::check_supported(&config.settings) {
+        eprintln!("sluice: {e}");
+        return ExitCode::FAILURE;
+    }
+    if cli.check_config {
+        println!(
+            "sluice: {} is valid ({} databases, {} auth_file users, {} warnings)",
+            cli.config.display(),
+            config.databases.len() + usize::from(config.fallback_database.is_some()),
+            userlist.len(),
+            config.warnings.len()
+        );
+        return ExitCode::SUCCESS;
+    }
+    if cli.reboot {
+        eprintln!("sluice: -R (online reboot) is not supported; use so_reuseport = 1 and start a second sluice");
+        return ExitCode::FAILURE;
+    }
+    let settings = config.settings.clone();
+    if cli.daemon {
+        if settings.logfile.is_empty() && !settings.syslog {
+            eprintln!("sluice: -d needs logfile or syslog in the configuration");
+            return ExitCode::FAILURE;
+        }
+        if let Err(e) = daemon::daemonize() {
+            eprintln!("sluice: cannot daemonize: {e}");
+            return ExitCode::FAILURE;
+        }
+    }
+    let verbosity = settings.verbose + u32::from(cli.verbose);
+    if let Err(e) = logging::init(&settings.logfile, !cli.quiet && !cli.daemon, verbosity) {
+        eprintln!("sluice: cannot open logfile {}: {e}", settings.logfile);
+        return ExitCode::FAILURE;
+    }
+    let workers = if settings.workers == 0 {
+        std::thread::available_parallelism().map_or(1, |n| n.get())
+    } else {
+        settings.workers
+    };
+    let app = Arc::new(App::new(cli.config.clone(), config, userlist));
+    let sockets = match workers::bind(&app, workers, settings.runtime) {
+        Ok(s) => s,
+        Err(e) => {
+            tracing::error!("{e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    if let Some(user) = cli.user.as_deref().or(Some(settings.user.as_str()).filter(|u| !u.is_empty()))
+        && let Err(e) = daemon::switch_user(user)
+    {
+        tracing::error!("cannot switch to user {user}: {e}");
+        return ExitCode::FAILURE;
+    }
+    if !settings.pidfile.is_empty()
+        && let Err(e) = std::fs::write(&settings.pidfile, format!("{}\n", std::process::id()))
+    {
+        tracing::error!("cannot write pidfile {}: {e}", settings.pidfile);
+        return ExitCode::FAILURE;
+    }
+    let control = match workers::start(app.clone(), workers, settings.runtime, sockets) {
+        Ok(rt) => rt,
+        Err(e) => {
+            tracing::error!("cannot start workers: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    tracing::info!(
+        "sluice {} listening on {}:{} ({} workers, {:?} runtime)",
+        env!("CARGO_PKG_VERSION"),
+        settings.listen_addr,
+        settings.listen_port,
+        workers,
+        settings.runtime
+    );
+    let result = control.block_on(control::run(app.clone()));
+    if !settings.pidfile.is_empty() {
+        let _ = std::fs::remove_file(&settings.pidfile);
+    }
+    if !settings.unix_socket_dir.is_empty() {
+        let _ = std::fs::remove_file(frontend::listener::unix_socket_path(
+            &settings.unix_socket_dir,
+            settings.listen_port,
+        ));
+    }
+    match result {
+        Ok(()) => {
+            tracing::info!("shutdown complete");
+            // Worker threads may still hold idle clients; the process ends here.
+            std::process::exit(0)
+        }
+        Err(e) => {
+            tracing::error!("control loop failed: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}

@@ -1,0 +1,109 @@
+//! One stream type for TCP and Unix-domain sockets, on both sides, so the
+//! session loop is written once and dispatches with a match, not a vtable.
+
+use std::io;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::net::{TcpStream, UnixStream};
+
+/// A connected socket.
+#[derive(Debug)]
+pub enum Stream {
+    Tcp(TcpStream),
+    Unix(UnixStream),
+}
+
+impl Stream {
+    /// Reads what is there without waiting; `WouldBlock` when nothing is.
+    pub fn try_read(&self, buf: &mut [u8]) -> io::Result<usize> {
+        match self {
+            Self::Tcp(s) => s.try_read(buf),
+            Self::Unix(s) => s.try_read(buf),
+        }
+    }
+
+    /// Waits until the socket has data (or EOF) without reading it.
+    pub async fn readable(&self) -> io::Result<()> {
+        match self {
+            Self::Tcp(s) => s.readable().await,
+            Self::Unix(s) => s.readable().await,
+        }
+    }
+
+    /// Writes what the socket takes now; `WouldBlock` when it takes nothing.
+    pub fn try_write(&self, buf: &[u8]) -> io::Result<usize> {
+        match self {
+            Self::Tcp(s) => s.try_write(buf),
+            Self::Unix(s) => s.try_write(buf),
+        }
+    }
+
+    /// Reads into the spare capacity of `buf` without waiting.
+    pub fn try_read_buf(&self, buf: &mut bytes::BytesMut) -> io::Result<usize> {
+        match self {
+            Self::Tcp(s) => s.try_read_buf(buf),
+            Self::Unix(s) => s.try_read_buf(buf),
+        }
+    }
+
+    /// Waits until the socket can take more bytes.
+    pub async fn writable(&self) -> io::Result<()> {
+        match self {
+            Self::Tcp(s) => s.writable().await,
+            Self::Unix(s) => s.writable().await,
+        }
+    }
+
+    /// Peer address for logs and the console.
+    pub fn peer(&self) -> String {
+        match self {
+            Self::Tcp(s) => s
+                .peer_addr()
+                .map(|a| a.to_string())
+                .unwrap_or_else(|_| "?".into()),
+            Self::Unix(_) => "unix".into(),
+        }
+    }
+}
+
+impl AsyncRead for Stream {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        match self.get_mut() {
+            Self::Tcp(s) => Pin::new(s).poll_read(cx, buf),
+            Self::Unix(s) => Pin::new(s).poll_read(cx, buf),
+        }
+    }
+}
+
+impl AsyncWrite for Stream {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        match self.get_mut() {
+            Self::Tcp(s) => Pin::new(s).poll_write(cx, buf),
+            Self::Unix(s) => Pin::new(s).poll_write(cx, buf),
+        }
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        match self.get_mut() {
+            Self::Tcp(s) => Pin::new(s).poll_flush(cx),
+            Self::Unix(s) => Pin::new(s).poll_flush(cx),
+        }
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        match self.get_mut() {
+            Self::Tcp(s) => Pin::new(s).poll_shutdown(cx),
+            Self::Unix(s) => Pin::new(s).poll_shutdown(cx),
+        }
+    }
+}

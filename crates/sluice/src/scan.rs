@@ -1,0 +1,149 @@
+//! Walks a byte stream message by message across reads, reading five header
+//! bytes per message and a body only where policy needs it. Bytes of
+//! messages whose body does not matter are passed on as soon as they arrive,
+//! even when the message is not complete, so large rows and COPY data stream
+//! through without being buffered whole.
+
+use sluice_wire::{WireError, split_frame};
+
+/// What to do with a visited message.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Visit {
+    /// Pass it on.
+    Forward,
+    /// Stop before it: it and what follows stay in the buffer.
+    StopBefore,
+}
+
+/// Where a scan ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ScanEnd {
+    /// Bytes before this offset may be forwarded.
+    pub forward_to: usize,
+    /// The visitor asked to stop.
+    pub stopped: bool,
+}
+
+/// Position in a message stream that persists between reads.
+#[derive(Debug, Default)]
+pub struct Scanner {
+    /// Bytes of a passed-through message that have not arrived yet.
+    pending: usize,
+}
+
+impl Scanner {
+    /// True between messages: nothing of a message is half forwarded.
+    pub fn at_boundary(&self) -> bool {
+        self.pending == 0
+    }
+
+    /// Scans `buf[start..]`. `needs_body(tag)` says which messages must be
+    /// complete before they are visited (and get their body); others are
+    /// visited with an empty body as soon as their header is there.
+    pub fn scan(
+        &mut self,
+        buf: &[u8],
+        start: usize,
+        limit: usize,
+        needs_body: impl Fn(u8) -> bool,
+        mut visit: impl FnMut(u8, &[u8]) -> Visit,
+    ) -> Result<ScanEnd, WireError> {
+        let mut pos = start;
+        if self.pending > 0 {
+            let n = self.pending.min(buf.len() - pos);
+            pos += n;
+            self.pending -= n;
+            if self.pending > 0 {
+                return Ok(ScanEnd {
+                    forward_to: pos,
+                    stopped: false,
+                });
+            }
+        }
+        while let Some(h) = split_frame(&buf[pos..], limit)? {
+            let end = pos + h.total_len;
+            let whole = end <= buf.len();
+            if needs_body(h.tag) {
+                if !whole {
+                    break;
+                }
+                if visit(h.tag, &buf[pos + sluice_wire::HEADER_LEN..end]) == Visit::StopBefore {
+                    return Ok(ScanEnd {
+                        forward_to: pos,
+                        stopped: true,
+                    });
+                }
+                pos = end;
+            } else {
+                if visit(h.tag, &[]) == Visit::StopBefore {
+                    return Ok(ScanEnd {
+                        forward_to: pos,
+                        stopped: true,
+                    });
+                }
+                if whole {
+                    pos = end;
+                } else {
+                    self.pending = end - buf.len();
+                    pos = buf.len();
+                    break;
+                }
+            }
+        }
+        Ok(ScanEnd {
+            forward_to: pos,
+            stopped: false,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn passes_partial_messages_and_waits_for_bodies() {
+        let mut s = Scanner::default();
+        // A 10-byte DataRow ('D', len 9) split after 7 bytes, then 'Z'.
+        let stream = b"D\0\0\0\x09abcdZ\0\0\0\x05I";
+        let mut tags = Vec::new();
+        let e = s
+            .scan(&stream[..7], 0, 1000, |t| t == b'Z', |t, _| {
+                tags.push(t);
+                Visit::Forward
+            })
+            .unwrap();
+        assert_eq!(e.forward_to, 7);
+        assert!(!s.at_boundary());
+        // The rest of D plus a partial Z: D's tail forwards, Z waits.
+        let e = s
+            .scan(&stream[7..13], 0, 1000, |t| t == b'Z', |t, _| {
+                tags.push(t);
+                Visit::Forward
+            })
+            .unwrap();
+        assert_eq!(e.forward_to, 2);
+        assert!(s.at_boundary());
+        let mut body = Vec::new();
+        let e = s
+            .scan(&stream[9..], 0, 1000, |t| t == b'Z', |t, b| {
+                tags.push(t);
+                body.extend_from_slice(b);
+                Visit::Forward
+            })
+            .unwrap();
+        assert_eq!(e.forward_to, 6);
+        assert_eq!(tags, b"DZ");
+        assert_eq!(body, b"I");
+    }
+
+    #[test]
+    fn stops_before_and_rejects_bad_length() {
+        let mut s = Scanner::default();
+        let e = s
+            .scan(b"X\0\0\0\x04", 0, 100, |_| false, |_, _| Visit::StopBefore)
+            .unwrap();
+        assert_eq!(e, ScanEnd { forward_to: 0, stopped: true });
+        assert!(s.scan(b"Q\0\0\0\x01", 0, 100, |_| false, |_, _| Visit::Forward).is_err());
+    }
+}
