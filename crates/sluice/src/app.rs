@@ -134,7 +134,11 @@ impl App {
         }
         let (settings, target, credential) = self.resolve(&config, &entry, &server_user);
         let db_limit = limit_for(&self.db_limits, database, settings_db_max(&config, &entry));
-        let user_limit = limit_for(&self.user_limits, &server_user, user_max(&config, &server_user));
+        let user_limit = limit_for(
+            &self.user_limits,
+            &server_user,
+            user_max(&config, &server_user),
+        );
         let pool = Arc::new(Pool::new(
             database.to_owned(),
             server_user,
@@ -192,7 +196,10 @@ impl App {
                 startup_params.push((k.to_owned(), v.clone()));
             }
         }
-        let host = entry.host.as_deref().map(|h| h.split(',').next().unwrap_or(h).trim());
+        let host = entry
+            .host
+            .as_deref()
+            .map(|h| h.split(',').next().unwrap_or(h).trim());
         let target = ServerTarget {
             addr: ServerAddr::new(host, entry.port.unwrap_or(5432)),
             dbname: entry.dbname.clone().unwrap_or_else(|| entry.name.clone()),
@@ -227,7 +234,11 @@ impl App {
                 continue; // removed: its clients drain, new ones get 3D000
             };
             let (settings, target, credential) = self.resolve(&config, &entry, &pool.user);
-            limit_for(&self.db_limits, &pool.database, settings_db_max(&config, &entry));
+            limit_for(
+                &self.db_limits,
+                &pool.database,
+                settings_db_max(&config, &entry),
+            );
             limit_for(&self.user_limits, &pool.user, user_max(&config, &pool.user));
             pool.reconfigure(settings, target, credential);
         }

@@ -38,7 +38,13 @@ pub fn reload(app: &App) {
         None => Userlist::default(),
     };
     let old = app.config();
-    for key in ["listen_addr", "listen_port", "unix_socket_dir", "workers", "runtime"] {
+    for key in [
+        "listen_addr",
+        "listen_port",
+        "unix_socket_dir",
+        "workers",
+        "runtime",
+    ] {
         if old.settings.value_of(key) != config.settings.value_of(key) {
             tracing::warn!("{key} changed; it takes effect only after a restart");
         }

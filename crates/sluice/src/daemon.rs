@@ -14,7 +14,11 @@ pub struct Unsupported(String);
 /// Refuses configurations that would silently behave differently.
 pub fn check_supported(s: &Settings) -> Result<(), Unsupported> {
     match s.auth_type {
-        AuthType::Any | AuthType::Trust | AuthType::Plain | AuthType::Md5 | AuthType::ScramSha256 => {}
+        AuthType::Any
+        | AuthType::Trust
+        | AuthType::Plain
+        | AuthType::Md5
+        | AuthType::ScramSha256 => {}
         other => {
             return Err(Unsupported(format!(
                 "auth_type = {} is not supported by sluice yet (use trust, plain, md5 or scram-sha-256)",
@@ -22,9 +26,14 @@ pub fn check_supported(s: &Settings) -> Result<(), Unsupported> {
             )));
         }
     }
-    for (key, value) in [("client_tls_sslmode", &s.client_tls_sslmode), ("server_tls_sslmode", &s.server_tls_sslmode)] {
+    for (key, value) in [
+        ("client_tls_sslmode", &s.client_tls_sslmode),
+        ("server_tls_sslmode", &s.server_tls_sslmode),
+    ] {
         if !matches!(value.as_str(), "" | "disable" | "allow" | "prefer") {
-            return Err(Unsupported(format!("{key} = {value} needs TLS, which sluice does not do yet")));
+            return Err(Unsupported(format!(
+                "{key} = {value} needs TLS, which sluice does not do yet"
+            )));
         }
     }
     Ok(())

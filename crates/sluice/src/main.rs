@@ -62,7 +62,9 @@ fn main() -> ExitCode {
         return ExitCode::SUCCESS;
     }
     if cli.reboot {
-        eprintln!("sluice: -R (online reboot) is not supported; use so_reuseport = 1 and start a second sluice");
+        eprintln!(
+            "sluice: -R (online reboot) is not supported; use so_reuseport = 1 and start a second sluice"
+        );
         return ExitCode::FAILURE;
     }
     let settings = config.settings.clone();
@@ -94,7 +96,10 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    if let Some(user) = cli.user.as_deref().or(Some(settings.user.as_str()).filter(|u| !u.is_empty()))
+    if let Some(user) = cli
+        .user
+        .as_deref()
+        .or(Some(settings.user.as_str()).filter(|u| !u.is_empty()))
         && let Err(e) = daemon::switch_user(user)
     {
         tracing::error!("cannot switch to user {user}: {e}");

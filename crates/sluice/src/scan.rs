@@ -105,32 +105,50 @@ mod tests {
     fn passes_partial_messages_and_waits_for_bodies() {
         let mut s = Scanner::default();
         // A 10-byte DataRow ('D', len 9) split after 7 bytes, then 'Z'.
-        let stream = b"D\0\0\0\x09abcdZ\0\0\0\x05I";
+        let stream = b"D\0\0\0\x09abcdeZ\0\0\0\x05I";
         let mut tags = Vec::new();
         let e = s
-            .scan(&stream[..7], 0, 1000, |t| t == b'Z', |t, _| {
-                tags.push(t);
-                Visit::Forward
-            })
+            .scan(
+                &stream[..7],
+                0,
+                1000,
+                |t| t == b'Z',
+                |t, _| {
+                    tags.push(t);
+                    Visit::Forward
+                },
+            )
             .unwrap();
         assert_eq!(e.forward_to, 7);
         assert!(!s.at_boundary());
         // The rest of D plus a partial Z: D's tail forwards, Z waits.
         let e = s
-            .scan(&stream[7..13], 0, 1000, |t| t == b'Z', |t, _| {
-                tags.push(t);
-                Visit::Forward
-            })
+            .scan(
+                &stream[7..13],
+                0,
+                1000,
+                |t| t == b'Z',
+                |t, _| {
+                    tags.push(t);
+                    Visit::Forward
+                },
+            )
             .unwrap();
-        assert_eq!(e.forward_to, 2);
+        assert_eq!(e.forward_to, 3);
         assert!(s.at_boundary());
         let mut body = Vec::new();
         let e = s
-            .scan(&stream[9..], 0, 1000, |t| t == b'Z', |t, b| {
-                tags.push(t);
-                body.extend_from_slice(b);
-                Visit::Forward
-            })
+            .scan(
+                &stream[9..],
+                0,
+                1000,
+                |t| t == b'Z',
+                |t, b| {
+                    tags.push(t);
+                    body.extend_from_slice(b);
+                    Visit::Forward
+                },
+            )
             .unwrap();
         assert_eq!(e.forward_to, 6);
         assert_eq!(tags, b"DZ");
@@ -143,7 +161,16 @@ mod tests {
         let e = s
             .scan(b"X\0\0\0\x04", 0, 100, |_| false, |_, _| Visit::StopBefore)
             .unwrap();
-        assert_eq!(e, ScanEnd { forward_to: 0, stopped: true });
-        assert!(s.scan(b"Q\0\0\0\x01", 0, 100, |_| false, |_, _| Visit::Forward).is_err());
+        assert_eq!(
+            e,
+            ScanEnd {
+                forward_to: 0,
+                stopped: true
+            }
+        );
+        assert!(
+            s.scan(b"Q\0\0\0\x01", 0, 100, |_| false, |_, _| Visit::Forward)
+                .is_err()
+        );
     }
 }

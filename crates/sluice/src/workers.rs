@@ -21,15 +21,21 @@ pub struct BoundSockets {
 pub fn bind(app: &App, workers: usize, kind: RuntimeKind) -> std::io::Result<BoundSockets> {
     let s = &app.config().settings;
     let addrs = listener::tcp_addresses(s)?;
-    let sets = if kind == RuntimeKind::PerCore { workers } else { 1 };
+    let sets = if kind == RuntimeKind::PerCore {
+        workers
+    } else {
+        1
+    };
     let reuse_port = s.so_reuseport || sets > 1;
     let mut tcp = Vec::new();
     for _ in 0..sets {
         let mut set = Vec::new();
         for a in &addrs {
-            set.push(listener::bind_tcp(*a, s.listen_backlog, reuse_port).map_err(|e| {
-                std::io::Error::new(e.kind(), format!("could not listen on {a}: {e}"))
-            })?);
+            set.push(
+                listener::bind_tcp(*a, s.listen_backlog, reuse_port).map_err(|e| {
+                    std::io::Error::new(e.kind(), format!("could not listen on {a}: {e}"))
+                })?,
+            );
         }
         tcp.push(set);
     }
@@ -38,13 +44,20 @@ pub fn bind(app: &App, workers: usize, kind: RuntimeKind) -> std::io::Result<Bou
     } else {
         let path = listener::unix_socket_path(&s.unix_socket_dir, s.listen_port);
         Some(listener::bind_unix(&path, s.unix_socket_mode).map_err(|e| {
-            std::io::Error::new(e.kind(), format!("could not listen on {}: {e}", path.display()))
+            std::io::Error::new(
+                e.kind(),
+                format!("could not listen on {}: {e}", path.display()),
+            )
         })?)
     };
     Ok(BoundSockets { tcp, unix })
 }
 
-fn spawn_listeners(app: &Arc<App>, tcp: Vec<std::net::TcpListener>, unix: Option<std::os::unix::net::UnixListener>) {
+fn spawn_listeners(
+    app: &Arc<App>,
+    tcp: Vec<std::net::TcpListener>,
+    unix: Option<std::os::unix::net::UnixListener>,
+) {
     for l in tcp {
         match tokio::net::TcpListener::from_std(l) {
             Ok(l) => {
@@ -64,7 +77,12 @@ fn spawn_listeners(app: &Arc<App>, tcp: Vec<std::net::TcpListener>, unix: Option
 }
 
 /// Starts the workers and returns a handle to run control tasks on.
-pub fn start(app: Arc<App>, workers: usize, kind: RuntimeKind, sockets: BoundSockets) -> std::io::Result<tokio::runtime::Runtime> {
+pub fn start(
+    app: Arc<App>,
+    workers: usize,
+    kind: RuntimeKind,
+    sockets: BoundSockets,
+) -> std::io::Result<tokio::runtime::Runtime> {
     let BoundSockets { tcp, mut unix } = sockets;
     match kind {
         RuntimeKind::Shared => {
@@ -84,7 +102,9 @@ pub fn start(app: Arc<App>, workers: usize, kind: RuntimeKind, sockets: BoundSoc
             for (i, set) in tcp.into_iter().enumerate() {
                 let app = app.clone();
                 let unix = if i == 0 { unix.take() } else { None };
-                let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+                let rt = tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()?;
                 std::thread::Builder::new()
                     .name(format!("sluice-worker-{i}"))
                     .spawn(move || {
@@ -94,7 +114,9 @@ pub fn start(app: Arc<App>, workers: usize, kind: RuntimeKind, sockets: BoundSoc
                         });
                     })?;
             }
-            tokio::runtime::Builder::new_current_thread().enable_all().build()
+            tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
         }
     }
 }

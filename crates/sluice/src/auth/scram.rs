@@ -125,7 +125,7 @@ pub enum ScramError {
     ChannelBinding,
 }
 
-fn attribute<'a>(msg: &'a str, name: char) -> Option<&'a str> {
+fn attribute(msg: &str, name: char) -> Option<&str> {
     msg.split(',').find_map(|part| {
         let mut c = part.chars();
         (c.next() == Some(name) && c.next() == Some('=')).then(|| &part[2..])

@@ -4,6 +4,7 @@
 
 use std::collections::HashMap;
 use std::path::Path;
+use std::sync::Mutex;
 
 use super::scram::ScramSecret;
 
@@ -17,9 +18,12 @@ pub enum Secret {
 }
 
 /// All users of the auth_file.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Default)]
 pub struct Userlist {
     users: HashMap<String, Secret>,
+    /// SCRAM secrets derived from plain passwords, made once per user:
+    /// deriving costs thousands of HMACs, too much for every login.
+    derived_scram: Mutex<HashMap<String, ScramSecret>>,
 }
 
 /// A line of the auth_file that cannot be read.
@@ -64,7 +68,19 @@ impl Userlist {
             let secret = quoted_field(&mut rest).map_err(|e| (i + 1, e))?;
             users.insert(user, classify(secret));
         }
-        Ok(Self { users })
+        Ok(Self {
+            users,
+            derived_scram: Mutex::default(),
+        })
+    }
+
+    /// A SCRAM secret for a user with a plain password, derived once.
+    pub fn scram_for_plain(&self, user: &str, password: &str) -> ScramSecret {
+        let mut cache = self.derived_scram.lock().unwrap_or_else(|p| p.into_inner());
+        cache
+            .entry(user.to_owned())
+            .or_insert_with(|| ScramSecret::from_password(password))
+            .clone()
     }
 
     pub fn get(&self, user: &str) -> Option<&Secret> {
@@ -73,10 +89,6 @@ impl Userlist {
 
     pub fn len(&self) -> usize {
         self.users.len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.users.is_empty()
     }
 }
 

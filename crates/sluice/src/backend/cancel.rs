@@ -107,8 +107,4 @@ impl CancelRegistry {
             .map_err(|_| std::io::Error::new(std::io::ErrorKind::TimedOut, "cancel timed out"))??;
         Ok(true)
     }
-
-    pub fn len(&self) -> usize {
-        self.clients.lock().map(|m| m.len()).unwrap_or(0)
-    }
 }

@@ -23,8 +23,10 @@ impl ConnLimit {
         self.max.store(max, Ordering::Relaxed);
     }
 
-    pub fn current(&self) -> u32 {
-        self.current.load(Ordering::Relaxed)
+    /// True when a ceiling is set: waiters must then look again now and
+    /// then, as another pool may free a unit.
+    pub fn is_limited(&self) -> bool {
+        self.max.load(Ordering::Relaxed) != 0
     }
 
     /// Takes one unit if the ceiling allows.

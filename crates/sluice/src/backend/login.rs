@@ -4,8 +4,8 @@
 
 use bytes::BytesMut;
 use sluice_wire::{
-    Authentication, BackendKeyData, ErrorFields, ParameterStatus, PasswordMessage,
-    encode_query, encode_startup, sasl_initial_response, sasl_response, tags::backend,
+    Authentication, BackendKeyData, ErrorFields, ParameterStatus, PasswordMessage, encode_query,
+    encode_startup, sasl_initial_response, sasl_response, tags::backend,
 };
 use tokio::io::AsyncWriteExt;
 use tokio::net::{TcpStream, UnixStream};
@@ -34,7 +34,9 @@ pub enum LoginError {
     Rejected { code: String, message: String },
     #[error("server requested {0}, which sluice cannot answer")]
     Unsupported(String),
-    #[error("no password for server user {0} (set password= in [databases] or add the user to auth_file)")]
+    #[error(
+        "no password for server user {0} (set password= in [databases] or add the user to auth_file)"
+    )]
     NoPassword(String),
     #[error("server SCRAM exchange failed: {0}")]
     Scram(#[from] scram::ScramError),
@@ -79,7 +81,9 @@ async fn connect(addr: &ServerAddr) -> Result<Stream, LoginError> {
     };
     match addr {
         ServerAddr::Tcp { host, port } => {
-            let s = TcpStream::connect((host.as_str(), *port)).await.map_err(err)?;
+            let s = TcpStream::connect((host.as_str(), *port))
+                .await
+                .map_err(err)?;
             s.set_nodelay(true).map_err(err)?;
             Ok(Stream::Tcp(s))
         }
@@ -93,8 +97,16 @@ async fn open_inner(
 ) -> Result<(ServerConn, Reported), LoginError> {
     let mut stream = connect(&target.addr).await?;
     let mut out = BytesMut::with_capacity(256);
-    let mut params = vec![("user", target.user.as_str()), ("database", target.dbname.as_str())];
-    params.extend(target.startup_params.iter().map(|(k, v)| (k.as_str(), v.as_str())));
+    let mut params = vec![
+        ("user", target.user.as_str()),
+        ("database", target.dbname.as_str()),
+    ];
+    params.extend(
+        target
+            .startup_params
+            .iter()
+            .map(|(k, v)| (k.as_str(), v.as_str())),
+    );
     encode_startup(&mut out, params);
     stream.write_all(&out).await?;
 
@@ -126,7 +138,10 @@ async fn open_inner(
                             (None, Some(h)) => h.clone(),
                             _ => return Err(LoginError::NoPassword(target.user.clone())),
                         };
-                        PasswordMessage::encode_password(&mut out, &md5::salted_response(&hash, &salt));
+                        PasswordMessage::encode_password(
+                            &mut out,
+                            &md5::salted_response(&hash, &salt),
+                        );
                     }
                     Authentication::Sasl { mechanisms } => {
                         if !mechanisms.contains(&"SCRAM-SHA-256") {
@@ -155,7 +170,9 @@ async fn open_inner(
                         continue;
                     }
                     Authentication::Unsupported { code } => {
-                        return Err(LoginError::Unsupported(format!("authentication method {code}")));
+                        return Err(LoginError::Unsupported(format!(
+                            "authentication method {code}"
+                        )));
                     }
                 }
                 stream.write_all(&out).await?;
@@ -202,7 +219,8 @@ pub async fn run_query(server: &mut ServerConn, sql: &str) -> Result<(), LoginEr
     server.stream.write_all(&out).await?;
     let mut failure = None;
     loop {
-        let (tag, body) = read_message(&mut server.stream, &mut server.buf, LOGIN_MESSAGE_LIMIT).await?;
+        let (tag, body) =
+            read_message(&mut server.stream, &mut server.buf, LOGIN_MESSAGE_LIMIT).await?;
         match tag {
             backend::PARAMETER_STATUS => {
                 let p = ParameterStatus::decode(&body).map_err(ReadError::from)?;

@@ -252,7 +252,12 @@ impl Pool {
 
     /// Applies new settings, target or credentials (RELOAD). Servers made
     /// for another target are closed as they come back.
-    pub fn reconfigure(&self, settings: PoolSettings, target: ServerTarget, credential: ServerCredential) {
+    pub fn reconfigure(
+        &self,
+        settings: PoolSettings,
+        target: ServerTarget,
+        credential: ServerCredential,
+    ) {
         let mut st = self.lock();
         let target_changed = st.target.addr != target.addr
             || st.target.dbname != target.dbname
@@ -272,16 +277,6 @@ impl Pool {
             for s in old {
                 self.close_counted(&mut st, s);
             }
-        }
-    }
-
-    /// Closes every idle server and marks busy ones to close when released.
-    pub fn reconnect(&self) {
-        let mut st = self.lock();
-        st.generation += 1;
-        let old: Vec<ServerConn> = st.idle.drain(..).collect();
-        for s in old {
-            self.close_counted(&mut st, s);
         }
     }
 
@@ -337,11 +332,22 @@ impl Pool {
             FirstLook::Failing(code, msg) => return Err(AcquireError::RecentFailure(code, msg)),
             FirstLook::Wait(rx, id, settings) => (rx, id, settings),
         };
-        let wait_deadline = (!settings.query_wait_timeout.is_zero())
-            .then(|| started + settings.query_wait_timeout);
-        let reserve_at = (settings.reserve_pool_size > 0).then(|| started + settings.reserve_pool_timeout);
+        let wait_deadline =
+            (!settings.query_wait_timeout.is_zero()).then(|| started + settings.query_wait_timeout);
+        let reserve_at =
+            (settings.reserve_pool_size > 0).then(|| started + settings.reserve_pool_timeout);
+        let shared_limit = self.db_limit.is_limited() || self.user_limit.is_limited();
         loop {
-            let mut next_check = Instant::now() + SHARED_LIMIT_RETRY;
+            // Wake up only for something that can change the answer: the
+            // reserve opening, the deadline, or a shared limit to re-check.
+            let now = Instant::now();
+            let mut next_check = now + Duration::from_secs(3600);
+            if shared_limit {
+                next_check = now + SHARED_LIMIT_RETRY;
+            }
+            if let Some(r) = reserve_at.filter(|r| *r > now) {
+                next_check = next_check.min(r);
+            }
             if let Some(d) = wait_deadline {
                 next_check = next_check.min(d);
             }
@@ -377,7 +383,12 @@ impl Pool {
 
     /// A waiter's periodic look: the reserve, a shared limit that freed up,
     /// or the end of its patience.
-    fn recheck(&self, waiter_id: u64, reserve_at: Option<Instant>, wait_deadline: Option<Instant>) -> Recheck {
+    fn recheck(
+        &self,
+        waiter_id: u64,
+        reserve_at: Option<Instant>,
+        wait_deadline: Option<Instant>,
+    ) -> Recheck {
         let mut st = self.lock();
         let now = Instant::now();
         let use_reserve = reserve_at.is_some_and(|r| now >= r);
@@ -398,11 +409,6 @@ impl Pool {
         if waited > st.max_wait {
             st.max_wait = waited;
         }
-    }
-
-    /// Longest wait since the last call, and resets it.
-    pub fn take_max_wait(&self) -> Duration {
-        std::mem::take(&mut self.lock().max_wait)
     }
 
     fn lease(self: &Arc<Self>, server: ServerConn, generation: u64) -> Lease {
@@ -554,9 +560,10 @@ impl Pool {
         let mut i = 0;
         while i < st.idle.len() {
             let server = &st.idle[i];
-            let idle_expired =
-                !s.server_idle_timeout.is_zero() && server.last_used.elapsed() >= s.server_idle_timeout;
-            let life_expired = !s.server_lifetime.is_zero() && server.created.elapsed() >= s.server_lifetime;
+            let idle_expired = !s.server_idle_timeout.is_zero()
+                && server.last_used.elapsed() >= s.server_idle_timeout;
+            let life_expired =
+                !s.server_lifetime.is_zero() && server.created.elapsed() >= s.server_lifetime;
             if life_expired || (idle_expired && (st.total as usize) > keep) {
                 let server = st.idle.remove(i);
                 self.close_counted(&mut st, server);

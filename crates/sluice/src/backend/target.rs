@@ -8,7 +8,10 @@ use crate::auth::scram::ScramKeys;
 /// A PostgreSQL server address.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ServerAddr {
-    Tcp { host: String, port: u16 },
+    Tcp {
+        host: String,
+        port: u16,
+    },
     /// Path of the socket file, e.g. /var/run/postgresql/.s.PGSQL.5432.
     Unix(String),
 }

@@ -65,12 +65,15 @@ pub async fn authenticate(
         AuthType::ScramSha256 => {
             let (secret, learn) = match secret {
                 Some(Secret::Scram(s)) => (s.clone(), true),
-                Some(Secret::Plain(p)) => (ScramSecret::from_password(p), false),
+                Some(Secret::Plain(p)) => (userlist.scram_for_plain(user, p), false),
                 // An md5 hash cannot answer SCRAM; run the exchange against a
                 // throwaway secret so that the failure looks the same.
                 Some(Secret::Md5(_)) | None => (ScramSecret::from_password(""), false),
             };
-            let known = matches!(userlist.get(user), Some(Secret::Scram(_) | Secret::Plain(_)));
+            let known = matches!(
+                userlist.get(user),
+                Some(Secret::Scram(_) | Secret::Plain(_))
+            );
             let keys = scram(stream, buf, secret, user).await?;
             if !known {
                 return Err(auth_failed(user));
@@ -147,7 +150,9 @@ async fn scram(
     )
     .await?;
     let body = read_password_message(stream, buf).await?;
-    let PasswordMessage::SaslInitial { mechanism, data } = PasswordMessage::decode_sasl_initial(&body)? else {
+    let PasswordMessage::SaslInitial { mechanism, data } =
+        PasswordMessage::decode_sasl_initial(&body)?
+    else {
         return Err(ClientError::protocol("malformed SASLInitialResponse"));
     };
     if mechanism != "SCRAM-SHA-256" {

@@ -8,8 +8,8 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
-use socket2::{Domain, Protocol, Socket, Type};
 use sluice_config::Settings;
+use socket2::{Domain, Protocol, Socket, Type};
 use tokio::net::{TcpListener, UnixListener};
 
 use super::login::login;
@@ -20,7 +20,12 @@ use crate::net::Stream;
 /// The TCP addresses `listen_addr` names ("*" = all IPv4 and IPv6).
 pub fn tcp_addresses(settings: &Settings) -> std::io::Result<Vec<SocketAddr>> {
     let mut out = Vec::new();
-    for host in settings.listen_addr.split(',').map(str::trim).filter(|h| !h.is_empty()) {
+    for host in settings
+        .listen_addr
+        .split(',')
+        .map(str::trim)
+        .filter(|h| !h.is_empty())
+    {
         if host == "*" {
             out.push(SocketAddr::from(([0, 0, 0, 0], settings.listen_port)));
             out.push(SocketAddr::from(([0u16; 8], settings.listen_port)));
@@ -32,7 +37,11 @@ pub fn tcp_addresses(settings: &Settings) -> std::io::Result<Vec<SocketAddr>> {
 }
 
 /// Binds one TCP listening socket.
-pub fn bind_tcp(addr: SocketAddr, backlog: u32, reuse_port: bool) -> std::io::Result<std::net::TcpListener> {
+pub fn bind_tcp(
+    addr: SocketAddr,
+    backlog: u32,
+    reuse_port: bool,
+) -> std::io::Result<std::net::TcpListener> {
     let socket = Socket::new(Domain::for_address(addr), Type::STREAM, Some(Protocol::TCP))?;
     socket.set_reuse_address(true)?;
     if reuse_port {

@@ -103,14 +103,22 @@ async fn login_inner(
     let user = params
         .get("user")
         .filter(|u| !u.is_empty())
-        .ok_or_else(|| ClientError::new("28000", "no PostgreSQL user name specified in startup packet"))?
+        .ok_or_else(|| {
+            ClientError::new(
+                "28000",
+                "no PostgreSQL user name specified in startup packet",
+            )
+        })?
         .to_owned();
     let database = params
         .get("database")
         .filter(|d| !d.is_empty())
         .unwrap_or(&user)
         .to_owned();
-    if params.get("replication").is_some_and(|r| r != "false" && r != "0" && r != "off") {
+    if params
+        .get("replication")
+        .is_some_and(|r| r != "false" && r != "0" && r != "off")
+    {
         return Err(ClientError::new(
             "08P01",
             "replication connections are not supported by sluice",
@@ -131,7 +139,14 @@ async fn login_inner(
             out.clear();
         }
         let userlist = app.userlist();
-        authenticate(stream, &mut buf, config.settings.auth_type, &userlist, &user).await?
+        authenticate(
+            stream,
+            &mut buf,
+            config.settings.auth_type,
+            &userlist,
+            &user,
+        )
+        .await?
     };
     let pool = app
         .pool_for(&database, &user)
@@ -143,7 +158,11 @@ async fn login_inner(
         .welcome()
         .await
         .map_err(|e| ClientError::new(e.sqlstate(), e.to_string()))?;
-    let client_params = client_params(&welcome.tracked, &params, &config.settings.ignore_startup_parameters)?;
+    let client_params = client_params(
+        &welcome.tracked,
+        &params,
+        &config.settings.ignore_startup_parameters,
+    )?;
 
     let (key, cancel) = app.cancels.register();
     Authentication::Ok.encode(&mut out);
@@ -189,7 +208,9 @@ fn client_params(
         } else if is_ignored(k) {
             Ok(())
         } else {
-            Err(ClientError::protocol(format!("unsupported startup parameter: {k}")))
+            Err(ClientError::protocol(format!(
+                "unsupported startup parameter: {k}"
+            )))
         }
     };
     for (k, v) in &startup.0 {

@@ -110,7 +110,12 @@ pub async fn run(client: &mut Client, cbuf: &mut BytesMut, mut lease: Lease) -> 
             break Err(End::Client(ClientError::protocol(e.to_string())));
         }
         let server = lease.server();
-        if let Err(e) = scan_server(&mut cycle, &mut server.buf, &mut client.params, release_each == Some(true)) {
+        if let Err(e) = scan_server(
+            &mut cycle,
+            &server.buf,
+            &mut client.params,
+            release_each == Some(true),
+        ) {
             break Err(End::Server(format!("server sent a bad message: {e}")));
         }
         server.params = client.params.clone();
@@ -209,7 +214,10 @@ pub async fn run(client: &mut Client, cbuf: &mut BytesMut, mut lease: Lease) -> 
         Err(End::Server(why)) => {
             tracing::warn!(user = %client.user, db = %client.database, "server connection failed: {why}");
             lease.close();
-            RelayEnd::Error(ClientError::new("08006", format!("server connection failed: {why}")))
+            RelayEnd::Error(ClientError::new(
+                "08006",
+                format!("server connection failed: {why}"),
+            ))
         }
     }
 }
@@ -226,24 +234,34 @@ enum End {
     Server(String),
 }
 
-fn scan_client(cycle: &mut Cycle, cbuf: &BytesMut, limit: usize) -> Result<(), sluice_wire::WireError> {
+fn scan_client(
+    cycle: &mut Cycle,
+    cbuf: &BytesMut,
+    limit: usize,
+) -> Result<(), sluice_wire::WireError> {
     use tags::frontend as f;
     let mut terminated = false;
-    let end = cycle.client_scan.scan(cbuf, cycle.to_server, limit, |_| false, |tag, _| {
-        match tag {
-            f::QUERY | f::FUNCTION_CALL | f::SYNC => {
-                cycle.outstanding += 1;
-                cycle.unsynced = false;
+    let end = cycle.client_scan.scan(
+        cbuf,
+        cycle.to_server,
+        limit,
+        |_| false,
+        |tag, _| {
+            match tag {
+                f::QUERY | f::FUNCTION_CALL | f::SYNC => {
+                    cycle.outstanding += 1;
+                    cycle.unsynced = false;
+                }
+                f::TERMINATE => {
+                    terminated = true;
+                    return Visit::StopBefore;
+                }
+                f::COPY_DATA | f::COPY_DONE | f::COPY_FAIL => {}
+                _ => cycle.unsynced = true,
             }
-            f::TERMINATE => {
-                terminated = true;
-                return Visit::StopBefore;
-            }
-            f::COPY_DATA | f::COPY_DONE | f::COPY_FAIL => {}
-            _ => cycle.unsynced = true,
-        }
-        Visit::Forward
-    })?;
+            Visit::Forward
+        },
+    )?;
     cycle.to_server = end.forward_to;
     if terminated {
         cycle.client_terminated = true;
@@ -310,12 +328,7 @@ async fn reset(lease: &mut Lease, sql: &str) -> bool {
 /// The client is gone (or being thrown out): make the server clean, or
 /// close it. A server with unread results, a half-sent message or requests
 /// in flight is closed; one idle in a transaction is rolled back.
-async fn finish_abandoned(
-    mut lease: Lease,
-    cycle: &Cycle,
-    reset_query: &str,
-    mode: PoolMode,
-) {
+async fn finish_abandoned(mut lease: Lease, cycle: &Cycle, reset_query: &str, mode: PoolMode) {
     let at_rest = cycle.outstanding == 0
         && !cycle.unsynced
         && cycle.client_scan.at_boundary()
@@ -331,7 +344,8 @@ async fn finish_abandoned(
         lease.close();
         return;
     }
-    if mode == PoolMode::Session && !reset_query.is_empty() && !reset(&mut lease, reset_query).await {
+    if mode == PoolMode::Session && !reset_query.is_empty() && !reset(&mut lease, reset_query).await
+    {
         lease.close();
         return;
     }

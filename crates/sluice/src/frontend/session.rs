@@ -7,7 +7,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::BytesMut;
-use sluice_config::PoolMode;
 use sluice_wire::BackendKeyData;
 
 use super::error::ClientError;
@@ -131,10 +130,6 @@ impl Client {
                 Err(_) => return Ok(false),
             }
         }
-    }
-
-    pub fn mode(&self) -> PoolMode {
-        self.pool.settings().mode
     }
 }
 

@@ -1,0 +1,34 @@
+# sluice: the two commands of the README, and the benchmark.
+.PHONY: demo test bench build lint deps peers clean
+
+CARGO ?= cargo
+
+deps:
+	@bash scripts/install-deps.sh
+
+peers:
+	@bash scripts/install-deps.sh --peers
+
+build:
+	$(CARGO) build --release -p sluice -p sluice-testkit
+
+# Builds, starts a throwaway PostgreSQL, runs sluice in front of it, shows it.
+demo: deps build
+	python3 scripts/demo.py
+
+# The whole suite: unit tests, the wire property test, integration tests
+# against real PostgreSQL through sluice.
+test: deps
+	$(CARGO) build -p sluice
+	$(CARGO) test --workspace
+
+lint:
+	$(CARGO) fmt --all -- --check
+	$(CARGO) clippy --workspace --all-targets -- -D warnings
+
+# sluice vs PgBouncer vs PostgreSQL directly, same run, alternating.
+bench: peers build
+	python3 scripts/bench.py $(BENCH_ARGS)
+
+clean:
+	$(CARGO) clean

@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# Installs what sluice's demo, tests and benchmarks need on a fresh Debian
+# machine: PostgreSQL's server and pgbench, and the peers the benchmark
+# compares with (PgBouncer, Pgpool-II). Idempotent; quiet when all is there.
+set -euo pipefail
+
+need=()
+pg_bindir=""
+if command -v pg_config >/dev/null 2>&1; then
+  pg_bindir=$(pg_config --bindir)
+fi
+if [ -z "$pg_bindir" ] || [ ! -x "$pg_bindir/initdb" ]; then
+  pg_bindir=$(ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -V | tail -n 1 || true)
+fi
+if [ -z "$pg_bindir" ] || [ ! -x "$pg_bindir/initdb" ] || [ ! -x "$pg_bindir/pgbench" ]; then
+  need+=(postgresql postgresql-contrib)
+fi
+command -v psql >/dev/null 2>&1 || need+=(postgresql-client)
+if [ "${1:-}" = "--peers" ]; then
+  command -v pgbouncer >/dev/null 2>&1 || [ -x /usr/sbin/pgbouncer ] || need+=(pgbouncer)
+  command -v pgpool >/dev/null 2>&1 || [ -x /usr/sbin/pgpool ] || need+=(pgpool2)
+fi
+if [ ${#need[@]} -gt 0 ]; then
+  echo "installing: ${need[*]}"
+  sudo_cmd=""
+  [ "$(id -u)" -ne 0 ] && sudo_cmd="sudo"
+  $sudo_cmd apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo_cmd apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
+  # Debian starts a default cluster on install; sluice's tests use their own.
+  if command -v pg_lsclusters >/dev/null 2>&1; then
+    pg_lsclusters -h 2>/dev/null | awk '{print $1, $2}' | while read -r v n; do
+      $sudo_cmd pg_ctlcluster "$v" "$n" stop 2>/dev/null || true
+    done
+  fi
+  # Peers started by their packages would hold ports; the lab starts its own.
+  $sudo_cmd systemctl stop pgbouncer pgpool2 2>/dev/null || true
+  $sudo_cmd service pgbouncer stop 2>/dev/null || true
+  $sudo_cmd service pgpool2 stop 2>/dev/null || true
+fi
+if ! command -v cargo >/dev/null 2>&1; then
+  echo "cargo is missing: install Rust (rustup) first" >&2
+  exit 1
+fi
