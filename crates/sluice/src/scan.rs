@@ -139,7 +139,7 @@ mod tests {
         let mut body = Vec::new();
         let e = s
             .scan(
-                &stream[9..],
+                &stream[10..],
                 0,
                 1000,
                 |t| t == b'Z',
