@@ -40,22 +40,6 @@ impl Stream {
         }
     }
 
-    /// Reads into the spare capacity of `buf` without waiting.
-    pub fn try_read_buf(&self, buf: &mut bytes::BytesMut) -> io::Result<usize> {
-        match self {
-            Self::Tcp(s) => s.try_read_buf(buf),
-            Self::Unix(s) => s.try_read_buf(buf),
-        }
-    }
-
-    /// Waits until the socket can take more bytes.
-    pub async fn writable(&self) -> io::Result<()> {
-        match self {
-            Self::Tcp(s) => s.writable().await,
-            Self::Unix(s) => s.writable().await,
-        }
-    }
-
     /// Peer address for logs and the console.
     pub fn peer(&self) -> String {
         match self {

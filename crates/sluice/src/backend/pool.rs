@@ -142,6 +142,10 @@ pub struct Lease {
     pool: Arc<Pool>,
     server: Option<ServerConn>,
     generation: u64,
+    /// Settings and target as of the lease, read under the lock already
+    /// taken to hand the server out.
+    pub settings: Arc<PoolSettings>,
+    pub target: Arc<ServerTarget>,
 }
 
 impl Lease {
@@ -149,10 +153,6 @@ impl Lease {
         self.server
             .as_mut()
             .expect("a lease holds its server until released")
-    }
-
-    pub fn pool(&self) -> &Arc<Pool> {
-        &self.pool
     }
 
     /// Returns a clean server (ReadyForQuery 'I', nothing in flight).
@@ -234,10 +234,6 @@ impl Pool {
 
     pub fn settings(&self) -> Arc<PoolSettings> {
         self.lock().settings.clone()
-    }
-
-    pub fn target(&self) -> Arc<ServerTarget> {
-        self.lock().target.clone()
     }
 
     pub fn counts(&self) -> PoolCounts {
@@ -373,8 +369,8 @@ impl Pool {
             self.note_wait(started.elapsed());
             return match grant {
                 Grant::Server(s) => {
-                    let generation = self.lock().generation;
-                    Ok(self.lease(s, generation))
+                    let st = self.lock();
+                    Ok(self.lease(&st, s))
                 }
                 Grant::Slot => self.open_on_slot().await,
             };
@@ -411,11 +407,13 @@ impl Pool {
         }
     }
 
-    fn lease(self: &Arc<Self>, server: ServerConn, generation: u64) -> Lease {
+    fn lease(self: &Arc<Self>, st: &PoolState, server: ServerConn) -> Lease {
         Lease {
             pool: self.clone(),
             server: Some(server),
-            generation,
+            generation: st.generation,
+            settings: st.settings.clone(),
+            target: st.target.clone(),
         }
     }
 
@@ -429,7 +427,7 @@ impl Pool {
                 continue;
             }
             st.active += 1;
-            return Some(self.lease(server, st.generation));
+            return Some(self.lease(st, server));
         }
         None
     }
@@ -460,16 +458,15 @@ impl Pool {
             pool: self,
             armed: true,
         };
-        let (target, credential, generation) = {
+        let (target, credential) = {
             let st = self.lock();
-            (st.target.clone(), st.credential.clone(), st.generation)
+            (st.target.clone(), st.credential.clone())
         };
         match login::open(&target, &credential).await {
             Ok((server, reported)) => {
                 guard.armed = false;
-                self.opened(&server, reported);
                 tracing::debug!(db = %self.database, user = %self.user, server = server.id, "new server connection");
-                Ok(self.lease(server, generation))
+                Ok(self.opened(server, reported))
             }
             Err(e) => {
                 tracing::warn!(db = %self.database, user = %self.user, "server login failed: {e}");
@@ -480,7 +477,7 @@ impl Pool {
         }
     }
 
-    fn opened(&self, server: &ServerConn, reported: Reported) {
+    fn opened(self: &Arc<Self>, server: ServerConn, reported: Reported) -> Lease {
         let mut st = self.lock();
         st.last_login_failure = None;
         if st.welcome.is_none() {
@@ -490,6 +487,7 @@ impl Pool {
             }));
         }
         st.active += 1;
+        self.lease(&st, server)
     }
 
     /// Returns a server from a lease: to the first waiter, else to the idle

@@ -7,4 +7,5 @@ pub mod error;
 pub mod listener;
 pub mod login;
 pub mod relay;
+pub mod relay_io;
 pub mod session;

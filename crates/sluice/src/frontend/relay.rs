@@ -1,31 +1,27 @@
 //! The hot path: while a client holds a server, its task moves bytes both
-//! ways itself. It reads socket readiness rather than owning read futures, so
-//! one loop can read and write both sockets without splitting them; it
+//! ways itself (one poll of both sockets per step, see `relay_io`). It
 //! parses five header bytes per message and the bodies of ReadyForQuery and
-//! ParameterStatus only; it writes as soon as bytes are scanned and waits for
-//! writability only when a socket is full, and stops reading a side whose
-//! bytes cannot be written (backpressure, bounded memory).
+//! ParameterStatus only; it writes as soon as bytes are scanned, and stops
+//! reading a side whose bytes cannot be written (backpressure, bounded
+//! memory).
 //! When the pool mode allows and the server is provably clean — ReadyForQuery
 //! 'I', nothing unsynced or in flight, no half-sent message — the server goes
 //! back to the pool. A client that leaves mid-transaction gets its server
 //! rolled back, or closed when that cannot be done safely.
 
-use std::io::ErrorKind;
 use std::sync::Arc;
 
-use bytes::{Buf, BytesMut};
+use bytes::BytesMut;
 use sluice_config::PoolMode;
 use sluice_wire::{ParameterStatus, TransactionStatus, tags};
 
 use super::error::ClientError;
-use super::session::{CLEANUP_TIMEOUT, Client, READ_CHUNK};
+use super::relay_io::{IoEvent, Sides};
+use super::session::{CLEANUP_TIMEOUT, Client};
 use crate::backend::login::run_query;
 use crate::backend::pool::Lease;
 use crate::params::{tracked_name, update_shared};
 use crate::scan::{Scanner, Visit};
-
-/// Stop reading a side when this much is waiting to be written.
-const BUFFER_LIMIT: usize = 256 * 1024;
 
 /// How a linked period ended.
 pub enum RelayEnd {
@@ -70,9 +66,9 @@ impl Cycle {
 /// Relays between `client` and the leased server until the server can go
 /// back (transaction, statement mode) or the client leaves.
 pub async fn run(client: &mut Client, cbuf: &mut BytesMut, mut lease: Lease) -> RelayEnd {
-    let settings = lease.pool().settings();
+    let settings = lease.settings.clone();
     let limit = settings.max_packet_size;
-    let target = lease.pool().target();
+    let target = lease.target.clone();
     {
         let server = lease.server();
         client.cancel.link(&target, server.key);
@@ -104,47 +100,29 @@ pub async fn run(client: &mut Client, cbuf: &mut BytesMut, mut lease: Lease) -> 
         PoolMode::Statement => Some(true),
     };
     let idle_tx_timeout = settings.idle_transaction_timeout;
+    let mut idle_timer: Option<std::pin::Pin<Box<tokio::time::Sleep>>> = None;
 
     let end = loop {
         if let Err(e) = scan_client(&mut cycle, cbuf, limit) {
             break Err(End::Client(ClientError::protocol(e.to_string())));
         }
         let server = lease.server();
-        if let Err(e) = scan_server(
+        match scan_server(
             &mut cycle,
             &server.buf,
             &mut client.params,
             release_each == Some(true),
         ) {
-            break Err(End::Server(format!("server sent a bad message: {e}")));
+            Ok(false) => {}
+            // The server reported a tracked parameter: both views follow.
+            Ok(true) => server.params = client.params.clone(),
+            Err(e) => break Err(End::Server(format!("server sent a bad message: {e}"))),
         }
-        server.params = client.params.clone();
         if cycle.refused_transaction {
             break Err(End::Client(ClientError::new(
                 "25000",
                 "transaction blocks are not allowed in statement pool mode",
             )));
-        }
-        // Write what is scanned, without waiting.
-        if cycle.to_server > 0 {
-            match server.stream.try_write(&cbuf[..cycle.to_server]) {
-                Ok(n) => {
-                    cbuf.advance(n);
-                    cycle.to_server -= n;
-                }
-                Err(e) if e.kind() == ErrorKind::WouldBlock => {}
-                Err(e) => break Err(End::Server(e.to_string())),
-            }
-        }
-        if cycle.to_client > 0 {
-            match client.stream.try_write(&server.buf[..cycle.to_client]) {
-                Ok(n) => {
-                    server.buf.advance(n);
-                    cycle.to_client -= n;
-                }
-                Err(e) if e.kind() == ErrorKind::WouldBlock => {}
-                Err(_) => break Ok(Outcome::ClientGone),
-            }
         }
         if cycle.client_terminated && cycle.to_server == 0 {
             break Ok(Outcome::ClientGone);
@@ -155,38 +133,40 @@ pub async fn run(client: &mut Client, cbuf: &mut BytesMut, mut lease: Lease) -> 
         let idle_in_tx = !idle_tx_timeout.is_zero()
             && cycle.outstanding == 0
             && cycle.status != TransactionStatus::Idle;
-        let read_server = server.buf.len() < BUFFER_LIMIT;
-        let read_client = cbuf.len() < BUFFER_LIMIT && !cycle.client_terminated;
-        tokio::select! {
-            biased;
-            r = server.stream.readable(), if read_server => {
-                if r.is_err() { break Err(End::Server("server socket failed".into())); }
-                if server.buf.capacity() - server.buf.len() < 1024 { server.buf.reserve(READ_CHUNK); }
-                match server.stream.try_read_buf(&mut server.buf) {
-                    Ok(0) => break Err(End::Server("server closed the connection unexpectedly".into())),
-                    Ok(_) => {}
-                    Err(e) if e.kind() == ErrorKind::WouldBlock => {}
-                    Err(e) => break Err(End::Server(e.to_string())),
+        if !idle_in_tx {
+            idle_timer = None;
+        } else if idle_timer.is_none() {
+            idle_timer = Some(Box::pin(tokio::time::sleep(idle_tx_timeout)));
+        }
+        let mut sides = Sides {
+            client: &mut client.stream,
+            server: &mut server.stream,
+            cbuf,
+            to_server: &mut cycle.to_server,
+            sbuf: &mut server.buf,
+            to_client: &mut cycle.to_client,
+            read_client: !cycle.client_terminated,
+            idle_timer: idle_timer.as_mut().map(|t| t.as_mut()),
+        };
+        match std::future::poll_fn(|cx| sides.poll(cx)).await {
+            IoEvent::Progress { client_read } => {
+                if client_read {
+                    // Activity restarts the idle-in-transaction clock.
+                    idle_timer = None;
                 }
             }
-            r = client.stream.readable(), if read_client => {
-                if r.is_err() { break Ok(Outcome::ClientGone); }
-                if cbuf.capacity() - cbuf.len() < 1024 { cbuf.reserve(READ_CHUNK); }
-                match client.stream.try_read_buf(cbuf) {
-                    Ok(0) => break Ok(Outcome::ClientGone),
-                    Ok(_) => {}
-                    Err(e) if e.kind() == ErrorKind::WouldBlock => {}
-                    Err(_) => break Ok(Outcome::ClientGone),
-                }
+            IoEvent::ServerClosed => {
+                break Err(End::Server(
+                    "server closed the connection unexpectedly".into(),
+                ));
             }
-            r = server.stream.writable(), if cycle.to_server > 0 => {
-                if r.is_err() { break Err(End::Server("server socket failed".into())); }
-            }
-            r = client.stream.writable(), if cycle.to_client > 0 => {
-                if r.is_err() { break Ok(Outcome::ClientGone); }
-            }
-            _ = tokio::time::sleep(idle_tx_timeout), if idle_in_tx => {
-                break Err(End::Client(ClientError::new("25P03", "idle transaction timeout")));
+            IoEvent::ServerFailed(e) => break Err(End::Server(e.to_string())),
+            IoEvent::ClientGone => break Ok(Outcome::ClientGone),
+            IoEvent::IdleTimeout => {
+                break Err(End::Client(ClientError::new(
+                    "25P03",
+                    "idle transaction timeout",
+                )));
             }
         }
     };
@@ -277,9 +257,10 @@ fn scan_server(
     sbuf: &BytesMut,
     client_params: &mut Arc<crate::params::ParamSet>,
     refuse_transactions: bool,
-) -> Result<(), sluice_wire::WireError> {
+) -> Result<bool, sluice_wire::WireError> {
     use tags::backend as b;
     let mut bad = None;
+    let mut params_changed = false;
     let end = cycle.server_scan.scan(
         sbuf,
         cycle.to_client,
@@ -301,6 +282,7 @@ fn scan_server(
                     Ok(p) => {
                         if let Some(name) = tracked_name(p.name) {
                             update_shared(client_params, name, p.value);
+                            params_changed = true;
                         }
                     }
                     Err(e) => bad = Some(e),
@@ -314,7 +296,7 @@ fn scan_server(
         return Err(e);
     }
     cycle.to_client = end.forward_to;
-    Ok(())
+    Ok(params_changed)
 }
 
 /// Runs the reset query; false when the server is not clean after it.

@@ -11,14 +11,12 @@ use sluice_wire::BackendKeyData;
 
 use super::error::ClientError;
 use super::relay::{self, RelayEnd};
+use super::relay_io::READ_CHUNK;
 use crate::app::{App, Phase};
 use crate::backend::cancel::CancelTarget;
 use crate::backend::pool::Pool;
 use crate::net::Stream;
 use crate::params::ParamSet;
-
-/// Bytes reserved for a read when the buffer is empty.
-pub const READ_CHUNK: usize = 8192;
 
 /// A client after login.
 pub struct Client {
@@ -31,6 +29,9 @@ pub struct Client {
     pub cancel: Arc<CancelTarget>,
     pub user: String,
     pub database: String,
+    /// `client_idle_timeout` as of the last lease (zero = none; `None`
+    /// before the first lease).
+    idle_timeout: Option<Duration>,
 }
 
 /// How a session ended.
@@ -62,6 +63,7 @@ impl Client {
             cancel,
             user,
             database,
+            idle_timeout: None,
         }
     }
 
@@ -94,6 +96,7 @@ impl Client {
                     return SessionEnd::Error(ClientError::new(e.sqlstate(), e.to_string()));
                 }
             };
+            self.idle_timeout = Some(lease.settings.client_idle_timeout);
             // Boxed so that an idle client's task stays small.
             match Box::pin(relay::run(self, &mut buf, lease)).await {
                 RelayEnd::Released => {}
@@ -108,7 +111,9 @@ impl Client {
 
     /// Waits for the next request. `Ok(false)`: the client closed.
     async fn wait_for_request(&mut self, buf: &mut BytesMut) -> Result<bool, ClientError> {
-        let idle_timeout = self.pool.settings().client_idle_timeout;
+        let idle_timeout = *self
+            .idle_timeout
+            .get_or_insert_with(|| self.pool.settings().client_idle_timeout);
         loop {
             let ready = self.stream.readable();
             let ready = if idle_timeout.is_zero() {
@@ -123,11 +128,19 @@ impl Client {
                 return Ok(false);
             }
             buf.reserve(READ_CHUNK);
-            match self.stream.try_read_buf(buf) {
-                Ok(0) => return Ok(false),
-                Ok(_) => return Ok(true),
-                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => continue,
-                Err(_) => return Ok(false),
+            // poll_read (not try_read) so that a short read clears readiness.
+            let read = std::future::poll_fn(|cx| {
+                match tokio_util::io::poll_read_buf(std::pin::Pin::new(&mut self.stream), cx, buf) {
+                    std::task::Poll::Pending => std::task::Poll::Ready(None),
+                    std::task::Poll::Ready(r) => std::task::Poll::Ready(Some(r)),
+                }
+            })
+            .await;
+            match read {
+                Some(Ok(0)) | Some(Err(_)) => return Ok(false),
+                Some(Ok(_)) => return Ok(true),
+                // Readiness was stale: give the buffer back and wait again.
+                None => *buf = BytesMut::new(),
             }
         }
     }

@@ -1,0 +1,116 @@
+//! One poll of the four directions of a linked client and server: write
+//! what is scanned to each side, read what each side sent. Uses
+//! `poll_read`/`poll_write`, which clear socket readiness after a short read
+//! or write, so the next wait is a real wait and not a wasted `EAGAIN`
+//! syscall. Returns as soon as anything moved; the caller scans and decides.
+
+use std::future::Future;
+use std::io;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+
+use bytes::{Buf, BytesMut};
+use tokio::io::AsyncWrite;
+use tokio::time::Sleep;
+use tokio_util::io::poll_read_buf;
+
+use crate::net::Stream;
+
+/// Bytes reserved for a read when the buffer has little room left.
+pub const READ_CHUNK: usize = 8192;
+/// Stop reading a side when this much is waiting to be written.
+pub const BUFFER_LIMIT: usize = 256 * 1024;
+
+/// What a poll produced.
+#[derive(Debug)]
+pub enum IoEvent {
+    /// Bytes were read or written.
+    Progress {
+        client_read: bool,
+    },
+    ServerClosed,
+    ServerFailed(io::Error),
+    ClientGone,
+    IdleTimeout,
+}
+
+/// The two sockets and their pending bytes.
+pub struct Sides<'a> {
+    pub client: &'a mut Stream,
+    pub server: &'a mut Stream,
+    /// Client bytes; the first `to_server` are scanned and due to the server.
+    pub cbuf: &'a mut BytesMut,
+    pub to_server: &'a mut usize,
+    /// Server bytes; the first `to_client` are due to the client.
+    pub sbuf: &'a mut BytesMut,
+    pub to_client: &'a mut usize,
+    pub read_client: bool,
+    pub idle_timer: Option<Pin<&'a mut Sleep>>,
+}
+
+fn reserve(buf: &mut BytesMut) {
+    if buf.capacity() - buf.len() < 1024 {
+        buf.reserve(READ_CHUNK);
+    }
+}
+
+impl Sides<'_> {
+    /// Polls every enabled direction once.
+    pub fn poll(&mut self, cx: &mut Context<'_>) -> Poll<IoEvent> {
+        let mut moved = false;
+        let mut client_read = false;
+        if *self.to_server > 0 {
+            match Pin::new(&mut *self.server).poll_write(cx, &self.cbuf[..*self.to_server]) {
+                Poll::Ready(Ok(n)) => {
+                    self.cbuf.advance(n);
+                    *self.to_server -= n;
+                    moved = true;
+                }
+                Poll::Ready(Err(e)) => return Poll::Ready(IoEvent::ServerFailed(e)),
+                Poll::Pending => {}
+            }
+        }
+        if *self.to_client > 0 {
+            match Pin::new(&mut *self.client).poll_write(cx, &self.sbuf[..*self.to_client]) {
+                Poll::Ready(Ok(n)) => {
+                    self.sbuf.advance(n);
+                    *self.to_client -= n;
+                    moved = true;
+                }
+                Poll::Ready(Err(_)) => return Poll::Ready(IoEvent::ClientGone),
+                Poll::Pending => {}
+            }
+        }
+        if self.sbuf.len() < BUFFER_LIMIT {
+            reserve(self.sbuf);
+            match poll_read_buf(Pin::new(&mut *self.server), cx, self.sbuf) {
+                Poll::Ready(Ok(0)) => return Poll::Ready(IoEvent::ServerClosed),
+                Poll::Ready(Ok(_)) => moved = true,
+                Poll::Ready(Err(e)) => return Poll::Ready(IoEvent::ServerFailed(e)),
+                Poll::Pending => {}
+            }
+        }
+        if self.read_client && self.cbuf.len() < BUFFER_LIMIT {
+            reserve(self.cbuf);
+            match poll_read_buf(Pin::new(&mut *self.client), cx, self.cbuf) {
+                Poll::Ready(Ok(0)) | Poll::Ready(Err(_)) => {
+                    return Poll::Ready(IoEvent::ClientGone);
+                }
+                Poll::Ready(Ok(_)) => {
+                    moved = true;
+                    client_read = true;
+                }
+                Poll::Pending => {}
+            }
+        }
+        if moved {
+            return Poll::Ready(IoEvent::Progress { client_read });
+        }
+        if let Some(t) = self.idle_timer.as_mut()
+            && t.as_mut().poll(cx).is_ready()
+        {
+            return Poll::Ready(IoEvent::IdleTimeout);
+        }
+        Poll::Pending
+    }
+}
