@@ -148,6 +148,7 @@ impl App {
             db_limit,
             user_limit,
         ));
+        pool.join_limits(&pool);
         pools.insert(key, pool.clone());
         Ok(pool)
     }
@@ -222,6 +223,20 @@ impl App {
         (settings, target, credential)
     }
 
+    /// Creates the pools of databases with a forced user, so that
+    /// `min_pool_size` holds before any client arrives.
+    pub fn prewarm(&self) {
+        let config = self.config();
+        for db in &config.databases {
+            if let Some(user) = &db.user
+                && db.min_pool_size.unwrap_or(config.settings.min_pool_size) > 0
+                && let Err(e) = self.pool_for(&db.name, user)
+            {
+                tracing::warn!("cannot prepare pool {}: {e}", db.name);
+            }
+        }
+    }
+
     /// Applies a newly loaded configuration and auth_file (RELOAD/SIGHUP):
     /// pools take new sizes, timeouts, targets and passwords in place.
     pub fn reload(&self, config: Config, userlist: Userlist) {
@@ -242,6 +257,7 @@ impl App {
             limit_for(&self.user_limits, &pool.user, user_max(&config, &pool.user));
             pool.reconfigure(settings, target, credential);
         }
+        self.prewarm();
     }
 }
 

@@ -62,6 +62,7 @@ pub async fn run(app: Arc<App>) -> std::io::Result<()> {
     let mut usr1 = signal(SignalKind::user_defined1())?;
     let mut usr2 = signal(SignalKind::user_defined2())?;
     let mut tick = tokio::time::interval(TICK);
+    app.prewarm();
     loop {
         tokio::select! {
             _ = hup.recv() => reload(&app),

@@ -22,8 +22,6 @@ use crate::params::ParamSet;
 
 /// How often a client blocked only by a shared (db/user) limit looks again.
 const SHARED_LIMIT_RETRY: Duration = Duration::from_millis(50);
-/// Idle time after which a server is probed for a close before reuse.
-const PROBE_AFTER_IDLE: Duration = Duration::from_secs(1);
 
 /// Per-pool settings, resolved from [pgbouncer], [databases] and [users].
 #[derive(Debug, Clone, PartialEq)]
@@ -226,6 +224,12 @@ impl Pool {
         }
     }
 
+    /// Joins the shared budgets this pool counts against.
+    pub fn join_limits(&self, me: &Arc<Pool>) {
+        self.db_limit.join(me);
+        self.user_limit.join(me);
+    }
+
     fn lock(&self) -> MutexGuard<'_, PoolState> {
         // A panic while holding the lock leaves counts that are still
         // consistent (every change is a single step), so keep serving.
@@ -303,14 +307,16 @@ impl Pool {
             return FirstLook::Leased(lease);
         }
         let settings = st.settings.clone();
-        if st.waiters.is_empty() && self.take_slot(&mut st, false) {
-            return FirstLook::Open;
-        }
+        // After a failed login, wait server_login_retry before trying again;
+        // meanwhile clients that would need a new server fail fast.
         if st.total == 0
             && let Some((at, code, msg)) = &st.last_login_failure
             && at.elapsed() < settings.server_login_retry
         {
             return FirstLook::Failing(code.clone(), msg.clone());
+        }
+        if st.waiters.is_empty() && self.take_slot(&mut st, false) {
+            return FirstLook::Open;
         }
         let (tx, rx) = oneshot::channel();
         st.next_waiter_id += 1;
@@ -333,13 +339,24 @@ impl Pool {
         let reserve_at =
             (settings.reserve_pool_size > 0).then(|| started + settings.reserve_pool_timeout);
         let shared_limit = self.db_limit.is_limited() || self.user_limit.is_limited();
+        let mut first_round = true;
         loop {
+            if shared_limit {
+                // Another pool may sit on idle servers of the same budget.
+                self.evict_for_limits();
+            }
             // Wake up only for something that can change the answer: the
             // reserve opening, the deadline, or a shared limit to re-check.
             let now = Instant::now();
             let mut next_check = now + Duration::from_secs(3600);
             if shared_limit {
-                next_check = now + SHARED_LIMIT_RETRY;
+                // Look again at once after an eviction, then now and then.
+                let delay = if std::mem::take(&mut first_round) {
+                    Duration::ZERO
+                } else {
+                    SHARED_LIMIT_RETRY
+                };
+                next_check = now + delay;
             }
             if let Some(r) = reserve_at.filter(|r| *r > now) {
                 next_check = next_check.min(r);
@@ -419,10 +436,9 @@ impl Pool {
 
     fn take_idle(self: &Arc<Self>, st: &mut PoolState) -> Option<Lease> {
         while let Some(server) = st.idle.pop() {
-            let idle_for = server.last_used.elapsed();
             let too_old = !st.settings.server_lifetime.is_zero()
                 && server.created.elapsed() >= st.settings.server_lifetime;
-            if too_old || (idle_for >= PROBE_AFTER_IDLE && server.closed_while_idle()) {
+            if too_old || server.closed_while_idle() {
                 self.close_counted(st, server);
                 continue;
             }
@@ -586,6 +602,30 @@ impl Pool {
                 }
             });
         }
+    }
+
+    /// Makes room under a full shared budget by closing an idle server of
+    /// another pool, if this pool itself could use the unit.
+    fn evict_for_limits(&self) {
+        let room = {
+            let st = self.lock();
+            st.total < st.settings.pool_size && !st.waiters.is_empty()
+        };
+        if room {
+            let _ = (self.db_limit.is_full() && self.db_limit.evict_idle(self))
+                || (self.user_limit.is_full() && self.user_limit.evict_idle(self));
+        }
+    }
+
+    /// Closes this pool's oldest idle server; true if there was one.
+    pub fn close_oldest_idle(&self) -> bool {
+        let mut st = self.lock();
+        if st.idle.is_empty() {
+            return false;
+        }
+        let server = st.idle.remove(0);
+        self.close_counted(&mut st, server);
+        true
     }
 
     /// Closes all idle servers (shutdown).

@@ -42,7 +42,8 @@ impl ServerConn {
     }
 
     /// True when the server closed the socket or sent something while idle
-    /// (PostgreSQL sends FATAL before it terminates a backend). One
+    /// (PostgreSQL sends FATAL before it terminates a backend). Costs an
+    /// atomic load unless the socket was signalled readable, and then one
     /// non-blocking read.
     pub fn closed_while_idle(&self) -> bool {
         let mut probe = [0u8; 1];

@@ -138,14 +138,22 @@ impl Drop for ClientCountGuard {
 pub async fn handle_connection(app: Arc<App>, stream: Stream) {
     let count = app.clients.fetch_add(1, Ordering::AcqRel) + 1;
     let _guard = ClientCountGuard(app.clone());
-    let settings = app.config().settings.clone();
-    let over_limit = count > settings.max_client_conn;
-    let login_timeout = settings.client_login_timeout;
+    // Only small copies live on: the task of an idle client stays small.
+    let (over_limit, login_timeout, log_pooler_errors, log_disconnections) = {
+        let config = app.config();
+        let s = &config.settings;
+        (
+            count > s.max_client_conn,
+            s.client_login_timeout,
+            s.log_pooler_errors,
+            s.log_disconnections,
+        )
+    };
     let attempt = Box::pin(login(&app, stream, over_limit));
     let result = if login_timeout.is_zero() {
         attempt.await
     } else {
-        match tokio::time::timeout(login_timeout, attempt).await {
+        match Box::pin(tokio::time::timeout(login_timeout, attempt)).await {
             Ok(r) => r,
             Err(_) => {
                 tracing::info!("client login timed out");
@@ -157,23 +165,29 @@ pub async fn handle_connection(app: Arc<App>, stream: Stream) {
         Ok(Some(c)) => c,
         Ok(None) => return,
         Err((mut stream, e)) => {
-            if settings.log_pooler_errors {
+            if log_pooler_errors {
                 tracing::warn!(peer = %stream.peer(), "login failed: {e}");
             }
-            e.send(&mut stream).await;
+            Box::pin(e.send(&mut stream)).await;
             return;
         }
     };
+    serve(client, log_disconnections).await;
+}
+
+/// Serves a logged-in client and logs how it left. Rare paths are boxed:
+/// the size of this future is what every idle client costs.
+async fn serve(client: super::session::Client, log_disconnections: bool) {
     let (mut client, end) = client.serve().await;
     match end {
         SessionEnd::ClientLeft => {
-            if settings.log_disconnections {
+            if log_disconnections {
                 tracing::info!(user = %client.user, db = %client.database, "closing because: client close request");
             }
         }
         SessionEnd::Error(e) => {
             tracing::info!(user = %client.user, db = %client.database, "closing because: {e}");
-            e.send(&mut client.stream).await;
+            Box::pin(e.send(&mut client.stream)).await;
         }
     }
 }

@@ -37,6 +37,10 @@ struct Cycle {
     outstanding: u32,
     /// Extended-protocol messages sent since the last Sync.
     unsynced: bool,
+    /// Syncs sent since the last Execute or Query. If CopyDone or CopyFail
+    /// follows, that Execute or Query started a COPY FROM STDIN, and
+    /// PostgreSQL ignored these Syncs: they get no ReadyForQuery.
+    syncs_since_start: u32,
     status: TransactionStatus,
     client_scan: Scanner,
     server_scan: Scanner,
@@ -86,6 +90,7 @@ pub async fn run(client: &mut Client, cbuf: &mut BytesMut, mut lease: Lease) -> 
     let mut cycle = Cycle {
         outstanding: 0,
         unsynced: false,
+        syncs_since_start: 0,
         status: TransactionStatus::Idle,
         client_scan: Scanner::default(),
         server_scan: Scanner::default(),
@@ -228,15 +233,29 @@ fn scan_client(
         |_| false,
         |tag, _| {
             match tag {
-                f::QUERY | f::FUNCTION_CALL | f::SYNC => {
+                f::QUERY | f::FUNCTION_CALL => {
                     cycle.outstanding += 1;
                     cycle.unsynced = false;
+                    cycle.syncs_since_start = 0;
+                }
+                f::SYNC => {
+                    cycle.outstanding += 1;
+                    cycle.unsynced = false;
+                    cycle.syncs_since_start += 1;
                 }
                 f::TERMINATE => {
                     terminated = true;
                     return Visit::StopBefore;
                 }
-                f::COPY_DATA | f::COPY_DONE | f::COPY_FAIL => {}
+                f::COPY_DATA => {}
+                f::COPY_DONE | f::COPY_FAIL => {
+                    cycle.outstanding -= cycle.syncs_since_start.min(cycle.outstanding);
+                    cycle.syncs_since_start = 0;
+                }
+                f::EXECUTE => {
+                    cycle.unsynced = true;
+                    cycle.syncs_since_start = 0;
+                }
                 _ => cycle.unsynced = true,
             }
             Visit::Forward

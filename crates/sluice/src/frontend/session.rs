@@ -90,7 +90,9 @@ impl Client {
             if self.app.phase() >= Phase::WaitForServers {
                 return SessionEnd::Error(ClientError::new("57P01", "the pooler is shutting down"));
             }
-            let lease = match self.pool.acquire().await {
+            // Boxed, like the relay below: an idle client's task holds
+            // neither future's state.
+            let lease = match Box::pin(self.pool.acquire()).await {
                 Ok(l) => l,
                 Err(e) => {
                     return SessionEnd::Error(ClientError::new(e.sqlstate(), e.to_string()));
@@ -115,11 +117,11 @@ impl Client {
             .idle_timeout
             .get_or_insert_with(|| self.pool.settings().client_idle_timeout);
         loop {
-            let ready = self.stream.readable();
             let ready = if idle_timeout.is_zero() {
-                ready.await
+                self.stream.readable().await
             } else {
-                match tokio::time::timeout(idle_timeout, ready).await {
+                // Boxed: the timer would otherwise sit in every idle task.
+                match Box::pin(tokio::time::timeout(idle_timeout, self.stream.readable())).await {
                     Ok(r) => r,
                     Err(_) => return Err(ClientError::new("08P01", "client_idle_timeout")),
                 }

@@ -1,0 +1,468 @@
+#!/usr/bin/env python3
+"""make bench: pgbench -S against PostgreSQL directly, through sluice and through PgBouncer.
+
+One throwaway PostgreSQL 15 (max_connections=100, 3 reserved, pgbench scale 10), one sluice
+and one PgBouncer running the whole time with the same generated pgbouncer.ini (only
+listen_port differs: transaction pooling, default_pool_size=20).  For every query mode x
+client count the targets run interleaved (A B C A B C ...) and the median over rounds is
+reported: TPS, average and p99 latency, failed clients, the proxy's CPU microseconds per
+transaction, then the proxies' peak RSS and RSS per idle client over 10,000 idle
+connections.  Table on the terminal, JSON in bench-results/.
+
+Environment: SLUICE_BIN (default target/release/sluice), SLUICE_TESTKIT (default
+target/release/sluice-testkit), PGBOUNCER_BIN (default: pgbouncer on PATH), PG_BINDIR.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import hashlib
+import json
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import pglab  # noqa: E402
+from pglab import Lab, LabError, log, warn  # noqa: E402
+
+POOL_SIZE = 20
+MAX_CONNECTIONS = 100
+RESERVED = 3
+SCALE = 10
+IDLE_CLIENTS = 10_000
+PROXIES = ("sluice", "pgbouncer")
+
+
+def parse_args(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true",
+                    help="3 s runs, 1 round, clients 1,10,150 (unless given explicitly)")
+    ap.add_argument("--duration", type=int, help="seconds per pgbench run (default 10)")
+    ap.add_argument("--rounds", type=int, help="interleaved rounds per cell (default 2)")
+    ap.add_argument("--clients", help="comma list (default 1,10,150,1000)")
+    ap.add_argument("--modes", default="simple,extended", help="comma list of simple,extended,prepared")
+    ap.add_argument("--targets", default="direct,sluice,pgbouncer", help="comma list")
+    ap.add_argument("--skip-idle", action="store_true", help="skip the 10,000 idle clients test")
+    ap.add_argument("--idle-clients", type=int, default=IDLE_CLIENTS, help=argparse.SUPPRESS)
+    ap.add_argument("--jobs", type=int, default=2, help="pgbench -j (default 2)")
+    ap.add_argument("--sampling-rate", type=float, default=1.0,
+                    help="pgbench --sampling-rate for the p99 log (default 1.0 = every transaction)")
+    ap.add_argument("--out-dir", default=str(pglab.REPO / "bench-results"))
+    a = ap.parse_args(argv)
+    a.duration = a.duration or (3 if a.quick else 10)
+    a.rounds = a.rounds or (1 if a.quick else 2)
+    a.clients = [int(c) for c in (a.clients or ("1,10,150" if a.quick else "1,10,150,1000")).split(",") if c]
+    a.modes = [m.strip() for m in a.modes.split(",") if m.strip()]
+    a.targets = [t.strip() for t in a.targets.split(",") if t.strip()]
+    for t in a.targets:
+        if t not in ("direct",) + PROXIES:
+            ap.error(f"unknown target {t!r}")
+    for m in a.modes:
+        if m not in ("simple", "extended", "prepared"):
+            ap.error(f"unknown mode {m!r}")
+    if a.duration < 1 or a.rounds < 1 or not a.clients or not a.targets or not a.modes:
+        ap.error("empty matrix")
+    return a
+
+
+def versions() -> dict:
+    v = {
+        "postgres": pglab.cmd_output([pglab.pg_bin("postgres"), "--version"]),
+        "pgbench": pglab.cmd_output([pglab.pg_bin("pgbench"), "--version"]),
+        "pgbouncer": None,
+        "sluice": None,
+        "sluice_bin": pglab.sluice_bin(),
+        "sluice_sha256": None,
+        "git_head": pglab.git_head(),
+    }
+    pgb = pglab.pgbouncer_bin()
+    if pgb:
+        out = pglab.cmd_output([pgb, "--version"])
+        v["pgbouncer"] = out.splitlines()[0] if out else None
+    sb = Path(pglab.sluice_bin())
+    if sb.exists():
+        try:
+            v["sluice_sha256"] = hashlib.sha256(sb.read_bytes()).hexdigest()
+            v["sluice_mtime_utc"] = dt.datetime.fromtimestamp(
+                sb.stat().st_mtime, dt.timezone.utc).isoformat(timespec="seconds")
+        except OSError:
+            pass
+        out = pglab.cmd_output([str(sb), "--version"], timeout=5)
+        v["sluice"] = out.splitlines()[0] if out else None
+    return v
+
+
+def med(vals):
+    vals = [v for v in vals if v is not None]
+    return round(statistics.median(vals), 3) if vals else None
+
+
+def fmt(v, digits=1):
+    if v is None:
+        return "-"
+    if isinstance(v, float):
+        return f"{v:,.{digits}f}"
+    return f"{v:,}"
+
+
+def ratio(a, b):
+    if a is None or b is None or b == 0:
+        return None
+    return round(a / b, 3)
+
+
+def loadavg() -> str | None:
+    try:
+        return Path("/proc/loadavg").read_text().strip()
+    except OSError:
+        return None
+
+
+def load1() -> float | None:
+    la = loadavg()
+    return float(la.split()[0]) if la else None
+
+
+def count_backends(lab: Lab) -> int | None:
+    try:
+        return int(lab.psql("SELECT count(*) FROM pg_stat_activity WHERE backend_type = "
+                            "'client backend' AND pid <> pg_backend_pid()"))
+    except (LabError, ValueError, subprocess.SubprocessError):
+        return None
+
+
+def main(argv=None) -> int:
+    a = parse_args(argv)
+    nofile = pglab.raise_nofile()
+    pglab.install_signal_handlers()
+    t_start = time.monotonic()
+    started = dt.datetime.now(dt.timezone.utc)
+    result = {
+        "schema": 1,
+        "started_utc": started.isoformat(timespec="seconds"),
+        "args": {k: v for k, v in vars(a).items()},
+        "rlimit_nofile": list(nofile),
+        "loadavg_start": loadavg(),
+        "machine": pglab.machine_info(),
+        "versions": versions(),
+        "settings": {"max_connections": MAX_CONNECTIONS, "superuser_reserved_connections": RESERVED,
+                     "pgbench_scale": SCALE, "pool_mode": "transaction",
+                     "default_pool_size": POOL_SIZE, "pgbench": "-S (select-only), -n"},
+        "targets": {},
+        "runs": [],
+        "summary": [],
+        "peak_rss_kb": {},
+        "idle": {},
+    }
+    if nofile[0] < a.idle_clients + 2000 and not a.skip_idle:
+        warn(f"RLIMIT_NOFILE is {nofile[0]}: the idle test may run out of file descriptors")
+
+    with Lab(prefix="sluice-bench-") as lab:
+        log(f"starting PostgreSQL (max_connections={MAX_CONNECTIONS}, reserved={RESERVED}, "
+            f"pgbench scale {SCALE}) via {' '.join(pglab.testkit_cmd())} ...")
+        cluster = lab.start_cluster(max_connections=MAX_CONNECTIONS, reserved=RESERVED,
+                                    scale=SCALE, auth="trust")
+        result["cluster"] = {k: cluster.get(k) for k in ("host", "port", "superuser")}
+        pg_port = int(cluster["port"])
+        user = cluster.get("superuser") or "postgres"
+        password = cluster.get("password")
+        auth_file = lab.write("userlist.txt", pglab.userlist({user: password or user}))
+        log(f"PostgreSQL on 127.0.0.1:{pg_port}")
+
+        endpoints = {}
+        if "direct" in a.targets:
+            endpoints["direct"] = {"port": pg_port, "dbname": "postgres", "proxy": None}
+            result["targets"]["direct"] = {"port": pg_port}
+        for kind in PROXIES:
+            if kind not in a.targets:
+                continue
+            if kind == "pgbouncer" and not pglab.pgbouncer_bin():
+                msg = "pgbouncer not found (install it or set PGBOUNCER_BIN): skipped"
+                warn(msg)
+                result["targets"][kind] = {"skipped": msg}
+                continue
+
+            def ini(port, logfile):
+                return pglab.pooler_ini(pg_port=pg_port, listen_port=port, logfile=logfile,
+                                        auth_file=auth_file, default_pool_size=POOL_SIZE,
+                                        max_client_conn=12000, admin_users=user)
+            try:
+                proxy = lab.start_proxy(kind, ini)
+            except LabError as e:
+                if kind == "pgbouncer":
+                    warn(f"pgbouncer did not start, skipped: {e}")
+                    result["targets"][kind] = {"skipped": str(e)}
+                    continue
+                raise
+            endpoints[kind] = {"port": proxy.port, "dbname": "bench", "proxy": proxy}
+            result["targets"][kind] = {"port": proxy.port, "pid": proxy.pid,
+                                       "ini": proxy.ini.read_text()}
+            log(f"{kind} on 127.0.0.1:{proxy.port} (pid {proxy.pid})")
+        targets = [t for t in a.targets if t in endpoints]
+        if not targets:
+            raise LabError("no target left to benchmark")
+
+        dead: dict[str, str] = {}
+
+        def check_alive(t):
+            p = endpoints[t]["proxy"]
+            if p is not None and not p.alive() and t not in dead:
+                dead[t] = f"{t} exited with code {p.proc.returncode}"
+                warn(dead[t] + "\n" + p.log_tail())
+            return t not in dead
+
+        # warm-up: fill the pools and the page cache, not recorded
+        warm = 1 if a.quick else 2
+        for t in targets:
+            ep = endpoints[t]
+            log(f"warm-up {t} ({warm} s, 20 clients) ...")
+            pglab.run_pgbench(host="127.0.0.1", port=ep["port"], dbname=ep["dbname"], user=user,
+                              password=password, clients=20, jobs=a.jobs, duration=warm,
+                              mode="simple")
+            check_alive(t)
+
+        total = len(a.modes) * len(a.clients) * a.rounds * len(targets)
+        i = 0
+        for mode in a.modes:
+            for clients in a.clients:
+                for rnd in range(1, a.rounds + 1):
+                    for t in targets:
+                        i += 1
+                        log(f"[{i}/{total}] {mode} c={clients} {t} round {rnd} ...")
+                        run = {"mode": mode, "clients": clients, "target": t, "round": rnd}
+                        if not check_alive(t):
+                            run.update(error=dead[t], skipped=True)
+                            result["runs"].append(run)
+                            continue
+                        run.update(one_run(lab, a, endpoints[t], user, password, mode, clients))
+                        check_alive(t)
+                        result["runs"].append(run)
+                        short = (f"      tps={fmt(run.get('tps'))} avg={fmt(run.get('lat_avg_ms'), 3)}ms "
+                                 f"p99={fmt(run.get('p99_ms'), 3)}ms failed={run.get('failed_clients')}")
+                        if run.get("cpu_us_per_tx") is not None:
+                            short += f" cpu/tx={run['cpu_us_per_tx']:.1f}us"
+                        if run.get("error"):
+                            short += f"  [{run['error'][:110]}]"
+                        log(short)
+
+        for t in targets:
+            p = endpoints[t]["proxy"]
+            if p is not None and p.alive():
+                result["peak_rss_kb"][t] = {"after_matrix": pglab.vm_hwm_kb(p.pid)}
+
+        if not a.skip_idle:
+            for t in targets:
+                p = endpoints[t]["proxy"]
+                if p is None or not check_alive(t):
+                    continue
+                log(f"idle test: {a.idle_clients:,} idle clients to {t} ...")
+                result["idle"][t] = idle_test(p, user, a.idle_clients)
+                check_alive(t)
+                r = result["idle"][t]
+                log(f"      opened {r['opened']:,}/{r['requested']:,} in {r['open_seconds']} s, "
+                    f"RSS {r['rss_before_kb']:,} -> {r['rss_idle_kb']:,} kB"
+                    + (f", errors: {r['errors']}" if r["errors"] else ""))
+
+        for t in targets:
+            p = endpoints[t]["proxy"]
+            if p is not None and p.alive():
+                result["peak_rss_kb"].setdefault(t, {})["end"] = pglab.vm_hwm_kb(p.pid)
+        result["proxy_dead"] = dead
+
+    # ---------------------------------------------------------------- summary
+    result["summary"] = summarize(result["runs"], a, targets)
+    result["loadavg_end"] = loadavg()
+    result["finished_utc"] = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
+    result["wall_seconds"] = round(time.monotonic() - t_start, 1)
+    print_report(result, a, targets)
+    out_dir = Path(a.out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    stamp = started.strftime("%Y%m%dT%H%M%SZ")
+    text = json.dumps(result, indent=2, sort_keys=False) + "\n"
+    path = out_dir / f"bench-{stamp}.json"
+    path.write_text(text)
+    (out_dir / "latest.json").write_text(text)
+    log(f"\nJSON: {path} (and {out_dir / 'latest.json'}); wall time {result['wall_seconds']} s")
+    return 0
+
+
+def one_run(lab: Lab, a, ep: dict, user: str, password, mode: str, clients: int) -> dict:
+    proxy = ep["proxy"]
+    backends_before = count_backends(lab)
+    cpu0 = pglab.proc_cpu_seconds(proxy.pid) if proxy else None
+    res = pglab.run_pgbench(host="127.0.0.1", port=ep["port"], dbname=ep["dbname"], user=user,
+                            password=password, clients=clients, jobs=a.jobs,
+                            duration=a.duration, mode=mode, log_dir=lab.tmp / "pgbench-log",
+                            sampling_rate=a.sampling_rate)
+    cpu1 = pglab.proc_cpu_seconds(proxy.pid) if proxy else None
+    res["proxy_cpu_s"] = round(cpu1 - cpu0, 4) if cpu0 is not None and cpu1 is not None else None
+    tx = res.get("transactions") or 0
+    res["cpu_us_per_tx"] = (round(res["proxy_cpu_s"] * 1e6 / tx, 2)
+                            if res["proxy_cpu_s"] is not None and tx > 0 else None)
+    res["failed_clients_method"] = "pgbench"
+    if not res["failed_clients_known"]:
+        # pgbench 15 exits at the first client that cannot connect: measure how many of
+        # `clients` simultaneous connections this target accepts right now instead.
+        time.sleep(0.5)
+        probe = pglab.probe_connections("127.0.0.1", ep["port"], user=user,
+                                        database=ep["dbname"], n=clients)
+        res["probe"] = {k: probe[k] for k in ("opened", "failed", "errors")}
+        res["failed_clients"] = probe["failed"]
+        res["failed_clients_method"] = "probe"
+    res["pg_backends_before"] = backends_before
+    res["loadavg_1m_after"] = load1()
+    res["pg_backends_after"] = count_backends(lab)
+    del res["failed_clients_known"]
+    return res
+
+
+def idle_test(proxy, user: str, n: int) -> dict:
+    rss0 = pglab.vm_rss_kb(proxy.pid)
+    snap = {}
+
+    async def hold(opened):
+        import asyncio
+        await asyncio.sleep(2)
+        snap["rss"] = pglab.vm_rss_kb(proxy.pid)
+        snap["hwm"] = pglab.vm_hwm_kb(proxy.pid)
+
+    r = pglab.open_connections("127.0.0.1", proxy.port, user=user, database="bench", n=n,
+                               concurrency=100, timeout=30, hold=hold, overall_timeout=900)
+    time.sleep(1)
+    rss1 = snap.get("rss")
+    out = {
+        "requested": n, "opened": r["opened"], "failed": r["failed"], "errors": r["errors"],
+        "open_seconds": r["open_seconds"], "rss_before_kb": rss0, "rss_idle_kb": rss1,
+        "hwm_idle_kb": snap.get("hwm"), "rss_after_close_kb": pglab.vm_rss_kb(proxy.pid),
+        "per_client_bytes": (round((rss1 - rss0) * 1024 / r["opened"], 1)
+                             if rss0 is not None and rss1 is not None and r["opened"] else None),
+    }
+    return out
+
+
+def summarize(runs, a, targets):
+    out = []
+    for mode in a.modes:
+        for clients in a.clients:
+            cells = {}
+            for t in targets:
+                rs = [r for r in runs if r["mode"] == mode and r["clients"] == clients
+                      and r["target"] == t and not r.get("skipped")]
+                errs = [r.get("error") for r in runs if r["mode"] == mode and r["clients"] == clients
+                        and r["target"] == t and r.get("error")]
+                cells[t] = {
+                    "mode": mode, "clients": clients, "target": t, "rounds": len(rs),
+                    "tps": med([r.get("tps") for r in rs]),
+                    "tps_min": min((r["tps"] for r in rs if r.get("tps") is not None), default=None),
+                    "tps_max": max((r["tps"] for r in rs if r.get("tps") is not None), default=None),
+                    "avg_ms": med([r.get("lat_avg_ms") for r in rs]),
+                    "p99_ms": med([r.get("p99_ms") for r in rs]),
+                    "failed_clients": (max(r.get("failed_clients") or 0 for r in rs) if rs else None),
+                    "failed_clients_method": ("probe" if any(r.get("failed_clients_method") == "probe"
+                                                             for r in rs) else "pgbench"),
+                    "cpu_us_per_tx": med([r.get("cpu_us_per_tx") for r in rs]),
+                    "transactions": med([r.get("transactions") for r in rs]),
+                    "pg_backends_before": med([r.get("pg_backends_before") for r in rs]),
+                    "error": errs[0] if errs else None,
+                }
+            s, b = cells.get("sluice"), cells.get("pgbouncer")
+            if s and b:
+                s["tps_ratio_vs_pgbouncer"] = ratio(s["tps"], b["tps"])
+                s["cpu_ratio_vs_pgbouncer"] = ratio(s["cpu_us_per_tx"], b["cpu_us_per_tx"])
+            out.extend(cells.values())
+    return out
+
+
+def print_report(result, a, targets):
+    hdr = ["mode", "clients", "target", "tps", "avg_ms", "p99_ms", "failed", "cpu_us/tx",
+           "tps s/pgb", "cpu s/pgb"]
+    rows = []
+    for s in result["summary"]:
+        failed = s["failed_clients"]
+        failed_s = "-" if failed is None else f"{failed}{'*' if s['failed_clients_method'] == 'probe' and failed else ''}"
+        rows.append([s["mode"], str(s["clients"]), s["target"], fmt(s["tps"]), fmt(s["avg_ms"], 3),
+                     fmt(s["p99_ms"], 3), failed_s, fmt(s["cpu_us_per_tx"], 1),
+                     fmt(s.get("tps_ratio_vs_pgbouncer"), 2) if "tps_ratio_vs_pgbouncer" in s else "",
+                     fmt(s.get("cpu_ratio_vs_pgbouncer"), 2) if "cpu_ratio_vs_pgbouncer" in s else ""])
+    widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(hdr)]
+    left = {0, 1, 2}
+
+    def line(cells):
+        return "  ".join(c.ljust(widths[i]) if i in left else c.rjust(widths[i])
+                         for i, c in enumerate(cells)).rstrip()
+    m = result["machine"]
+    print()
+    print(f"pgbench -S, -j {a.jobs}, {a.duration} s x {a.rounds} round(s) per cell (median), "
+          f"PostgreSQL max_connections={MAX_CONNECTIONS}, pool_mode=transaction, "
+          f"default_pool_size={POOL_SIZE}; {m['nproc']} CPUs, kernel {m['kernel']}")
+    print(line(hdr))
+    print(line(["-" * w for w in widths]))
+    prev = None
+    for r, s in zip(rows, result["summary"]):
+        key = (s["mode"], s["clients"])
+        if prev is not None and key != prev:
+            print()
+        prev = key
+        print(line(r))
+    loads = [r["loadavg_1m_after"] for r in result["runs"] if r.get("loadavg_1m_after") is not None]
+    ncpu = m.get("nproc_available") or m["nproc"] or 1
+    if loads and max(loads) > ncpu * 1.5:
+        print(f"! the machine was busy (1-min load average up to {max(loads):.1f} on {ncpu} CPUs, "
+              f"partly this benchmark itself): expect noise; see the per-round numbers in the JSON.")
+    if any(s["failed_clients_method"] == "probe" and s["failed_clients"] for s in result["summary"]):
+        print("* pgbench aborts the whole run at the first refused client (tps 0); failed = how many of "
+              "that many simultaneous connections the target refused, measured right after.")
+        busy = [s["pg_backends_before"] for s in result["summary"]
+                if s["target"] == "direct" and s["pg_backends_before"] is not None]
+        if busy and "direct" in targets and len(targets) > 1:
+            print(f"  PostgreSQL's {MAX_CONNECTIONS} slots are shared with the poolers' idle server "
+                  f"connections ({min(busy):.0f}-{max(busy):.0f} client backends before the direct runs).")
+    errs = {}
+    for s in result["summary"]:
+        if s.get("error"):
+            errs.setdefault(s["error"], []).append(f"{s['mode']}/c={s['clients']}/{s['target']}")
+    if errs:
+        print("errors (first stderr line):")
+        for e, where in errs.items():
+            print(f"  {e[:160]}  <- {', '.join(where[:4])}{' ...' if len(where) > 4 else ''}")
+    print()
+    for t in targets:
+        info = result["targets"].get(t, {})
+        if t == "direct":
+            continue
+        pk = result["peak_rss_kb"].get(t, {})
+        idle = result["idle"].get(t)
+        line_ = f"{t:<10} peak RSS (VmHWM): {fmt(pk.get('after_matrix'))} kB after pgbench matrix"
+        if pk.get("end") is not None and pk.get("end") != pk.get("after_matrix"):
+            line_ += f", {fmt(pk.get('end'))} kB at end"
+        print(line_)
+        if idle:
+            pc = idle["per_client_bytes"]
+            print(f"{t:<10} idle: {idle['opened']:,}/{idle['requested']:,} clients open "
+                  f"({idle['failed']} failed), RSS {fmt(idle['rss_before_kb'])} -> "
+                  f"{fmt(idle['rss_idle_kb'])} kB = {fmt(pc, 0)} bytes per idle client")
+    for t, info in result["targets"].items():
+        if info.get("skipped"):
+            print(f"{t:<10} SKIPPED: {info['skipped']}")
+    for t, why in result.get("proxy_dead", {}).items():
+        print(f"{t:<10} DIED during the run: {why}")
+    s_idle, b_idle = result["idle"].get("sluice"), result["idle"].get("pgbouncer")
+    if s_idle and b_idle and s_idle["per_client_bytes"] and b_idle["per_client_bytes"]:
+        print(f"idle bytes/client sluice/pgbouncer = "
+              f"{s_idle['per_client_bytes'] / b_idle['per_client_bytes']:.2f}")
+
+
+if __name__ == "__main__":
+    try:
+        sys.exit(main())
+    except KeyboardInterrupt:
+        print("\ninterrupted; everything started was stopped", file=sys.stderr)
+        sys.exit(130)
+    except LabError as e:
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(1)

@@ -1,0 +1,37 @@
+//! Harness for sluice's integration tests: runs the real `sluice` binary in
+//! front of throwaway PostgreSQL clusters (from `sluice-testkit`) and drives
+//! it with real clients (tokio-postgres, psql, pgbench, raw sockets).
+//!
+//! Every helper bounds its waits, so a misbehaving pooler fails a test
+//! instead of hanging the suite.
+
+mod backends;
+mod client;
+mod clusters;
+mod config;
+mod process;
+mod raw;
+mod scratch;
+mod tools;
+mod wait;
+
+pub use backends::{count_backends, count_backends_psql, wait_for_backends};
+pub use client::{
+    Tracked, connect, connect_as, connect_config, connect_tracked, expect_sqlstate, scalar,
+    scalar_text, spawn_query, sqlstate, superuser_connect,
+};
+pub use clusters::{app_cluster, app_cluster_with, grant_create};
+pub use config::ConfigBuilder;
+pub use process::{SluiceProcess, run_sluice, sluice_binary};
+pub use raw::{
+    RawClient, RawReply, error_field, error_fields, length_prefixed, ssl_request, startup_packet,
+};
+pub use scratch::ScratchDir;
+pub use sluice_testkit::{Cluster, ServerAuth};
+pub use tools::{ToolOutput, pgbench, psql, psql_interactive};
+pub use wait::{eventually, eventually_sync};
+
+/// User name the tests use for their own non-superuser roles.
+pub const APP_USER: &str = "app";
+/// Password of [`APP_USER`] in the clusters and in the auth files.
+pub const APP_PASSWORD: &str = "app-secret";

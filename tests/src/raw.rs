@@ -1,0 +1,194 @@
+//! A minimal hand-written protocol v3 client over a raw TCP socket, for what
+//! real drivers cannot do: send garbage or truncated startup packets,
+//! SSLRequest, or nothing at all, and watch exactly what sluice answers.
+
+use std::time::Duration;
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+/// Protocol version 3.0.
+const PROTOCOL_V3: i32 = 196_608;
+/// The SSLRequest code.
+const SSL_REQUEST_CODE: i32 = 80_877_103;
+
+/// What came back from the socket.
+#[derive(Debug, PartialEq, Eq)]
+pub enum RawReply {
+    /// A complete backend message: type byte and body.
+    Message(u8, Vec<u8>),
+    /// The peer closed (or reset) the connection.
+    Closed,
+    /// Nothing complete arrived in time.
+    TimedOut,
+}
+
+/// A raw TCP connection to sluice.
+#[derive(Debug)]
+pub struct RawClient {
+    stream: TcpStream,
+}
+
+impl RawClient {
+    /// Connects to 127.0.0.1:`port`.
+    pub async fn connect(port: u16) -> RawClient {
+        let stream = tokio::time::timeout(
+            Duration::from_secs(10),
+            TcpStream::connect(("127.0.0.1", port)),
+        )
+        .await
+        .expect("TCP connect to sluice timed out")
+        .expect("TCP connect to sluice");
+        RawClient { stream }
+    }
+
+    /// Writes `bytes`; an error (peer already gone) is returned, not raised.
+    pub async fn send(&mut self, bytes: &[u8]) -> std::io::Result<()> {
+        self.stream.write_all(bytes).await?;
+        self.stream.flush().await
+    }
+
+    /// Half-closes the connection (no more data from us).
+    pub async fn shutdown_write(&mut self) {
+        let _ = self.stream.shutdown().await;
+    }
+
+    /// Reads exactly one byte (the answer to SSLRequest).
+    pub async fn read_byte(&mut self, timeout: Duration) -> RawReply {
+        let mut byte = [0u8; 1];
+        match tokio::time::timeout(timeout, self.stream.read_exact(&mut byte)).await {
+            Ok(Ok(_)) => RawReply::Message(byte[0], Vec::new()),
+            Ok(Err(_)) => RawReply::Closed,
+            Err(_) => RawReply::TimedOut,
+        }
+    }
+
+    /// Reads one backend message.
+    pub async fn read_message(&mut self, timeout: Duration) -> RawReply {
+        match tokio::time::timeout(timeout, self.read_message_unbounded()).await {
+            Ok(Some((kind, body))) => RawReply::Message(kind, body),
+            Ok(None) => RawReply::Closed,
+            Err(_) => RawReply::TimedOut,
+        }
+    }
+
+    async fn read_message_unbounded(&mut self) -> Option<(u8, Vec<u8>)> {
+        let mut header = [0u8; 5];
+        self.stream.read_exact(&mut header).await.ok()?;
+        let len = i32::from_be_bytes([header[1], header[2], header[3], header[4]]);
+        let body_len = usize::try_from(len.checked_sub(4)?).ok()?;
+        let mut body = vec![0u8; body_len];
+        self.stream.read_exact(&mut body).await.ok()?;
+        Some((header[0], body))
+    }
+
+    /// Reads until the peer sends an ErrorResponse or closes; panics on any
+    /// other outcome (a success message, or silence past `timeout`).
+    /// Returns the error's fields, or `None` when it just closed.
+    pub async fn expect_error_or_close(&mut self, timeout: Duration) -> Option<Vec<(u8, String)>> {
+        loop {
+            match self.read_message(timeout).await {
+                RawReply::Message(b'E', body) => return Some(error_fields(&body)),
+                RawReply::Message(b'N', _) => continue,
+                RawReply::Closed => return None,
+                other => panic!("expected an ErrorResponse or a close, got {other:?}"),
+            }
+        }
+    }
+
+    /// Sends a v3 startup packet for `user` and `db`.
+    pub async fn startup(&mut self, user: &str, db: &str) {
+        self.send(&startup_packet(&[("user", user), ("database", db)]))
+            .await
+            .expect("send startup packet");
+    }
+
+    /// Reads messages until ReadyForQuery; panics on an error or a close.
+    /// Only works for logins that need no password (trust).
+    pub async fn read_until_ready(&mut self, timeout: Duration) {
+        loop {
+            match self.read_message(timeout).await {
+                RawReply::Message(b'Z', _) => return,
+                RawReply::Message(b'E', body) => {
+                    panic!("login failed: {:?}", error_fields(&body))
+                }
+                RawReply::Message(b'R', body) if body.get(..4) != Some(&[0, 0, 0, 0]) => {
+                    panic!("sluice asked for a password ({body:?}); use auth_type=trust")
+                }
+                RawReply::Message(..) => continue,
+                other => panic!("login did not complete: {other:?}"),
+            }
+        }
+    }
+
+    /// Runs `sql` with the simple protocol and returns the first column of
+    /// every row (NULL as `None`); panics on an error.
+    pub async fn simple_query(&mut self, sql: &str, timeout: Duration) -> Vec<Option<String>> {
+        let mut message = vec![b'Q'];
+        let len = i32::try_from(4 + sql.len() + 1).expect("query fits");
+        message.extend_from_slice(&len.to_be_bytes());
+        message.extend_from_slice(sql.as_bytes());
+        message.push(0);
+        self.send(&message).await.expect("send query");
+        let mut rows = Vec::new();
+        loop {
+            match self.read_message(timeout).await {
+                RawReply::Message(b'D', body) => rows.push(first_column(&body)),
+                RawReply::Message(b'Z', _) => return rows,
+                RawReply::Message(b'E', body) => {
+                    panic!("query {sql:?} failed: {:?}", error_fields(&body))
+                }
+                RawReply::Message(..) => continue,
+                other => panic!("query {sql:?} got no answer: {other:?}"),
+            }
+        }
+    }
+}
+
+/// A v3 StartupMessage with the given parameters.
+pub fn startup_packet(params: &[(&str, &str)]) -> Vec<u8> {
+    let mut body = PROTOCOL_V3.to_be_bytes().to_vec();
+    for (key, value) in params {
+        body.extend_from_slice(key.as_bytes());
+        body.push(0);
+        body.extend_from_slice(value.as_bytes());
+        body.push(0);
+    }
+    body.push(0);
+    length_prefixed(&body)
+}
+
+/// An SSLRequest packet.
+pub fn ssl_request() -> Vec<u8> {
+    length_prefixed(&SSL_REQUEST_CODE.to_be_bytes())
+}
+
+/// `body` preceded by its Int32 length (which counts itself).
+pub fn length_prefixed(body: &[u8]) -> Vec<u8> {
+    let len = i32::try_from(body.len() + 4).expect("packet fits");
+    let mut packet = len.to_be_bytes().to_vec();
+    packet.extend_from_slice(body);
+    packet
+}
+
+/// The (code, value) fields of an ErrorResponse or NoticeResponse body.
+pub fn error_fields(body: &[u8]) -> Vec<(u8, String)> {
+    body.split(|b| *b == 0)
+        .filter(|field| !field.is_empty())
+        .map(|field| (field[0], String::from_utf8_lossy(&field[1..]).into_owned()))
+        .collect()
+}
+
+/// The value of field `code` (b'C' for SQLSTATE, b'M' for the message).
+pub fn error_field(fields: &[(u8, String)], code: u8) -> Option<&str> {
+    fields
+        .iter()
+        .find(|(c, _)| *c == code)
+        .map(|(_, v)| v.as_str())
+}
+
+fn first_column(data_row: &[u8]) -> Option<String> {
+    let len = i32::from_be_bytes(data_row.get(2..6)?.try_into().ok()?);
+    let len = usize::try_from(len).ok()?;
+    Some(String::from_utf8_lossy(data_row.get(6..6 + len)?).into_owned())
+}

@@ -1,0 +1,191 @@
+//! Cancel requests (BackendKeyData is sluice's own; the cancel must reach
+//! the right server and only that one) and COPY in both directions with
+//! enough data to cross many reads, in transaction pooling.
+
+use std::pin::pin;
+use std::time::{Duration, Instant};
+
+use futures_util::{SinkExt, StreamExt};
+use sluice_tests::*;
+use tokio_postgres::{Client, NoTls};
+
+/// Rows for the COPY tests: ~10 MB in total.
+const COPY_ROWS: u32 = 100_000;
+
+fn transaction_pool(cluster: &Cluster, pool_size: &str) -> SluiceProcess {
+    ConfigBuilder::for_cluster(cluster)
+        .set("pool_mode", "transaction")
+        .set("default_pool_size", pool_size)
+        .set("query_wait_timeout", "5")
+        .start()
+}
+
+/// With a pool of one, another client must get the server within a few
+/// seconds, outside any transaction: the previous client released it.
+async fn assert_server_released(port: u16) {
+    let other = connect_as(port, APP_USER, "postgres").await;
+    let result = tokio::time::timeout(
+        Duration::from_secs(8),
+        other.simple_query("select txid_current_if_assigned()::text"),
+    )
+    .await
+    .expect("another client gets the server");
+    let messages = result.expect("the pool's server must be released after the COPY");
+    let value = messages.iter().find_map(|m| match m {
+        tokio_postgres::SimpleQueryMessage::Row(row) => Some(row.get(0).map(str::to_owned)),
+        _ => None,
+    });
+    assert_eq!(value, Some(None), "no transaction left open");
+}
+
+/// The text COPY line for row `i`, as both Rust and SQL below produce it.
+fn copy_line(i: u32) -> String {
+    let letter = char::from(b'a' + u8::try_from(i % 26).unwrap());
+    format!("{i}\t{i:0>8}{}\n", letter.to_string().repeat(90))
+}
+
+const COPY_LINE_SQL: &str = "lpad(i::text, 8, '0') || repeat(chr(97 + i % 26), 90)";
+
+#[tokio::test]
+async fn cancel_reaches_the_right_server() {
+    let cluster = app_cluster(ServerAuth::Trust);
+    let sluice = transaction_pool(&cluster, "2");
+    let sleeper = connect_as(sluice.port(), APP_USER, "postgres").await;
+    let bystander = connect_as(sluice.port(), APP_USER, "postgres").await;
+    let token = sleeper.cancel_token();
+
+    let started = Instant::now();
+    let long = tokio::spawn(async move { sleeper.simple_query("select pg_sleep(30)").await });
+    let short = tokio::spawn(async move { bystander.simple_query("select pg_sleep(1.5)").await });
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    token
+        .cancel_query(NoTls)
+        .await
+        .expect("send the cancel request");
+
+    let result = tokio::time::timeout(Duration::from_secs(10), long)
+        .await
+        .expect("the cancelled query must end quickly")
+        .unwrap();
+    let error = expect_sqlstate(result, "57014");
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "cancel took {:?}",
+        started.elapsed()
+    );
+    assert!(error.as_db_error().unwrap().message().contains("cancel"));
+    let other = tokio::time::timeout(Duration::from_secs(10), short)
+        .await
+        .expect("the other query finishes")
+        .unwrap();
+    other.expect("the cancel must not hit the other client's server");
+}
+
+#[tokio::test]
+async fn cancelled_client_keeps_working() {
+    let cluster = app_cluster(ServerAuth::Trust);
+    let sluice = transaction_pool(&cluster, "1");
+    let client = std::sync::Arc::new(connect_as(sluice.port(), APP_USER, "postgres").await);
+    let token = client.cancel_token();
+    let sleeping = {
+        let client = client.clone();
+        tokio::spawn(async move { client.simple_query("select pg_sleep(30)").await })
+    };
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    token.cancel_query(NoTls).await.unwrap();
+    let result = tokio::time::timeout(Duration::from_secs(10), sleeping)
+        .await
+        .expect("cancelled")
+        .unwrap();
+    expect_sqlstate(result, "57014");
+    assert_eq!(scalar_text(&client, "select 41 + 1").await, "42");
+    // A cancel with nothing running is harmless.
+    token.cancel_query(NoTls).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert_eq!(
+        scalar_text(&client, "select 'still here'").await,
+        "still here"
+    );
+}
+
+async fn create_copy_table(client: &Client) {
+    client
+        .batch_execute("create table copied(id int, payload text)")
+        .await
+        .unwrap();
+}
+
+#[tokio::test]
+async fn copy_from_stdin_of_ten_megabytes() {
+    let cluster = app_cluster(ServerAuth::Trust);
+    grant_create(&cluster);
+    let sluice = transaction_pool(&cluster, "1");
+    let client = connect_as(sluice.port(), APP_USER, "postgres").await;
+    create_copy_table(&client).await;
+
+    let data: String = (1..=COPY_ROWS).map(copy_line).collect();
+    assert!(data.len() > 10_000_000);
+    let sink = client.copy_in("copy copied from stdin").await.unwrap();
+    let mut sink = pin!(sink);
+    for chunk in data.as_bytes().chunks(64 * 1024) {
+        sink.send(std::io::Cursor::new(chunk.to_vec()))
+            .await
+            .unwrap();
+    }
+    let rows = sink
+        .as_mut()
+        .finish()
+        .await
+        .expect("COPY FROM STDIN completes");
+    assert_eq!(rows, u64::from(COPY_ROWS));
+
+    let check = format!(
+        "select count(*) = {COPY_ROWS} and sum(id) = {} and \
+         bool_and(payload = {}) from copied, lateral (select id as i) s",
+        u64::from(COPY_ROWS) * u64::from(COPY_ROWS + 1) / 2,
+        COPY_LINE_SQL
+    );
+    assert_eq!(scalar_text(&client, &check).await, "t");
+    assert_server_released(sluice.port()).await;
+}
+
+#[tokio::test]
+async fn copy_to_stdout_of_ten_megabytes() {
+    let cluster = app_cluster(ServerAuth::Trust);
+    let sluice = transaction_pool(&cluster, "1");
+    let client = connect_as(sluice.port(), APP_USER, "postgres").await;
+    let sql = format!(
+        "copy (select i, {COPY_LINE_SQL} from generate_series(1, {COPY_ROWS}) i) to stdout"
+    );
+    let stream = client.copy_out(sql.as_str()).await.unwrap();
+    let mut stream = pin!(stream);
+    let mut received = Vec::new();
+    while let Some(chunk) = stream.next().await {
+        received.extend_from_slice(&chunk.expect("COPY TO STDOUT chunk"));
+    }
+    let expected: String = (1..=COPY_ROWS).map(copy_line).collect();
+    assert_eq!(received.len(), expected.len());
+    assert!(received == expected.as_bytes(), "COPY data differs");
+    // The server is back to normal for the next statement.
+    assert_eq!(scalar_text(&client, "select 1").await, "1");
+    assert_server_released(sluice.port()).await;
+}
+
+#[tokio::test]
+async fn failed_copy_leaves_the_connection_usable() {
+    let cluster = app_cluster(ServerAuth::Trust);
+    grant_create(&cluster);
+    let sluice = transaction_pool(&cluster, "1");
+    let client = connect_as(sluice.port(), APP_USER, "postgres").await;
+    create_copy_table(&client).await;
+    let sink = client.copy_in("copy copied from stdin").await.unwrap();
+    let mut sink = pin!(sink);
+    let bad = b"1\tok\nnot-a-number\tboom\n".to_vec();
+    let _ = sink.send(std::io::Cursor::new(bad)).await;
+    expect_sqlstate(sink.as_mut().finish().await, "22P02");
+    assert_eq!(
+        scalar_text(&client, "select count(*) from copied").await,
+        "0"
+    );
+    assert_server_released(sluice.port()).await;
+}

@@ -1,0 +1,215 @@
+//! Connection limits: pool sizes under concurrency, max_client_conn,
+//! max_db_connections across users' pools, max_user_connections across
+//! databases, min_pool_size pre-opening servers, and the reserve pool
+//! kicking in after reserve_pool_timeout.
+
+use std::time::{Duration, Instant};
+
+use futures_util::future::join_all;
+use sluice_tests::*;
+use tokio_postgres::Client;
+
+const OTHER_USER: &str = "app2";
+
+/// Opens a client and makes it hold a server: in session mode any query
+/// does, in transaction mode an open transaction does.
+async fn holding_client(port: u16, user: &str, db: &str) -> Client {
+    let client = connect_as(port, user, db).await;
+    tokio::time::timeout(
+        Duration::from_secs(10),
+        client.batch_execute("begin; select 1"),
+    )
+    .await
+    .unwrap_or_else(|_| panic!("{user}@{db} got no server within 10 s"))
+    .unwrap_or_else(|e| panic!("{user}@{db} failed to start a transaction: {e:?}"));
+    client
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn default_pool_size_caps_servers_under_concurrency() {
+    let cluster = app_cluster(ServerAuth::Trust);
+    let sluice = ConfigBuilder::for_cluster(&cluster)
+        .set("pool_mode", "transaction")
+        .set("default_pool_size", "3")
+        .start();
+    let port = sluice.port();
+    let workers = (0..20).map(|_| {
+        tokio::spawn(async move {
+            let mut client = connect_as(port, APP_USER, "postgres").await;
+            for _ in 0..3 {
+                let tx = client.transaction().await?;
+                tx.batch_execute("select pg_sleep(0.05)").await?;
+                tx.commit().await?;
+            }
+            Ok::<(), tokio_postgres::Error>(())
+        })
+    });
+    let workers = tokio::spawn(join_all(workers));
+    let mut most = 0;
+    while !workers.is_finished() {
+        most = most.max(count_backends(&cluster, "postgres").await);
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    for result in workers.await.unwrap() {
+        result
+            .expect("worker panicked")
+            .expect("every client succeeds");
+    }
+    assert!(most <= 3, "{most} server backends with default_pool_size=3");
+    assert!(most >= 1, "the sampler never saw a server");
+}
+
+#[tokio::test]
+async fn max_client_conn_refuses_the_extra_client() {
+    let cluster = app_cluster(ServerAuth::Trust);
+    let sluice = ConfigBuilder::for_cluster(&cluster)
+        .set("max_client_conn", "2")
+        .start();
+    let first = connect_as(sluice.port(), APP_USER, "postgres").await;
+    let _second = connect_as(sluice.port(), APP_USER, "postgres").await;
+    let error = expect_sqlstate(
+        connect(sluice.port(), APP_USER, "", "postgres").await,
+        "53300",
+    );
+    assert_eq!(
+        error.as_db_error().unwrap().message(),
+        "no more connections allowed (max_client_conn)"
+    );
+    drop(first);
+    let port = sluice.port();
+    let readmitted = eventually(Duration::from_secs(5), || async move {
+        connect(port, APP_USER, "", "postgres").await.ok()
+    })
+    .await;
+    assert!(
+        readmitted.is_some(),
+        "a slot must free up when a client leaves"
+    );
+}
+
+#[tokio::test]
+async fn max_db_connections_spans_the_pools_of_all_users() {
+    let cluster = app_cluster_with(ServerAuth::Trust, |b| b.user(OTHER_USER, "x"));
+    let sluice = ConfigBuilder::for_cluster(&cluster)
+        .set("pool_mode", "session")
+        .set("default_pool_size", "5")
+        .set("max_db_connections", "2")
+        .start();
+    let port = sluice.port();
+    let first = holding_client(port, APP_USER, "postgres").await;
+    let _other = holding_client(port, OTHER_USER, "postgres").await;
+
+    let waiting = connect_as(port, OTHER_USER, "postgres").await;
+    let waiting = spawn_query(waiting, "select current_user");
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert!(
+        !waiting.is_finished(),
+        "a third server was handed out beyond max_db_connections=2"
+    );
+    assert!(count_backends(&cluster, "postgres").await <= 2);
+
+    drop(first);
+    let (_client, result) = tokio::time::timeout(Duration::from_secs(5), waiting)
+        .await
+        .expect("the waiting client gets a server once another user's client leaves")
+        .unwrap();
+    result.expect("query after waiting");
+    assert!(count_backends(&cluster, "postgres").await <= 2);
+}
+
+#[tokio::test]
+async fn max_user_connections_spans_databases() {
+    let cluster = app_cluster_with(ServerAuth::Trust, |b| b.user(OTHER_USER, "x"));
+    let target = format!("host=127.0.0.1 port={} dbname=postgres", cluster.port());
+    let sluice = ConfigBuilder::new()
+        .database("one", &target)
+        .database("two", &target)
+        .set("pool_mode", "session")
+        .set("default_pool_size", "5")
+        .set("max_user_connections", "2")
+        .start();
+    let port = sluice.port();
+    let first = holding_client(port, APP_USER, "one").await;
+    let _second = holding_client(port, APP_USER, "two").await;
+
+    // Waits on the other database's pool: only closing the idle server left
+    // in pool "one" can make room.
+    let waiting = spawn_query(connect_as(port, APP_USER, "two").await, "select 1");
+    // Another user is not limited by app's count.
+    let _unaffected = holding_client(port, OTHER_USER, "one").await;
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert!(
+        !waiting.is_finished(),
+        "a third server was opened for {APP_USER} beyond max_user_connections=2"
+    );
+
+    drop(first);
+    let (_client, result) = tokio::time::timeout(Duration::from_secs(5), waiting)
+        .await
+        .expect("the waiting client gets a server once the user's other client leaves")
+        .unwrap();
+    result.expect("query after waiting");
+}
+
+/// PgBouncer >= 1.21 keeps min_pool_size servers for forced-user databases
+/// even before any client connects.
+#[tokio::test]
+async fn min_pool_size_opens_servers_without_clients() {
+    let cluster = app_cluster(ServerAuth::Trust);
+    let sluice = ConfigBuilder::new()
+        .database_on(
+            &cluster,
+            "postgres",
+            &format!("user={APP_USER} min_pool_size=3"),
+        )
+        .set("default_pool_size", "5")
+        .start();
+    let seen = wait_for_backends(&cluster, "postgres", Duration::from_secs(8), |n| n == 3).await;
+    assert_eq!(seen, Ok(3), "min_pool_size=3 with no client connected");
+    // And the pool uses them.
+    let client = connect_as(sluice.port(), "anyone", "postgres").await;
+    assert_eq!(scalar_text(&client, "select current_user").await, APP_USER);
+    assert_eq!(count_backends(&cluster, "postgres").await, 3);
+}
+
+#[tokio::test]
+async fn min_pool_size_fills_a_pool_that_has_a_client() {
+    let cluster = app_cluster(ServerAuth::Trust);
+    let sluice = ConfigBuilder::for_cluster(&cluster)
+        .set("pool_mode", "transaction")
+        .set("default_pool_size", "5")
+        .set("min_pool_size", "3")
+        .start();
+    let client = connect_as(sluice.port(), APP_USER, "postgres").await;
+    scalar_text(&client, "select 1").await;
+    let seen = wait_for_backends(&cluster, "postgres", Duration::from_secs(8), |n| n == 3).await;
+    assert_eq!(seen, Ok(3), "min_pool_size=3 with one idle client");
+}
+
+#[tokio::test]
+async fn reserve_pool_serves_a_client_after_reserve_pool_timeout() {
+    let cluster = app_cluster(ServerAuth::Trust);
+    let sluice = ConfigBuilder::for_cluster(&cluster)
+        .set("pool_mode", "transaction")
+        .set("default_pool_size", "1")
+        .set("reserve_pool_size", "1")
+        .set("reserve_pool_timeout", "0.5")
+        .start();
+    let port = sluice.port();
+    let _first = holding_client(port, APP_USER, "postgres").await;
+
+    let started = Instant::now();
+    let _second = holding_client(port, APP_USER, "postgres").await;
+    let waited = started.elapsed();
+    assert!(
+        waited >= Duration::from_millis(400),
+        "the reserve was used after {waited:?}, before reserve_pool_timeout=0.5"
+    );
+    assert_eq!(count_backends(&cluster, "postgres").await, 2);
+
+    // Pool and reserve are both busy now: a third transaction waits.
+    let third = spawn_query(connect_as(port, APP_USER, "postgres").await, "select 1");
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert!(!third.is_finished(), "a third server beyond pool + reserve");
+    assert_eq!(count_backends(&cluster, "postgres").await, 2);
+}

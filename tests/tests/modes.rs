@@ -1,0 +1,291 @@
+//! Pool modes: transaction pooling shares servers between clients while
+//! each client keeps its own tracked settings; session pooling resets a
+//! server (DISCARD ALL) before the next client gets it; statement pooling
+//! refuses transaction blocks. Both query protocols and pipelining work.
+
+use futures_util::future::join_all;
+use sluice_tests::*;
+use tokio_postgres::Client;
+
+fn pooled(cluster: &Cluster, mode: &str, pool_size: u32) -> SluiceProcess {
+    ConfigBuilder::for_cluster(cluster)
+        .set("pool_mode", mode)
+        .set("default_pool_size", &pool_size.to_string())
+        .start()
+}
+
+async fn backend_pid(client: &Client) -> String {
+    scalar_text(client, "select pg_backend_pid()").await
+}
+
+#[tokio::test]
+async fn transaction_mode_shares_one_server_among_many_clients() {
+    let cluster = app_cluster(ServerAuth::Trust);
+    let sluice = pooled(&cluster, "transaction", 1);
+    let mut clients = Vec::new();
+    for _ in 0..10 {
+        clients.push(connect_as(sluice.port(), APP_USER, "postgres").await);
+    }
+    let mut pids = Vec::new();
+    for client in &mut clients {
+        let tx = client.transaction().await.expect("begin");
+        let pid: i32 = tx
+            .query_one("select pg_backend_pid()", &[])
+            .await
+            .unwrap()
+            .get(0);
+        tx.commit().await.expect("commit");
+        pids.push(pid);
+    }
+    assert!(pids.iter().all(|pid| *pid == pids[0]), "pids: {pids:?}");
+    assert_eq!(count_backends(&cluster, "postgres").await, 1);
+}
+
+#[tokio::test]
+async fn transaction_mode_settings_follow_their_client_only() {
+    let cluster = app_cluster(ServerAuth::Trust);
+    let sluice = pooled(&cluster, "transaction", 1);
+    let alice = connect_as(sluice.port(), APP_USER, "postgres").await;
+    let bob = connect_as(sluice.port(), APP_USER, "postgres").await;
+    let mut carol_config = tokio_postgres::Config::new();
+    carol_config
+        .host("127.0.0.1")
+        .port(sluice.port())
+        .user(APP_USER)
+        .dbname("postgres")
+        .application_name("carol");
+    let carol = connect_config(&carol_config).await.expect("carol logs in");
+
+    let default_zone = scalar_text(&bob, "show TimeZone").await;
+    let zone = if default_zone == "Asia/Tokyo" {
+        "America/Lima"
+    } else {
+        "Asia/Tokyo"
+    };
+    alice
+        .simple_query("set application_name = 'alice'")
+        .await
+        .unwrap();
+    alice
+        .simple_query(&format!("set TimeZone = '{zone}'"))
+        .await
+        .unwrap();
+
+    for round in 0..3 {
+        assert_eq!(
+            backend_pid(&alice).await,
+            backend_pid(&bob).await,
+            "one server"
+        );
+        assert_eq!(
+            scalar_text(&bob, "show application_name").await,
+            "",
+            "round {round}"
+        );
+        assert_eq!(
+            scalar_text(&bob, "show TimeZone").await,
+            default_zone,
+            "round {round}"
+        );
+        assert_eq!(scalar_text(&carol, "show application_name").await, "carol");
+        assert_eq!(scalar_text(&alice, "show application_name").await, "alice");
+        assert_eq!(
+            scalar_text(&alice, "show TimeZone").await,
+            zone,
+            "round {round}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn transaction_mode_set_local_does_not_persist() {
+    let cluster = app_cluster(ServerAuth::Trust);
+    let sluice = pooled(&cluster, "transaction", 1);
+    let mut client = connect_as(sluice.port(), APP_USER, "postgres").await;
+    let before = scalar_text(&client, "show TimeZone").await;
+    let tx = client.transaction().await.unwrap();
+    tx.batch_execute("set local TimeZone = 'Pacific/Auckland'")
+        .await
+        .unwrap();
+    let inside: String = tx
+        .query_one("select current_setting('TimeZone')", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(inside, "Pacific/Auckland");
+    tx.commit().await.unwrap();
+    assert_eq!(scalar_text(&client, "show TimeZone").await, before);
+    let other = connect_as(sluice.port(), APP_USER, "postgres").await;
+    assert_eq!(scalar_text(&other, "show TimeZone").await, before);
+}
+
+#[tokio::test]
+async fn session_mode_resets_the_server_for_the_next_client() {
+    let cluster = app_cluster(ServerAuth::Trust);
+    let sluice = pooled(&cluster, "session", 1);
+    let first = connect_as(sluice.port(), APP_USER, "postgres").await;
+    let first_pid = backend_pid(&first).await;
+    first
+        .batch_execute(
+            "create temp table leftover(x int); \
+             set work_mem = '7MB'; \
+             set application_name = 'first'; \
+             prepare leftover_stmt as select 1; \
+             select set_config('my.var', 'kept', false);",
+        )
+        .await
+        .unwrap();
+    let default_work_mem = cluster.psql("postgres", "show work_mem").unwrap();
+    drop(first);
+
+    let second = connect_as(sluice.port(), APP_USER, "postgres").await;
+    assert_eq!(
+        backend_pid(&second).await,
+        first_pid,
+        "pool of 1: same server"
+    );
+    assert_eq!(
+        scalar(&second, "select to_regclass('leftover')::text").await,
+        None
+    );
+    assert_eq!(
+        scalar_text(&second, "show work_mem").await,
+        default_work_mem
+    );
+    assert_eq!(scalar_text(&second, "show application_name").await, "");
+    assert_eq!(
+        scalar_text(&second, "select count(*) from pg_prepared_statements").await,
+        "0"
+    );
+    assert_eq!(
+        scalar(
+            &second,
+            "select nullif(current_setting('my.var', true), '')"
+        )
+        .await,
+        None
+    );
+}
+
+#[tokio::test]
+async fn statement_mode_runs_autocommit_statements_and_refuses_begin() {
+    let cluster = app_cluster(ServerAuth::Trust);
+    grant_create(&cluster);
+    let sluice = pooled(&cluster, "statement", 1);
+    let client = connect_as(sluice.port(), APP_USER, "postgres").await;
+    client
+        .simple_query("create table items(x int)")
+        .await
+        .unwrap();
+    for i in 0..5 {
+        client
+            .execute("insert into items values ($1)", &[&i])
+            .await
+            .unwrap();
+    }
+    assert_eq!(
+        scalar_text(&client, "select count(*) from items").await,
+        "5"
+    );
+
+    let blocked = connect_as(sluice.port(), APP_USER, "postgres").await;
+    let error = expect_sqlstate(blocked.simple_query("begin").await, "25000");
+    assert_eq!(
+        error.as_db_error().unwrap().message(),
+        "transaction blocks are not allowed in statement pool mode"
+    );
+    // Other clients are unaffected.
+    assert_eq!(
+        scalar_text(&client, "select count(*) from items").await,
+        "5"
+    );
+}
+
+#[tokio::test]
+async fn extended_protocol_inside_transactions() {
+    let cluster = app_cluster(ServerAuth::Trust);
+    grant_create(&cluster);
+    let sluice = pooled(&cluster, "transaction", 2);
+    let setup = connect_as(sluice.port(), APP_USER, "postgres").await;
+    setup
+        .batch_execute("create table kv(k int primary key, v text)")
+        .await
+        .unwrap();
+
+    let tasks = (0..6).map(|worker: i32| {
+        let port = sluice.port();
+        tokio::spawn(async move {
+            let mut client = connect_as(port, APP_USER, "postgres").await;
+            for round in 0..5 {
+                let tx = client.transaction().await.unwrap();
+                let insert = tx.prepare("insert into kv values ($1, $2)").await.unwrap();
+                let key = worker * 100 + round;
+                tx.execute(&insert, &[&key, &format!("w{worker}")])
+                    .await
+                    .unwrap();
+                let select = tx.prepare("select v from kv where k = $1").await.unwrap();
+                let value: String = tx.query_one(&select, &[&key]).await.unwrap().get(0);
+                assert_eq!(value, format!("w{worker}"));
+                tx.commit().await.unwrap();
+            }
+        })
+    });
+    for task in join_all(tasks).await {
+        task.expect("worker succeeded");
+    }
+    assert_eq!(scalar_text(&setup, "select count(*) from kv").await, "30");
+}
+
+#[tokio::test]
+async fn simple_protocol_batches_and_multi_statement_queries() {
+    let cluster = app_cluster(ServerAuth::Trust);
+    grant_create(&cluster);
+    let sluice = pooled(&cluster, "transaction", 1);
+    let client = connect_as(sluice.port(), APP_USER, "postgres").await;
+    client
+        .batch_execute(
+            "begin; create table t(x int); insert into t select generate_series(1, 10); commit;",
+        )
+        .await
+        .unwrap();
+    let messages = client
+        .simple_query("select count(*) from t; select sum(x) from t")
+        .await
+        .unwrap();
+    let values: Vec<String> = messages
+        .iter()
+        .filter_map(|m| match m {
+            tokio_postgres::SimpleQueryMessage::Row(row) => row.get(0).map(str::to_owned),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(values, ["10", "55"]);
+    // An error inside a batch leaves the client usable, outside any transaction.
+    assert!(client.batch_execute("select 1/0").await.is_err());
+    assert_eq!(scalar_text(&client, "select 1").await, "1");
+    assert_eq!(
+        scalar(&client, "select txid_current_if_assigned()::text").await,
+        None
+    );
+}
+
+#[tokio::test]
+async fn pipelined_queries_on_one_client() {
+    let cluster = app_cluster(ServerAuth::Trust);
+    let sluice = pooled(&cluster, "transaction", 1);
+    let client = connect_as(sluice.port(), APP_USER, "postgres").await;
+    let queries = (0..20).map(|i: i32| {
+        let client = &client;
+        async move {
+            let row = client.query_one("select $1::int * 2", &[&i]).await?;
+            Ok::<i32, tokio_postgres::Error>(row.get(0))
+        }
+    });
+    let results = join_all(queries).await;
+    for (i, result) in results.into_iter().enumerate() {
+        assert_eq!(
+            result.expect("pipelined query"),
+            i32::try_from(i).unwrap() * 2
+        );
+    }
+}

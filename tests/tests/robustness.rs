@@ -1,0 +1,344 @@
+//! Robustness: a client that dies mid-transaction leaves nothing behind for
+//! the next client of its server; garbage, oversized, old-protocol and
+//! truncated startup packets are refused without hurting anyone else;
+//! SSLRequest is declined; PostgreSQL restarts and outages are survived.
+
+use std::io::{BufRead, BufReader, Write};
+use std::sync::mpsc;
+use std::time::Duration;
+
+use sluice_tests::*;
+use tokio_postgres::Client;
+
+/// What the next client of a server must see after a previous client died
+/// inside a transaction that created `leftover` and changed work_mem.
+async fn assert_clean_server(client: &Client, default_work_mem: &str, old_now: &str) {
+    assert_eq!(
+        scalar(client, "select txid_current_if_assigned()::text").await,
+        None,
+        "no transaction may be left open"
+    );
+    assert_eq!(
+        scalar(client, "select to_regclass('leftover')::text").await,
+        None
+    );
+    assert_eq!(scalar_text(client, "show work_mem").await, default_work_mem);
+    assert_eq!(scalar_text(client, "show application_name").await, "");
+    assert_ne!(scalar_text(client, "select now()::text").await, old_now);
+}
+
+#[tokio::test]
+async fn client_killed_mid_transaction_leaves_no_trace_transaction_mode() {
+    let cluster = app_cluster(ServerAuth::Trust);
+    let default_work_mem = cluster.psql("postgres", "show work_mem").unwrap();
+    let sluice = ConfigBuilder::for_cluster(&cluster)
+        .set("pool_mode", "transaction")
+        .set("default_pool_size", "1")
+        .set("query_wait_timeout", "5")
+        .start();
+    let victim = connect_tracked(sluice.port(), APP_USER, "", "postgres")
+        .await
+        .unwrap();
+    victim
+        .client
+        .batch_execute(
+            "begin; set work_mem = '7MB'; set application_name = 'victim'; \
+             create temp table leftover(x int); insert into leftover values (1)",
+        )
+        .await
+        .unwrap();
+    let old_now = scalar_text(&victim.client, "select now()::text").await;
+    // Kill: the socket goes away without a Terminate message.
+    victim.connection.abort();
+    drop(victim.client);
+
+    let next = connect_as(sluice.port(), APP_USER, "postgres").await;
+    tokio::time::timeout(
+        Duration::from_secs(10),
+        assert_clean_server(&next, &default_work_mem, &old_now),
+    )
+    .await
+    .expect("the next client gets a clean server in time");
+}
+
+/// An interactive psql that ran `sql` and then printed `ready`; also
+/// returns the lines it printed before that.
+fn psql_inside_transaction(port: u16, sql: &str) -> (std::process::Child, Vec<String>) {
+    let mut child = psql_interactive(port, APP_USER, "", "postgres");
+    let mut stdin = child.stdin.take().unwrap();
+    writeln!(stdin, "{sql}\nselect 'ready';").unwrap();
+    stdin.flush().unwrap();
+    // Keep stdin open (psql waits for more input) by leaking it into a thread.
+    std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_secs(120));
+        drop(stdin);
+    });
+    let stdout = child.stdout.take().unwrap();
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+            if tx.send(line).is_err() {
+                return;
+            }
+        }
+    });
+    let mut printed = Vec::new();
+    loop {
+        match rx.recv_timeout(Duration::from_secs(15)) {
+            Ok(line) if line.trim() == "ready" => return (child, printed),
+            Ok(line) => printed.push(line.trim().to_owned()),
+            Err(_) => {
+                let _ = child.kill();
+                let output = child.wait_with_output().unwrap();
+                panic!(
+                    "psql never got ready: {}",
+                    String::from_utf8_lossy(&output.stderr)
+                );
+            }
+        }
+    }
+}
+
+#[tokio::test]
+async fn psql_killed_mid_transaction_leaves_no_trace_session_mode() {
+    let cluster = app_cluster(ServerAuth::Trust);
+    let default_work_mem = cluster.psql("postgres", "show work_mem").unwrap();
+    let sluice = ConfigBuilder::for_cluster(&cluster)
+        .set("pool_mode", "session")
+        .set("default_pool_size", "1")
+        .set("query_wait_timeout", "5")
+        .start();
+    let port = sluice.port();
+    let (mut psql_child, printed) = tokio::task::spawn_blocking(move || {
+        psql_inside_transaction(
+            port,
+            "begin; set work_mem = '7MB'; set application_name = 'victim'; \
+             create temp table leftover(x int); select now()::text;",
+        )
+    })
+    .await
+    .unwrap();
+    let old_now = printed.last().cloned().expect("psql printed now()");
+    assert_eq!(count_backends(&cluster, "postgres").await, 1);
+    psql_child.kill().expect("kill psql");
+    psql_child.wait().unwrap();
+
+    let next = connect_as(port, APP_USER, "postgres").await;
+    tokio::time::timeout(
+        Duration::from_secs(10),
+        assert_clean_server(&next, &default_work_mem, &old_now),
+    )
+    .await
+    .expect("the next client gets a clean server in time");
+}
+
+/// Sends `packet` as a new connection's first bytes (then half-closes when
+/// `then_eof`), and expects an 08P01 ErrorResponse or a close, promptly.
+async fn assert_refused(port: u16, what: &str, packet: &[u8], then_eof: bool, codes: &[&str]) {
+    let mut raw = RawClient::connect(port).await;
+    let _ = raw.send(packet).await;
+    if then_eof {
+        raw.shutdown_write().await;
+    }
+    match raw.expect_error_or_close(Duration::from_secs(3)).await {
+        None => {}
+        Some(fields) => {
+            let code = error_field(&fields, b'C').unwrap_or("");
+            assert!(codes.contains(&code), "{what}: unexpected error {fields:?}");
+            // After the error, the connection is closed.
+            assert_eq!(
+                raw.read_message(Duration::from_secs(3)).await,
+                RawReply::Closed,
+                "{what}: connection left open after the error"
+            );
+        }
+    }
+}
+
+#[tokio::test]
+async fn startup_garbage_is_refused_and_others_keep_working() {
+    let cluster = app_cluster(ServerAuth::Trust);
+    let sluice = ConfigBuilder::for_cluster(&cluster).start();
+    let port = sluice.port();
+    let survivor = connect_as(port, APP_USER, "postgres").await;
+
+    let mut noise = vec![0xde, 0xad, 0xbe, 0xef];
+    let mut state: u32 = 12345;
+    for _ in 0..200 {
+        state = state.wrapping_mul(1_103_515_245).wrapping_add(12_345);
+        noise.push(state.to_be_bytes()[0]);
+    }
+    assert_refused(port, "random bytes", &noise, false, &["08P01"]).await;
+
+    let mut huge = 0x7fff_fff0_i32.to_be_bytes().to_vec();
+    huge.extend_from_slice(&196_608_i32.to_be_bytes());
+    huge.extend_from_slice(b"user\0app\0");
+    assert_refused(port, "huge length", &huge, false, &["08P01"]).await;
+
+    let mut tiny = 4_i32.to_be_bytes().to_vec();
+    tiny.extend_from_slice(&[0; 4]);
+    assert_refused(port, "length below minimum", &tiny, false, &["08P01"]).await;
+
+    let mut v2 = 0x0002_0000_i32.to_be_bytes().to_vec();
+    v2.extend_from_slice(&[0u8; 288]); // database, user, options, unused, tty
+    v2[4..7].copy_from_slice(b"app");
+    assert_refused(
+        port,
+        "protocol 2.0",
+        &length_prefixed(&v2),
+        false,
+        &["08P01", "0A000"],
+    )
+    .await;
+
+    let full = startup_packet(&[("user", APP_USER), ("database", "postgres")]);
+    assert_refused(
+        port,
+        "truncated packet",
+        &full[..full.len() - 6],
+        true,
+        &["08P01"],
+    )
+    .await;
+
+    let mut unknown_version = 0x0009_0009_i32.to_be_bytes().to_vec();
+    unknown_version.extend_from_slice(b"user\0app\0\0");
+    assert_refused(
+        port,
+        "unknown protocol version",
+        &length_prefixed(&unknown_version),
+        false,
+        &["08P01", "0A000"],
+    )
+    .await;
+
+    assert_eq!(scalar_text(&survivor, "select 'alive'").await, "alive");
+    let fresh = connect_as(port, APP_USER, "postgres").await;
+    assert_eq!(scalar_text(&fresh, "select 1").await, "1");
+}
+
+#[tokio::test]
+async fn ssl_request_is_declined_then_plain_startup_works() {
+    let cluster = app_cluster(ServerAuth::Trust);
+    let sluice = ConfigBuilder::for_cluster(&cluster).start();
+    let mut raw = RawClient::connect(sluice.port()).await;
+    raw.send(&ssl_request()).await.unwrap();
+    assert_eq!(
+        raw.read_byte(Duration::from_secs(5)).await,
+        RawReply::Message(b'N', Vec::new())
+    );
+    raw.startup(APP_USER, "postgres").await;
+    raw.read_until_ready(Duration::from_secs(10)).await;
+    let rows = raw
+        .simple_query("select 40 + 2", Duration::from_secs(10))
+        .await;
+    assert_eq!(rows, [Some("42".to_owned())]);
+}
+
+async fn query_succeeds(client: &Client) -> bool {
+    client.simple_query("select 1").await.is_ok()
+}
+
+fn restartable(cluster: &Cluster) -> SluiceProcess {
+    ConfigBuilder::for_cluster(cluster)
+        .set("pool_mode", "transaction")
+        .set("default_pool_size", "2")
+        .set("server_login_retry", "0.5")
+        .set("query_wait_timeout", "5")
+        .start()
+}
+
+#[tokio::test]
+async fn new_clients_work_again_after_a_postgres_restart() {
+    let cluster = app_cluster(ServerAuth::Trust);
+    let sluice = restartable(&cluster);
+    let port = sluice.port();
+    let client = connect_as(port, APP_USER, "postgres").await;
+    let before = scalar_text(&client, "select pg_backend_pid()").await;
+    cluster.restart().expect("restart PostgreSQL");
+
+    let pid = eventually(Duration::from_secs(15), || async {
+        let client = connect(port, APP_USER, "", "postgres").await.ok()?;
+        let messages = client.simple_query("select pg_backend_pid()").await.ok()?;
+        messages.iter().find_map(|m| match m {
+            tokio_postgres::SimpleQueryMessage::Row(row) => row.get(0).map(str::to_owned),
+            _ => None,
+        })
+    })
+    .await
+    .expect("no new client could run a query within 15 s of the restart");
+    assert_ne!(
+        pid, before,
+        "a server from before the restart cannot be alive"
+    );
+    let fresh = connect_as(port, APP_USER, "postgres").await;
+    let mut tx_client = fresh;
+    let tx = tx_client.transaction().await.expect("begin after restart");
+    tx.batch_execute("select 1").await.unwrap();
+    tx.commit().await.expect("commit after restart");
+}
+
+/// PgBouncer notices idle servers that PostgreSQL closed (it watches their
+/// sockets), so a transaction-mode client idle between transactions does
+/// not notice the restart.
+#[tokio::test]
+async fn idle_transaction_mode_client_survives_a_postgres_restart() {
+    let cluster = app_cluster(ServerAuth::Trust);
+    let sluice = restartable(&cluster);
+    let client = connect_as(sluice.port(), APP_USER, "postgres").await;
+    let before = scalar_text(&client, "select pg_backend_pid()").await;
+    cluster.restart().expect("restart PostgreSQL");
+    tokio::time::sleep(Duration::from_millis(300)).await;
+
+    let recovered = eventually(Duration::from_secs(10), || async {
+        match client.simple_query("select pg_backend_pid()").await {
+            Ok(messages) => messages.iter().find_map(|m| match m {
+                tokio_postgres::SimpleQueryMessage::Row(row) => row.get(0).map(str::to_owned),
+                _ => None,
+            }),
+            Err(e) if e.is_closed() => panic!("sluice closed the idle client: {e:?}"),
+            Err(_) => None,
+        }
+    })
+    .await;
+    let pid = recovered.expect("the client never got a working server again");
+    assert_ne!(pid, before);
+}
+
+#[tokio::test]
+async fn postgres_outage_gives_errors_not_hangs() {
+    let cluster = app_cluster(ServerAuth::Trust);
+    let mut sluice = ConfigBuilder::for_cluster(&cluster)
+        .set("pool_mode", "transaction")
+        .set("server_login_retry", "0.5")
+        .set("server_connect_timeout", "2")
+        .set("query_wait_timeout", "5")
+        .start();
+    let port = sluice.port();
+    cluster.stop().expect("stop PostgreSQL");
+
+    for attempt in 0..3 {
+        let outcome = tokio::time::timeout(Duration::from_secs(10), async {
+            let client = connect(port, APP_USER, "", "postgres").await?;
+            client.simple_query("select 1").await.map(drop)
+        })
+        .await
+        .unwrap_or_else(|_| panic!("attempt {attempt}: the client hangs while PostgreSQL is down"));
+        assert!(
+            outcome.is_err(),
+            "attempt {attempt}: a query succeeded with PostgreSQL down"
+        );
+    }
+    assert!(sluice.is_running(), "sluice died while PostgreSQL was down");
+
+    cluster.start_again().expect("start PostgreSQL again");
+    let back = eventually(Duration::from_secs(15), || async {
+        let client = connect(port, APP_USER, "", "postgres").await.ok()?;
+        query_succeeds(&client).await.then_some(())
+    })
+    .await;
+    assert!(
+        back.is_some(),
+        "sluice never served queries again after PostgreSQL came back"
+    );
+}

@@ -1,0 +1,321 @@
+//! Timeouts: waiting for a server (query_wait_timeout), idle clients and
+//! idle transactions, idle and old servers, unanswered server connects,
+//! failed server logins (server_login_retry), clients that never finish
+//! logging in, and connect_query running on every new server.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use sluice_tests::*;
+use tokio::net::TcpListener;
+
+fn transaction_pool(cluster: &Cluster, pool_size: &str) -> ConfigBuilder {
+    ConfigBuilder::for_cluster(cluster)
+        .set("pool_mode", "transaction")
+        .set("default_pool_size", pool_size)
+}
+
+/// The SQLSTATE and message a connection ended with.
+fn ending(result: Option<Result<(), tokio_postgres::Error>>) -> (String, String) {
+    match result {
+        None => panic!("the connection is still open"),
+        Some(Ok(())) => panic!("the connection ended without an error message"),
+        Some(Err(error)) => match error.as_db_error() {
+            Some(db) => (db.code().code().to_owned(), db.message().to_owned()),
+            None => panic!("the connection ended without an ErrorResponse: {error:?}"),
+        },
+    }
+}
+
+#[tokio::test]
+async fn query_wait_timeout_fails_a_client_waiting_for_a_server() {
+    let cluster = app_cluster(ServerAuth::Trust);
+    let sluice = transaction_pool(&cluster, "1")
+        .set("query_wait_timeout", "1")
+        .start();
+    let holder = connect_as(sluice.port(), APP_USER, "postgres").await;
+    holder.batch_execute("begin; select 1").await.unwrap();
+
+    let waiter = connect_as(sluice.port(), APP_USER, "postgres").await;
+    let started = Instant::now();
+    let result = tokio::time::timeout(Duration::from_secs(10), waiter.simple_query("select 1"))
+        .await
+        .expect("the waiting query must end by query_wait_timeout");
+    let waited = started.elapsed();
+    let error = expect_sqlstate(result, "08P01");
+    assert_eq!(error.as_db_error().unwrap().message(), "query_wait_timeout");
+    assert!(
+        waited >= Duration::from_millis(800) && waited < Duration::from_secs(4),
+        "failed after {waited:?} with query_wait_timeout=1"
+    );
+    // The holder is unaffected.
+    holder.batch_execute("commit").await.unwrap();
+}
+
+#[tokio::test]
+async fn client_idle_timeout_disconnects_idle_clients_only() {
+    let cluster = app_cluster(ServerAuth::Trust);
+    let sluice = ConfigBuilder::for_cluster(&cluster)
+        .set("client_idle_timeout", "1")
+        .start();
+    let mut idle = connect_tracked(sluice.port(), APP_USER, "", "postgres")
+        .await
+        .unwrap();
+    let busy = connect_as(sluice.port(), APP_USER, "postgres").await;
+    for _ in 0..8 {
+        scalar_text(&busy, "select 1").await;
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    let (code, message) = ending(idle.ended(Duration::from_secs(5)).await);
+    assert_eq!(
+        (code.as_str(), message.as_str()),
+        ("08P01", "client_idle_timeout")
+    );
+    assert_eq!(
+        scalar_text(&busy, "select 2").await,
+        "2",
+        "active client kept"
+    );
+}
+
+#[tokio::test]
+async fn idle_transaction_timeout_ends_the_client_and_frees_the_server() {
+    let cluster = app_cluster(ServerAuth::Trust);
+    let sluice = transaction_pool(&cluster, "1")
+        .set("idle_transaction_timeout", "1")
+        .start();
+    let mut idle = connect_tracked(sluice.port(), APP_USER, "", "postgres")
+        .await
+        .unwrap();
+    idle.client
+        .batch_execute("begin; create temp table in_tx(x int)")
+        .await
+        .unwrap();
+    let (code, message) = ending(idle.ended(Duration::from_secs(5)).await);
+    assert_eq!(
+        (code.as_str(), message.as_str()),
+        ("25P03", "idle transaction timeout")
+    );
+
+    let next = connect_as(sluice.port(), APP_USER, "postgres").await;
+    let result = tokio::time::timeout(
+        Duration::from_secs(5),
+        scalar(&next, "select txid_current_if_assigned()::text"),
+    )
+    .await
+    .expect("the pool's only server must be free again");
+    assert_eq!(
+        result, None,
+        "the next client must not inherit the open transaction"
+    );
+}
+
+#[tokio::test]
+async fn server_idle_timeout_closes_idle_servers() {
+    let cluster = app_cluster(ServerAuth::Trust);
+    let sluice = ConfigBuilder::for_cluster(&cluster)
+        .set("server_idle_timeout", "1")
+        .start();
+    let client = connect_as(sluice.port(), APP_USER, "postgres").await;
+    scalar_text(&client, "select 1").await;
+    drop(client);
+    assert_eq!(
+        wait_for_backends(&cluster, "postgres", Duration::from_secs(2), |n| n == 1).await,
+        Ok(1),
+        "the server stays pooled after the client left"
+    );
+    assert_eq!(
+        wait_for_backends(&cluster, "postgres", Duration::from_secs(6), |n| n == 0).await,
+        Ok(0),
+        "server_idle_timeout=1 must close the idle server"
+    );
+}
+
+#[tokio::test]
+async fn server_lifetime_replaces_old_servers() {
+    let cluster = app_cluster(ServerAuth::Trust);
+    let sluice = transaction_pool(&cluster, "1")
+        .set("server_lifetime", "1")
+        .start();
+    let client = connect_as(sluice.port(), APP_USER, "postgres").await;
+    let first = scalar_text(&client, "select pg_backend_pid()").await;
+    assert_eq!(scalar_text(&client, "select pg_backend_pid()").await, first);
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    let later = scalar_text(&client, "select pg_backend_pid()").await;
+    assert_ne!(
+        later, first,
+        "a server older than server_lifetime=1 was reused"
+    );
+    assert!(count_backends(&cluster, "postgres").await <= 1);
+}
+
+/// A TCP server that accepts connections and never says anything; counts
+/// the connections it got.
+async fn silent_server() -> (u16, Arc<AtomicUsize>) {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let accepted = Arc::new(AtomicUsize::new(0));
+    let counter = accepted.clone();
+    tokio::spawn(async move {
+        let mut held = Vec::new();
+        while let Ok((socket, _)) = listener.accept().await {
+            counter.fetch_add(1, Ordering::SeqCst);
+            held.push(socket);
+        }
+    });
+    (port, accepted)
+}
+
+/// Logs in and runs a query; returns the first error and how long it took.
+async fn login_and_query(port: u16) -> (Result<(), tokio_postgres::Error>, Duration) {
+    let started = Instant::now();
+    let outcome = tokio::time::timeout(Duration::from_secs(20), async {
+        let client = connect(port, APP_USER, "", "silent").await?;
+        client.simple_query("select 1").await.map(drop)
+    })
+    .await
+    .expect("the client must get an answer, not hang");
+    (outcome, started.elapsed())
+}
+
+#[tokio::test]
+async fn server_connect_timeout_fails_clients_of_an_unresponsive_server() {
+    let (server_port, accepted) = silent_server().await;
+    let sluice = ConfigBuilder::new()
+        .database(
+            "silent",
+            &format!("host=127.0.0.1 port={server_port} dbname=x"),
+        )
+        .set("server_connect_timeout", "1")
+        .set("server_login_retry", "0.2")
+        .set("query_wait_timeout", "10")
+        .start();
+    let (outcome, took) = login_and_query(sluice.port()).await;
+    assert!(outcome.is_err(), "a silent server cannot serve queries");
+    assert!(
+        accepted.load(Ordering::SeqCst) >= 1,
+        "sluice never connected"
+    );
+    assert!(
+        took < Duration::from_secs(5),
+        "the client waited {took:?} with server_connect_timeout=1"
+    );
+}
+
+#[tokio::test]
+async fn server_login_retry_fails_the_next_client_fast() {
+    let (server_port, accepted) = silent_server().await;
+    let sluice = ConfigBuilder::new()
+        .database(
+            "silent",
+            &format!("host=127.0.0.1 port={server_port} dbname=x"),
+        )
+        .set("server_connect_timeout", "1")
+        .set("server_login_retry", "3")
+        .set("query_wait_timeout", "10")
+        .start();
+    let (first, _) = login_and_query(sluice.port()).await;
+    assert!(first.is_err());
+    let attempts = accepted.load(Ordering::SeqCst);
+
+    let (second, took) = login_and_query(sluice.port()).await;
+    assert!(second.is_err());
+    assert!(
+        took < Duration::from_millis(700),
+        "within server_login_retry the next client must fail at once, took {took:?}"
+    );
+    assert_eq!(
+        accepted.load(Ordering::SeqCst),
+        attempts,
+        "no new server connection within server_login_retry"
+    );
+
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let (third, _) = login_and_query(sluice.port()).await;
+    assert!(third.is_err());
+    assert!(
+        accepted.load(Ordering::SeqCst) > attempts,
+        "after server_login_retry sluice must try the server again"
+    );
+}
+
+#[tokio::test]
+async fn client_login_timeout_drops_silent_clients() {
+    let cluster = app_cluster(ServerAuth::Trust);
+    let sluice = ConfigBuilder::for_cluster(&cluster)
+        .set("client_login_timeout", "1")
+        .start();
+    let started = Instant::now();
+    let mut silent = RawClient::connect(sluice.port()).await;
+    silent.expect_error_or_close(Duration::from_secs(6)).await;
+    let took = started.elapsed();
+    assert!(
+        took >= Duration::from_millis(800),
+        "dropped after {took:?}, before client_login_timeout=1"
+    );
+    // Others still log in.
+    let client = connect_as(sluice.port(), APP_USER, "postgres").await;
+    assert_eq!(scalar_text(&client, "select 1").await, "1");
+}
+
+#[tokio::test]
+async fn client_login_timeout_drops_a_client_stuck_in_authentication() {
+    let cluster = app_cluster(ServerAuth::Trust);
+    let sluice = ConfigBuilder::for_cluster(&cluster)
+        .set("client_login_timeout", "1")
+        .set("auth_type", "md5")
+        .userlist(&[(APP_USER, APP_PASSWORD)])
+        .start();
+    let mut stuck = RawClient::connect(sluice.port()).await;
+    stuck.startup(APP_USER, "postgres").await;
+    match stuck.read_message(Duration::from_secs(5)).await {
+        RawReply::Message(b'R', _) => {}
+        other => panic!("expected a password request, got {other:?}"),
+    }
+    // Never answer it.
+    let started = Instant::now();
+    stuck.expect_error_or_close(Duration::from_secs(6)).await;
+    assert!(started.elapsed() < Duration::from_secs(3));
+}
+
+#[tokio::test]
+async fn connect_query_runs_once_on_each_new_server() {
+    let cluster = app_cluster(ServerAuth::Trust);
+    cluster
+        .psql(
+            "postgres",
+            "create table connect_log(pid int); grant insert, select on connect_log to public",
+        )
+        .unwrap();
+    let sluice = ConfigBuilder::new()
+        .database_on(
+            &cluster,
+            "postgres",
+            "connect_query='insert into connect_log select pg_backend_pid()'",
+        )
+        .set("pool_mode", "transaction")
+        .set("default_pool_size", "2")
+        .start();
+    let first = connect_as(sluice.port(), APP_USER, "postgres").await;
+    let second = connect_as(sluice.port(), APP_USER, "postgres").await;
+    first.batch_execute("begin").await.unwrap();
+    second.batch_execute("begin").await.unwrap();
+    let mut pids = [
+        scalar_text(&first, "select pg_backend_pid()").await,
+        scalar_text(&second, "select pg_backend_pid()").await,
+    ];
+    first.batch_execute("commit").await.unwrap();
+    second.batch_execute("commit").await.unwrap();
+    for _ in 0..5 {
+        scalar_text(&first, "select 1").await;
+    }
+    pids.sort();
+    let logged = cluster
+        .psql(
+            "postgres",
+            "select string_agg(pid::text, ',' order by pid::text) from connect_log",
+        )
+        .unwrap();
+    assert_eq!(logged, pids.join(","), "one connect_query per server");
+}
