@@ -4,9 +4,10 @@
 //! reconfigured in place on RELOAD, so clients in flight keep their servers.
 
 use std::collections::HashMap;
+use std::future::Future;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicU8, AtomicU32, Ordering};
-use std::sync::{Arc, Mutex, RwLock};
+use std::sync::atomic::{AtomicU8, AtomicU32, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, OnceLock, RwLock};
 
 use sluice_config::{Config, Database};
 use tokio::sync::Notify;
@@ -50,6 +51,10 @@ pub struct App {
     pub clients: AtomicU32,
     phase: AtomicU8,
     pub phase_changed: Notify,
+    /// Event loops of the workers, for work started outside a client task
+    /// (opening min_pool_size servers): a server belongs on a worker.
+    workers: OnceLock<Vec<tokio::runtime::Handle>>,
+    next_worker: AtomicUsize,
 }
 
 impl App {
@@ -65,6 +70,27 @@ impl App {
             clients: AtomicU32::new(0),
             phase: AtomicU8::new(Phase::Running as u8),
             phase_changed: Notify::new(),
+            workers: OnceLock::new(),
+            next_worker: AtomicUsize::new(0),
+        }
+    }
+
+    /// Records the workers' event loops (once, at startup).
+    pub fn set_workers(&self, handles: Vec<tokio::runtime::Handle>) {
+        let _ = self.workers.set(handles);
+    }
+
+    /// Runs `task` on the next worker, round robin (on the current runtime
+    /// before the workers are known).
+    pub fn spawn_on_worker(&self, task: impl Future<Output = ()> + Send + 'static) {
+        match self.workers.get().filter(|w| !w.is_empty()) {
+            Some(w) => {
+                let i = self.next_worker.fetch_add(1, Ordering::Relaxed) % w.len();
+                w[i].spawn(task);
+            }
+            None => {
+                tokio::spawn(task);
+            }
         }
     }
 

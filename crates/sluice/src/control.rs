@@ -82,7 +82,7 @@ pub async fn run(app: Arc<App>) -> std::io::Result<()> {
             _ = usr2.recv() => tracing::warn!("SIGUSR2 (resume) is not implemented yet"),
             _ = tick.tick() => {
                 for pool in app.pools() {
-                    pool.maintain();
+                    pool.maintain(|task| app.spawn_on_worker(task));
                 }
             }
         }

@@ -24,11 +24,13 @@ impl Stream {
         }
     }
 
-    /// Waits until the socket has data (or EOF) without reading it.
-    pub async fn readable(&self) -> io::Result<()> {
+    /// Polls for data (or EOF) without reading it. The waker is kept in the
+    /// socket's registration, so a future built on this holds no state of
+    /// its own: what an idle client's task costs.
+    pub fn poll_read_ready(&self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         match self {
-            Self::Tcp(s) => s.readable().await,
-            Self::Unix(s) => s.readable().await,
+            Self::Tcp(s) => s.poll_read_ready(cx),
+            Self::Unix(s) => s.poll_read_ready(cx),
         }
     }
 
@@ -38,6 +40,15 @@ impl Stream {
             Self::Tcp(s) => s.try_write(buf),
             Self::Unix(s) => s.try_write(buf),
         }
+    }
+
+    /// Moves the socket's registration to the event loop of the calling
+    /// thread (two epoll_ctl calls). Must run inside a runtime.
+    pub fn reregister(self) -> io::Result<Self> {
+        Ok(match self {
+            Self::Tcp(s) => Self::Tcp(TcpStream::from_std(s.into_std()?)?),
+            Self::Unix(s) => Self::Unix(UnixStream::from_std(s.into_std()?)?),
+        })
     }
 
     /// Peer address for logs and the console.

@@ -25,37 +25,39 @@ pub fn tracked_name(name: &str) -> Option<&'static str> {
         .find(|t| t.eq_ignore_ascii_case(name))
 }
 
-/// Values of tracked parameters.
+/// Values of tracked parameters, one slot per entry of `TRACKED`; values
+/// are shared strings, so a copy-on-write copies pointers, not text.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct ParamSet {
-    entries: Vec<(&'static str, Box<str>)>,
+    values: [Option<Arc<str>>; TRACKED.len()],
+}
+
+fn slot(name: &str) -> Option<usize> {
+    TRACKED.iter().position(|t| *t == name)
 }
 
 impl ParamSet {
     pub fn get(&self, name: &'static str) -> Option<&str> {
-        self.entries
-            .iter()
-            .find(|(k, _)| *k == name)
-            .map(|(_, v)| &**v)
+        slot(name).and_then(|i| self.values[i].as_deref())
     }
 
     /// Sets `name`; returns whether the value changed.
     pub fn set(&mut self, name: &'static str, value: &str) -> bool {
-        match self.entries.iter_mut().find(|(k, _)| *k == name) {
-            Some((_, v)) if &**v == value => false,
-            Some((_, v)) => {
-                *v = value.into();
-                true
-            }
-            None => {
-                self.entries.push((name, value.into()));
-                true
-            }
+        let Some(i) = slot(name) else {
+            return false;
+        };
+        if self.values[i].as_deref() == Some(value) {
+            return false;
         }
+        self.values[i] = Some(value.into());
+        true
     }
 
     pub fn iter(&self) -> impl Iterator<Item = (&'static str, &str)> {
-        self.entries.iter().map(|(k, v)| (*k, &**v))
+        TRACKED
+            .iter()
+            .zip(self.values.iter())
+            .filter_map(|(k, v)| v.as_deref().map(|v| (*k, v)))
     }
 
     /// The SET statements that make a server with `current` values match

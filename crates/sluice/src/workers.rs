@@ -96,6 +96,7 @@ pub fn start(
                 spawn_listeners(&app, set, unix.take());
             }
             drop(_guard);
+            app.set_workers(vec![rt.handle().clone()]);
             Ok(rt)
         }
         RuntimeKind::PerCore => {
@@ -108,6 +109,7 @@ pub fn start(
                 std::thread::Builder::new()
                     .name(format!("sluice-worker-{i}"))
                     .spawn(move || {
+                        crate::backend::idle::set_current_worker(i);
                         rt.block_on(async move {
                             spawn_listeners(&app, set, unix);
                             std::future::pending::<()>().await;

@@ -13,6 +13,7 @@ use std::time::{Duration, Instant};
 use sluice_config::PoolMode;
 use tokio::sync::oneshot;
 
+use super::idle::{IdleServers, current_worker};
 use super::limits::ConnLimit;
 use super::login::{self, LoginError, Reported};
 use super::server::ServerConn;
@@ -65,7 +66,7 @@ struct PoolState {
     settings: Arc<PoolSettings>,
     target: Arc<ServerTarget>,
     credential: ServerCredential,
-    idle: Vec<ServerConn>,
+    idle: IdleServers,
     waiters: VecDeque<Waiter>,
     /// Servers open or being opened.
     total: u32,
@@ -147,6 +148,29 @@ pub struct Lease {
 }
 
 impl Lease {
+    /// Moves the server to the calling worker's event loop if it lives on
+    /// another; a server that cannot be moved is closed.
+    pub fn localize(&mut self) -> std::io::Result<()> {
+        let Some(server) = self.server.take() else {
+            return Ok(());
+        };
+        if server.home_worker == super::idle::current_worker() {
+            self.server = Some(server);
+            return Ok(());
+        }
+        match server.move_to_current_worker() {
+            Ok(s) => {
+                self.server = Some(s);
+                Ok(())
+            }
+            Err(e) => {
+                // The socket is gone with the error; free its slot.
+                self.pool.forget_active();
+                Err(e)
+            }
+        }
+    }
+
     pub fn server(&mut self) -> &mut ServerConn {
         self.server
             .as_mut()
@@ -211,7 +235,7 @@ impl Pool {
                 settings: Arc::new(settings),
                 target: Arc::new(target),
                 credential,
-                idle: Vec::new(),
+                idle: IdleServers::default(),
                 waiters: VecDeque::new(),
                 total: 0,
                 active: 0,
@@ -273,7 +297,7 @@ impl Pool {
         if target_changed {
             st.generation += 1;
             st.welcome = None;
-            let old: Vec<ServerConn> = st.idle.drain(..).collect();
+            let old = st.idle.drain();
             for s in old {
                 self.close_counted(&mut st, s);
             }
@@ -435,7 +459,8 @@ impl Pool {
     }
 
     fn take_idle(self: &Arc<Self>, st: &mut PoolState) -> Option<Lease> {
-        while let Some(server) = st.idle.pop() {
+        let worker = current_worker();
+        while let Some(server) = st.idle.pop_for(worker) {
             let too_old = !st.settings.server_lifetime.is_zero()
                 && server.created.elapsed() >= st.settings.server_lifetime;
             if too_old || server.closed_while_idle() {
@@ -532,6 +557,13 @@ impl Pool {
         st.idle.push(server);
     }
 
+    /// A lent server vanished without a `ServerConn` to close.
+    fn forget_active(&self) {
+        let mut st = self.lock();
+        st.active = st.active.saturating_sub(1);
+        self.free_slot(&mut st, true);
+    }
+
     fn discard(&self, server: ServerConn, was_active: bool) {
         let mut st = self.lock();
         if was_active {
@@ -567,23 +599,25 @@ impl Pool {
 
     /// Periodic upkeep: closes servers idle or alive too long, opens servers
     /// up to `min_pool_size`. Returns how many servers to open.
-    pub fn maintain(self: &Arc<Self>) {
+    pub fn maintain(
+        self: &Arc<Self>,
+        spawn: impl Fn(std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>),
+    ) {
         let mut st = self.lock();
         let s = st.settings.clone();
-        let keep = s.min_pool_size as usize;
-        let mut i = 0;
-        while i < st.idle.len() {
-            let server = &st.idle[i];
-            let idle_expired = !s.server_idle_timeout.is_zero()
-                && server.last_used.elapsed() >= s.server_idle_timeout;
-            let life_expired =
-                !s.server_lifetime.is_zero() && server.created.elapsed() >= s.server_lifetime;
-            if life_expired || (idle_expired && (st.total as usize) > keep) {
-                let server = st.idle.remove(i);
-                self.close_counted(&mut st, server);
-            } else {
-                i += 1;
-            }
+        let life_expired = |server: &ServerConn| {
+            !s.server_lifetime.is_zero() && server.created.elapsed() >= s.server_lifetime
+        };
+        let idle_expired = |server: &ServerConn| {
+            !s.server_idle_timeout.is_zero() && server.last_used.elapsed() >= s.server_idle_timeout
+        };
+        let mut closing = st.idle.take_expired(0, life_expired);
+        // Idle timeouts stop at min_pool_size servers in all.
+        let busy = st.total as usize - st.idle.len() - closing.len();
+        let keep_idle = (s.min_pool_size as usize).saturating_sub(busy);
+        closing.extend(st.idle.take_expired(keep_idle, idle_expired));
+        for server in closing {
+            self.close_counted(&mut st, server);
         }
         let recent_failure = st
             .last_login_failure
@@ -596,11 +630,11 @@ impl Pool {
         drop(st);
         for _ in 0..to_open {
             let pool = self.clone();
-            tokio::spawn(async move {
+            spawn(Box::pin(async move {
                 if let Ok(lease) = pool.open_on_slot().await {
                     lease.release();
                 }
-            });
+            }));
         }
     }
 
@@ -620,10 +654,9 @@ impl Pool {
     /// Closes this pool's oldest idle server; true if there was one.
     pub fn close_oldest_idle(&self) -> bool {
         let mut st = self.lock();
-        if st.idle.is_empty() {
+        let Some(server) = st.idle.remove_oldest() else {
             return false;
-        }
-        let server = st.idle.remove(0);
+        };
         self.close_counted(&mut st, server);
         true
     }
@@ -631,7 +664,7 @@ impl Pool {
     /// Closes all idle servers (shutdown).
     pub fn close_idle(&self) {
         let mut st = self.lock();
-        let old: Vec<ServerConn> = st.idle.drain(..).collect();
+        let old = st.idle.drain();
         for s in old {
             self.close_counted(&mut st, s);
         }

@@ -25,6 +25,8 @@ pub struct ServerConn {
     pub params: Arc<ParamSet>,
     pub created: Instant,
     pub last_used: Instant,
+    /// The worker whose event loop this server's socket is registered with.
+    pub home_worker: usize,
 }
 
 impl ServerConn {
@@ -38,7 +40,37 @@ impl ServerConn {
             params: Arc::new(params),
             created: now,
             last_used: now,
+            home_worker: super::idle::current_worker(),
         }
+    }
+
+    /// Makes the calling worker this server's home: a server used by a
+    /// client on another worker would wake two threads per message.
+    pub fn move_to_current_worker(self) -> std::io::Result<Self> {
+        let here = super::idle::current_worker();
+        if self.home_worker == here {
+            return Ok(self);
+        }
+        let Self {
+            id,
+            stream,
+            buf,
+            key,
+            params,
+            created,
+            last_used,
+            ..
+        } = self;
+        Ok(Self {
+            id,
+            stream: stream.reregister()?,
+            buf,
+            key,
+            params,
+            created,
+            last_used,
+            home_worker: here,
+        })
     }
 
     /// True when the server closed the socket or sent something while idle

@@ -13,7 +13,7 @@ use socket2::{Domain, Protocol, Socket, Type};
 use tokio::net::{TcpListener, UnixListener};
 
 use super::login::login;
-use super::session::SessionEnd;
+use super::session::{self, Client, SessionEnd};
 use crate::app::{App, Phase};
 use crate::net::Stream;
 
@@ -134,60 +134,66 @@ impl Drop for ClientCountGuard {
     }
 }
 
-/// One client connection from accept to close.
+/// One client connection from accept to close. This future lives as long
+/// as the client: only small values stay in it, and the login and the
+/// goodbye are boxed.
 pub async fn handle_connection(app: Arc<App>, stream: Stream) {
     let count = app.clients.fetch_add(1, Ordering::AcqRel) + 1;
     let _guard = ClientCountGuard(app.clone());
-    // Only small copies live on: the task of an idle client stays small.
-    let (over_limit, login_timeout, log_pooler_errors, log_disconnections) = {
+    let Some(mut client) = Box::pin(log_in(&app, stream, count)).await else {
+        return;
+    };
+    let end = session::run(&mut client).await;
+    Box::pin(say_goodbye(client, end)).await;
+}
+
+/// Login with `client_login_timeout`; errors are sent and logged here.
+async fn log_in(app: &Arc<App>, stream: Stream, count: u32) -> Option<Client> {
+    let (over_limit, login_timeout, log_pooler_errors) = {
         let config = app.config();
         let s = &config.settings;
         (
             count > s.max_client_conn,
             s.client_login_timeout,
             s.log_pooler_errors,
-            s.log_disconnections,
         )
     };
-    let attempt = Box::pin(login(&app, stream, over_limit));
+    let attempt = login(app, stream, over_limit);
     let result = if login_timeout.is_zero() {
         attempt.await
     } else {
-        match Box::pin(tokio::time::timeout(login_timeout, attempt)).await {
+        match tokio::time::timeout(login_timeout, attempt).await {
             Ok(r) => r,
             Err(_) => {
                 tracing::info!("client login timed out");
-                return;
+                return None;
             }
         }
     };
-    let client = match result {
-        Ok(Some(c)) => c,
-        Ok(None) => return,
+    match result {
+        Ok(c) => c,
         Err((mut stream, e)) => {
             if log_pooler_errors {
                 tracing::warn!(peer = %stream.peer(), "login failed: {e}");
             }
-            Box::pin(e.send(&mut stream)).await;
-            return;
+            e.send(&mut stream).await;
+            None
         }
-    };
-    serve(client, log_disconnections).await;
+    }
 }
 
-/// Serves a logged-in client and logs how it left. Rare paths are boxed:
-/// the size of this future is what every idle client costs.
-async fn serve(client: super::session::Client, log_disconnections: bool) {
-    let (mut client, end) = client.serve().await;
+/// Logs how a client left and tells it why, if it was thrown out.
+async fn say_goodbye(mut client: Client, end: SessionEnd) {
+    client.app.cancels.unregister(&client.key);
     match end {
         SessionEnd::ClientLeft => {
-            if log_disconnections {
-                tracing::info!(user = %client.user, db = %client.database, "closing because: client close request");
+            if client.app.config().settings.log_disconnections {
+                tracing::info!(user = %client.user(), db = %client.database(), "closing because: client close request");
             }
         }
         SessionEnd::Error(e) => {
-            tracing::info!(user = %client.user, db = %client.database, "closing because: {e}");
-            Box::pin(e.send(&mut client.stream)).await;
+            tracing::info!(user = %client.user(), db = %client.database(), "closing because: {e}");
+            e.send(&mut client.stream).await;
         }
     }
 }

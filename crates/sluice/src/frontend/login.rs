@@ -46,7 +46,6 @@ struct LoggedIn {
     key: sluice_wire::BackendKeyData,
     cancel: Arc<crate::backend::cancel::CancelTarget>,
     user: String,
-    database: String,
 }
 
 impl LoggedIn {
@@ -59,7 +58,6 @@ impl LoggedIn {
             self.key,
             self.cancel,
             self.user,
-            self.database,
         )
     }
 }
@@ -187,7 +185,6 @@ async fn login_inner(
         key,
         cancel,
         user,
-        database,
     }))
 }
 

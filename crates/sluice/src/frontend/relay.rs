@@ -197,7 +197,7 @@ pub async fn run(client: &mut Client, cbuf: &mut BytesMut, mut lease: Lease) -> 
             RelayEnd::Error(e)
         }
         Err(End::Server(why)) => {
-            tracing::warn!(user = %client.user, db = %client.database, "server connection failed: {why}");
+            tracing::warn!(user = %client.user(), db = %client.database(), "server connection failed: {why}");
             lease.close();
             RelayEnd::Error(ClientError::new(
                 "08006",

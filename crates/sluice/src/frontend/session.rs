@@ -27,8 +27,9 @@ pub struct Client {
     pub params: Arc<ParamSet>,
     pub key: BackendKeyData,
     pub cancel: Arc<CancelTarget>,
-    pub user: String,
-    pub database: String,
+    /// The login name, kept only when the pool logs in as a forced user
+    /// (otherwise it is the pool's user).
+    login_user: Option<Box<str>>,
     /// `client_idle_timeout` as of the last lease (zero = none; `None`
     /// before the first lease).
     idle_timeout: Option<Duration>,
@@ -43,7 +44,6 @@ pub enum SessionEnd {
 }
 
 impl Client {
-    #[allow(clippy::too_many_arguments)]
     pub fn new(
         stream: Stream,
         app: Arc<App>,
@@ -52,8 +52,8 @@ impl Client {
         key: BackendKeyData,
         cancel: Arc<CancelTarget>,
         user: String,
-        database: String,
     ) -> Self {
+        let login_user = (user != pool.user).then(|| user.into_boxed_str());
         Self {
             stream,
             app,
@@ -61,89 +61,120 @@ impl Client {
             params,
             key,
             cancel,
-            user,
-            database,
+            login_user,
             idle_timeout: None,
         }
     }
 
-    /// Serves the client until it leaves or fails.
-    pub async fn serve(mut self) -> (Self, SessionEnd) {
-        let end = self.serve_inner().await;
-        self.app.cancels.unregister(&self.key);
-        (self, end)
+    /// The name the client logged in with.
+    pub fn user(&self) -> &str {
+        self.login_user.as_deref().unwrap_or(&self.pool.user)
     }
 
-    async fn serve_inner(&mut self) -> SessionEnd {
-        let mut buf = BytesMut::new();
-        loop {
-            if buf.is_empty() {
-                match self.wait_for_request(&mut buf).await {
-                    Ok(true) => {}
-                    Ok(false) => return SessionEnd::ClientLeft,
-                    Err(e) => return SessionEnd::Error(e),
-                }
+    pub fn database(&self) -> &str {
+        &self.pool.database
+    }
+
+    /// Serves one request: a server from the pool, then the relay until
+    /// the server goes back. `None`: the client goes on. Boxed by the
+    /// caller, so its state exists only while a request is served.
+    async fn serve_request(&mut self, buf: &mut BytesMut) -> Option<SessionEnd> {
+        if buf.first() == Some(&sluice_wire::tags::frontend::TERMINATE) {
+            return Some(SessionEnd::ClientLeft);
+        }
+        if self.app.phase() >= Phase::WaitForServers {
+            return Some(SessionEnd::Error(ClientError::new(
+                "57P01",
+                "the pooler is shutting down",
+            )));
+        }
+        let mut lease = match self.pool.acquire().await {
+            Ok(l) => l,
+            Err(e) => {
+                return Some(SessionEnd::Error(ClientError::new(
+                    e.sqlstate(),
+                    e.to_string(),
+                )));
             }
-            if buf.first() == Some(&sluice_wire::tags::frontend::TERMINATE) {
-                return SessionEnd::ClientLeft;
-            }
-            if self.app.phase() >= Phase::WaitForServers {
-                return SessionEnd::Error(ClientError::new("57P01", "the pooler is shutting down"));
-            }
-            // Boxed, like the relay below: an idle client's task holds
-            // neither future's state.
-            let lease = match Box::pin(self.pool.acquire()).await {
-                Ok(l) => l,
-                Err(e) => {
-                    return SessionEnd::Error(ClientError::new(e.sqlstate(), e.to_string()));
-                }
-            };
-            self.idle_timeout = Some(lease.settings.client_idle_timeout);
-            // Boxed so that an idle client's task stays small.
-            match Box::pin(relay::run(self, &mut buf, lease)).await {
-                RelayEnd::Released => {}
-                RelayEnd::ClientLeft => return SessionEnd::ClientLeft,
-                RelayEnd::Error(e) => return SessionEnd::Error(e),
-            }
-            if buf.is_empty() {
-                buf = BytesMut::new();
-            }
+        };
+        if let Err(e) = lease.localize() {
+            return Some(SessionEnd::Error(ClientError::new(
+                "08006",
+                format!("server connection failed: {e}"),
+            )));
+        }
+        self.idle_timeout = Some(lease.settings.client_idle_timeout);
+        match relay::run(self, buf, lease).await {
+            RelayEnd::Released => None,
+            RelayEnd::ClientLeft => Some(SessionEnd::ClientLeft),
+            RelayEnd::Error(e) => Some(SessionEnd::Error(e)),
         }
     }
 
-    /// Waits for the next request. `Ok(false)`: the client closed.
-    async fn wait_for_request(&mut self, buf: &mut BytesMut) -> Result<bool, ClientError> {
-        let idle_timeout = *self
-            .idle_timeout
-            .get_or_insert_with(|| self.pool.settings().client_idle_timeout);
-        loop {
+    /// Waits with `client_idle_timeout`; boxed by the caller because the
+    /// timer would otherwise sit in every idle client's task.
+    async fn wait_readable_with_timeout(
+        &self,
+        timeout: Duration,
+    ) -> Result<std::io::Result<()>, ClientError> {
+        tokio::time::timeout(
+            timeout,
+            std::future::poll_fn(|cx| self.stream.poll_read_ready(cx)),
+        )
+        .await
+        .map_err(|_| ClientError::new("08P01", "client_idle_timeout"))
+    }
+}
+
+/// Serves a logged-in client until it leaves or fails. This future lives as
+/// long as the client, idle or not, so it holds only the client, an empty
+/// buffer while idle, and a readiness wait; everything else is boxed.
+pub async fn run(client: &mut Client) -> SessionEnd {
+    let mut buf = BytesMut::new();
+    loop {
+        if buf.is_empty() {
+            let idle_timeout = *client
+                .idle_timeout
+                .get_or_insert_with(|| client.pool.settings().client_idle_timeout);
             let ready = if idle_timeout.is_zero() {
-                self.stream.readable().await
+                std::future::poll_fn(|cx| client.stream.poll_read_ready(cx)).await
             } else {
-                // Boxed: the timer would otherwise sit in every idle task.
-                match Box::pin(tokio::time::timeout(idle_timeout, self.stream.readable())).await {
+                match Box::pin(client.wait_readable_with_timeout(idle_timeout)).await {
                     Ok(r) => r,
-                    Err(_) => return Err(ClientError::new("08P01", "client_idle_timeout")),
+                    Err(e) => return SessionEnd::Error(e),
                 }
             };
             if ready.is_err() {
-                return Ok(false);
+                return SessionEnd::ClientLeft;
             }
             buf.reserve(READ_CHUNK);
             // poll_read (not try_read) so that a short read clears readiness.
             let read = std::future::poll_fn(|cx| {
-                match tokio_util::io::poll_read_buf(std::pin::Pin::new(&mut self.stream), cx, buf) {
+                match tokio_util::io::poll_read_buf(
+                    std::pin::Pin::new(&mut client.stream),
+                    cx,
+                    &mut buf,
+                ) {
                     std::task::Poll::Pending => std::task::Poll::Ready(None),
                     std::task::Poll::Ready(r) => std::task::Poll::Ready(Some(r)),
                 }
             })
             .await;
             match read {
-                Some(Ok(0)) | Some(Err(_)) => return Ok(false),
-                Some(Ok(_)) => return Ok(true),
+                Some(Ok(0)) | Some(Err(_)) => return SessionEnd::ClientLeft,
+                Some(Ok(_)) => {}
                 // Readiness was stale: give the buffer back and wait again.
-                None => *buf = BytesMut::new(),
+                None => {
+                    buf = BytesMut::new();
+                    continue;
+                }
             }
+        }
+        if let Some(end) = Box::pin(client.serve_request(&mut buf)).await {
+            return end;
+        }
+        if buf.is_empty() {
+            buf = BytesMut::new();
         }
     }
 }
