@@ -31,7 +31,9 @@ impl Default for ConfigBuilder {
 
 impl ConfigBuilder {
     /// No databases; listens on 127.0.0.1 only, no unix socket, trust auth,
-    /// session pooling.
+    /// session pooling, and two workers accepting from the start, so that
+    /// every test crosses threads (sluice's default wakes the second worker
+    /// only under load).
     pub fn new() -> Self {
         let mut builder = ConfigBuilder {
             databases: Vec::new(),
@@ -45,7 +47,9 @@ impl ConfigBuilder {
             .set("listen_port", PORT_TOKEN)
             .set("unix_socket_dir", "")
             .set("auth_type", "trust")
-            .set("pool_mode", "session");
+            .set("pool_mode", "session")
+            .sluice("workers", "2")
+            .sluice("worker_busy_percent", "0");
         builder
     }
 

@@ -236,5 +236,8 @@ fn sluice_section_keys() {
         .filter(|info| info.section == "sluice")
         .map(|info| info.key)
         .collect();
-    assert_eq!(sluice, ["metrics_addr", "runtime", "workers"]);
+    assert_eq!(
+        sluice,
+        ["metrics_addr", "runtime", "worker_busy_percent", "workers"]
+    );
 }

@@ -11,6 +11,7 @@ use tokio::signal::unix::{SignalKind, signal};
 
 use crate::app::{App, Phase};
 use crate::auth::Userlist;
+use crate::workers::Workers;
 
 /// Janitor period.
 const TICK: Duration = Duration::from_millis(500);
@@ -54,7 +55,8 @@ pub fn reload(app: &App) {
 }
 
 /// Runs until the process should exit; returns then.
-pub async fn run(app: Arc<App>) -> std::io::Result<()> {
+pub async fn run(app: Arc<App>, workers: Arc<Workers>) -> std::io::Result<()> {
+    let mut busy = BusyWatch::default();
     let mut hup = signal(SignalKind::hangup())?;
     let mut term = signal(SignalKind::terminate())?;
     let mut int = signal(SignalKind::interrupt())?;
@@ -84,6 +86,7 @@ pub async fn run(app: Arc<App>) -> std::io::Result<()> {
                 for pool in app.pools() {
                     pool.maintain(|task| app.spawn_on_worker(task));
                 }
+                busy.check(&app, &workers);
             }
         }
         if shutdown_done(&app) {
@@ -91,6 +94,51 @@ pub async fn run(app: Arc<App>) -> std::io::Result<()> {
                 pool.close_idle();
             }
             return Ok(());
+        }
+    }
+}
+
+/// Samples the accepting workers' CPU time and wakes a dormant worker when
+/// they are busy (per-core layout).
+#[derive(Default)]
+struct BusyWatch {
+    samples: std::collections::VecDeque<(std::time::Instant, u64, usize)>,
+}
+
+/// Samples averaged over: 2 s of ticks.
+const BUSY_WINDOW: usize = 4;
+
+impl BusyWatch {
+    fn check(&mut self, app: &App, workers: &Workers) {
+        let percent = app.config().settings.worker_busy_percent;
+        if !workers.has_dormant() {
+            return;
+        }
+        if percent == 0 {
+            while workers.activate_next() {}
+            return;
+        }
+        let ticks = workers.accepting_cpu_ticks();
+        let now = std::time::Instant::now();
+        self.samples
+            .push_back((now, ticks.iter().sum(), ticks.len()));
+        if self.samples.len() <= BUSY_WINDOW {
+            return;
+        }
+        let Some((then, old_ticks, old_count)) = self.samples.pop_front() else {
+            return;
+        };
+        let (_, new_ticks, count) = (now, ticks.iter().sum::<u64>(), ticks.len());
+        if count != old_count || count == 0 {
+            return; // a worker joined within the window: measure afresh
+        }
+        // SAFETY: sysconf has no preconditions.
+        let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as f64;
+        let cpu_secs = new_ticks.saturating_sub(old_ticks) as f64 / hz;
+        let per_worker = cpu_secs / now.duration_since(then).as_secs_f64() / count as f64;
+        if per_worker * 100.0 >= f64::from(percent) && workers.activate_next() {
+            tracing::info!("accepting workers at {:.0}% CPU each", per_worker * 100.0);
+            self.samples.clear();
         }
     }
 }

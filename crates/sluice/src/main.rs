@@ -111,13 +111,14 @@ fn main() -> ExitCode {
         tracing::error!("cannot write pidfile {}: {e}", settings.pidfile);
         return ExitCode::FAILURE;
     }
-    let control = match workers::start(app.clone(), workers, settings.runtime, sockets) {
-        Ok(rt) => rt,
-        Err(e) => {
-            tracing::error!("cannot start workers: {e}");
-            return ExitCode::FAILURE;
-        }
-    };
+    let (control, worker_set) =
+        match workers::start(app.clone(), workers, settings.runtime, sockets) {
+            Ok(started) => started,
+            Err(e) => {
+                tracing::error!("cannot start workers: {e}");
+                return ExitCode::FAILURE;
+            }
+        };
     tracing::info!(
         "sluice {} listening on {}:{} ({} workers, {:?} runtime)",
         env!("CARGO_PKG_VERSION"),
@@ -126,7 +127,7 @@ fn main() -> ExitCode {
         workers,
         settings.runtime
     );
-    let result = control.block_on(control::run(app.clone()));
+    let result = control.block_on(control::run(app.clone(), worker_set));
     if !settings.pidfile.is_empty() {
         let _ = std::fs::remove_file(&settings.pidfile);
     }

@@ -36,12 +36,9 @@ pub fn tcp_addresses(settings: &Settings) -> std::io::Result<Vec<SocketAddr>> {
     Ok(out)
 }
 
-/// Binds one TCP listening socket.
-pub fn bind_tcp(
-    addr: SocketAddr,
-    backlog: u32,
-    reuse_port: bool,
-) -> std::io::Result<std::net::TcpListener> {
+/// Binds one TCP socket for listening; `listen()` comes when its worker
+/// starts accepting.
+pub fn bind_tcp(addr: SocketAddr, reuse_port: bool) -> std::io::Result<Socket> {
     let socket = Socket::new(Domain::for_address(addr), Type::STREAM, Some(Protocol::TCP))?;
     socket.set_reuse_address(true)?;
     if reuse_port {
@@ -51,9 +48,8 @@ pub fn bind_tcp(
         socket.set_only_v6(true)?;
     }
     socket.bind(&addr.into())?;
-    socket.listen(backlog.clamp(1, i32::MAX as u32) as i32)?;
     socket.set_nonblocking(true)?;
-    Ok(socket.into())
+    Ok(socket)
 }
 
 /// Path of the Unix socket for `port` in `dir`.
