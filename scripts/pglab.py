@@ -356,6 +356,12 @@ class Lab:
         if self.pg_uid is not None:
             os.chown(path, self.pg_uid, self.pg_gid)
 
+    def open_file(self, path: Path, mode: str = "wb"):
+        """Open a file that is closed with the Lab (e.g. the log of a process it starts)."""
+        f = open(path, mode)
+        self._files.append(f)
+        return f
+
     def write(self, name: str, text: str) -> Path:
         p = self.tmp / name
         p.write_text(text)
@@ -376,7 +382,11 @@ class Lab:
     def start_cluster(self, *, max_connections: int = 100, reserved: int | None = None,
                       scale: int | None = None, auth: str | None = "trust",
                       users: list[str] = (), settings: list[str] = (),
-                      timeout: float = 300) -> dict:
+                      timeout: float = 300, replica: bool = False,
+                      databases: list[str] = (), tag: str = "testkit") -> dict:
+        """Start a throwaway cluster via `sluice-testkit cluster` and return its JSON line.
+        replica=True adds a streaming replica (its port is info["replica_port"]); tag names the
+        stderr file, so a Lab may own several clusters (the last one is self.cluster)."""
         cmd = testkit_cmd()
         if len(cmd) == 1 and not Path(cmd[0]).exists():
             raise LabError(
@@ -391,9 +401,13 @@ class Lab:
             cmd += ["--user", u]
         for s in settings:
             cmd += ["--set", s]
+        for d in databases:
+            cmd += ["--database", d]
         if scale:
             cmd += ["--pgbench-scale", str(scale)]
-        errf = open(self.tmp / "testkit.stderr", "w+b")
+        if replica:
+            cmd.append("--replica")
+        errf = open(self.tmp / f"{tag}.stderr", "w+b")
         self._files.append(errf)
 
         def stop(p: subprocess.Popen) -> None:

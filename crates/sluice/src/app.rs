@@ -17,6 +17,7 @@ use crate::backend::cancel::CancelRegistry;
 use crate::backend::limits::ConnLimit;
 use crate::backend::pool::{Pool, PoolSettings};
 use crate::backend::target::{ServerAddr, ServerCredential, ServerTarget};
+use crate::params::ParamInterner;
 
 /// Phases of a shutdown, in PgBouncer's terms.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
@@ -48,6 +49,7 @@ pub struct App {
     db_limits: Mutex<HashMap<String, Arc<ConnLimit>>>,
     user_limits: Mutex<HashMap<String, Arc<ConnLimit>>>,
     pub cancels: CancelRegistry,
+    pub param_sets: ParamInterner,
     pub clients: AtomicU32,
     phase: AtomicU8,
     pub phase_changed: Notify,
@@ -67,6 +69,7 @@ impl App {
             db_limits: Mutex::new(HashMap::new()),
             user_limits: Mutex::new(HashMap::new()),
             cancels: CancelRegistry::default(),
+            param_sets: ParamInterner::default(),
             clients: AtomicU32::new(0),
             phase: AtomicU8::new(Phase::Running as u8),
             phase_changed: Notify::new(),

@@ -87,6 +87,7 @@ pub async fn run(app: Arc<App>, workers: Arc<Workers>) -> std::io::Result<()> {
                     pool.maintain(|task| app.spawn_on_worker(task));
                 }
                 busy.check(&app, &workers);
+                app.param_sets.prune();
             }
         }
         if shutdown_done(&app) {

@@ -27,7 +27,7 @@ pub fn tracked_name(name: &str) -> Option<&'static str> {
 
 /// Values of tracked parameters, one slot per entry of `TRACKED`; values
 /// are shared strings, so a copy-on-write copies pointers, not text.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Hash)]
 pub struct ParamSet {
     values: [Option<Arc<str>>; TRACKED.len()],
 }
@@ -74,6 +74,45 @@ impl ParamSet {
             }
         }
         (!sql.is_empty()).then_some(sql)
+    }
+}
+
+/// Shares identical parameter sets between clients: thousands of clients of
+/// one application set the same `application_name`, and each would
+/// otherwise hold its own copy. Sharing also makes the "nothing to SET"
+/// check a pointer comparison across clients.
+#[derive(Debug, Default)]
+pub struct ParamInterner {
+    sets: std::sync::Mutex<std::collections::HashMap<u64, Vec<std::sync::Weak<ParamSet>>>>,
+}
+
+impl ParamInterner {
+    /// The shared set equal to `set`, registering `set` if there is none.
+    pub fn intern(&self, set: Arc<ParamSet>) -> Arc<ParamSet> {
+        use std::hash::{BuildHasher, BuildHasherDefault};
+        let hash = BuildHasherDefault::<std::collections::hash_map::DefaultHasher>::default()
+            .hash_one(&*set);
+        let mut sets = self.sets.lock().unwrap_or_else(|p| p.into_inner());
+        let bucket = sets.entry(hash).or_default();
+        bucket.retain(|w| w.strong_count() > 0);
+        if let Some(found) = bucket
+            .iter()
+            .filter_map(std::sync::Weak::upgrade)
+            .find(|s| **s == *set)
+        {
+            return found;
+        }
+        bucket.push(Arc::downgrade(&set));
+        set
+    }
+
+    /// Forgets sets no client holds any more (janitor).
+    pub fn prune(&self) {
+        let mut sets = self.sets.lock().unwrap_or_else(|p| p.into_inner());
+        sets.retain(|_, bucket| {
+            bucket.retain(|w| w.strong_count() > 0);
+            !bucket.is_empty()
+        });
     }
 }
 

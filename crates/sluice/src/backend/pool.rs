@@ -141,10 +141,9 @@ pub struct Lease {
     pool: Arc<Pool>,
     server: Option<ServerConn>,
     generation: u64,
-    /// Settings and target as of the lease, read under the lock already
-    /// taken to hand the server out.
+    /// Settings as of the lease, read under the lock already taken to hand
+    /// the server out.
     pub settings: Arc<PoolSettings>,
-    pub target: Arc<ServerTarget>,
 }
 
 impl Lease {
@@ -258,6 +257,12 @@ impl Pool {
         // A panic while holding the lock leaves counts that are still
         // consistent (every change is a single step), so keep serving.
         self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Current settings and target (one lock).
+    pub fn settings_and_target(&self) -> (Arc<PoolSettings>, Arc<ServerTarget>) {
+        let st = self.lock();
+        (st.settings.clone(), st.target.clone())
     }
 
     pub fn settings(&self) -> Arc<PoolSettings> {
@@ -454,7 +459,6 @@ impl Pool {
             server: Some(server),
             generation: st.generation,
             settings: st.settings.clone(),
-            target: st.target.clone(),
         }
     }
 

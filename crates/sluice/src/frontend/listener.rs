@@ -180,7 +180,7 @@ async fn log_in(app: &Arc<App>, stream: Stream, count: u32) -> Option<Client> {
 
 /// Logs how a client left and tells it why, if it was thrown out.
 async fn say_goodbye(mut client: Client, end: SessionEnd) {
-    client.app.cancels.unregister(&client.key);
+    client.app.cancels.unregister(client.cancel);
     match end {
         SessionEnd::ClientLeft => {
             if client.app.config().settings.log_disconnections {

@@ -43,8 +43,7 @@ struct LoggedIn {
     app: Arc<App>,
     pool: Arc<crate::backend::pool::Pool>,
     params: Arc<ParamSet>,
-    key: sluice_wire::BackendKeyData,
-    cancel: Arc<crate::backend::cancel::CancelTarget>,
+    cancel: crate::backend::cancel::CancelHandle,
     user: String,
 }
 
@@ -55,7 +54,6 @@ impl LoggedIn {
             self.app,
             self.pool,
             self.params,
-            self.key,
             self.cancel,
             self.user,
         )
@@ -161,8 +159,15 @@ async fn login_inner(
         &params,
         &config.settings.ignore_startup_parameters,
     )?;
+    let client_params = app.param_sets.intern(client_params);
 
-    let (key, cancel) = app.cancels.register();
+    let cancel = app.cancels.register(&pool).ok_or_else(|| {
+        ClientError::new(
+            "53300",
+            "no more connections allowed (cancel keys exhausted)",
+        )
+    })?;
+    let key = cancel.key;
     Authentication::Ok.encode(&mut out);
     for (name, value) in &welcome.reported {
         let value = tracked_name(name)
@@ -173,7 +178,7 @@ async fn login_inner(
     key.encode(&mut out);
     ready_for_query(&mut out, TransactionStatus::Idle);
     if let Err(e) = stream.write_all(&out).await {
-        app.cancels.unregister(&key);
+        app.cancels.unregister(cancel);
         return Err(ClientError::protocol(e.to_string()));
     }
     tracing::info!(user = %user, db = %database, peer = %stream.peer(), "login");
@@ -182,7 +187,6 @@ async fn login_inner(
         app: app.clone(),
         pool,
         params: client_params,
-        key,
         cancel,
         user,
     }))

@@ -72,15 +72,14 @@ impl Cycle {
 pub async fn run(client: &mut Client, cbuf: &mut BytesMut, mut lease: Lease) -> RelayEnd {
     let settings = lease.settings.clone();
     let limit = settings.max_packet_size;
-    let target = lease.target.clone();
     {
         let server = lease.server();
-        client.cancel.link(&target, server.key);
+        client.app.cancels.link(client.cancel, server.key);
         if !Arc::ptr_eq(&server.params, &client.params) {
             if let Some(sql) = client.params.diff_sql(&server.params)
                 && let Err(e) = run_query(server, &sql).await
             {
-                client.cancel.unlink();
+                client.app.cancels.unlink(client.cancel);
                 lease.close();
                 return RelayEnd::Error(ClientError::new(e.sqlstate(), e.to_string()));
             }
@@ -175,7 +174,7 @@ pub async fn run(client: &mut Client, cbuf: &mut BytesMut, mut lease: Lease) -> 
             }
         }
     };
-    client.cancel.unlink();
+    client.app.cancels.unlink(client.cancel);
     match end {
         Ok(Outcome::Release) => {
             if settings.server_reset_query_always

@@ -7,13 +7,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::BytesMut;
-use sluice_wire::BackendKeyData;
 
 use super::error::ClientError;
 use super::relay::{self, RelayEnd};
 use super::relay_io::READ_CHUNK;
 use crate::app::{App, Phase};
-use crate::backend::cancel::CancelTarget;
+use crate::backend::cancel::CancelHandle;
 use crate::backend::pool::Pool;
 use crate::net::Stream;
 use crate::params::ParamSet;
@@ -25,8 +24,7 @@ pub struct Client {
     pub pool: Arc<Pool>,
     /// Tracked parameters as the client set them.
     pub params: Arc<ParamSet>,
-    pub key: BackendKeyData,
-    pub cancel: Arc<CancelTarget>,
+    pub cancel: CancelHandle,
     /// The login name, kept only when the pool logs in as a forced user
     /// (otherwise it is the pool's user).
     login_user: Option<Box<str>>,
@@ -49,8 +47,7 @@ impl Client {
         app: Arc<App>,
         pool: Arc<Pool>,
         params: Arc<ParamSet>,
-        key: BackendKeyData,
-        cancel: Arc<CancelTarget>,
+        cancel: CancelHandle,
         user: String,
     ) -> Self {
         let login_user = (user != pool.user).then(|| user.into_boxed_str());
@@ -59,7 +56,6 @@ impl Client {
             app,
             pool,
             params,
-            key,
             cancel,
             login_user,
             idle_timeout: None,
