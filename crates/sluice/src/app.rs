@@ -17,7 +17,9 @@ use crate::backend::cancel::CancelRegistry;
 use crate::backend::limits::ConnLimit;
 use crate::backend::pool::{Pool, PoolSettings};
 use crate::backend::target::{ServerAddr, ServerCredential, ServerTarget};
+use crate::operator::OperatorSwitches;
 use crate::params::ParamInterner;
+use crate::stats::StatsWindow;
 
 /// Phases of a shutdown, in PgBouncer's terms.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
@@ -50,6 +52,10 @@ pub struct App {
     user_limits: Mutex<HashMap<String, Arc<ConnLimit>>>,
     pub cancels: CancelRegistry,
     pub param_sets: ParamInterner,
+    /// PAUSE / DISABLE switches.
+    pub control: OperatorSwitches,
+    /// Averages for SHOW STATS.
+    pub stats: StatsWindow,
     pub clients: AtomicU32,
     phase: AtomicU8,
     pub phase_changed: Notify,
@@ -70,6 +76,8 @@ impl App {
             user_limits: Mutex::new(HashMap::new()),
             cancels: CancelRegistry::default(),
             param_sets: ParamInterner::default(),
+            control: OperatorSwitches::default(),
+            stats: StatsWindow::default(),
             clients: AtomicU32::new(0),
             phase: AtomicU8::new(Phase::Running as u8),
             phase_changed: Notify::new(),
@@ -266,10 +274,24 @@ impl App {
         }
     }
 
+    /// Per-database totals of all pools (SHOW STATS, the averages sampler).
+    pub fn totals_by_database(
+        &self,
+    ) -> std::collections::BTreeMap<String, crate::backend::stats::PoolStats> {
+        let mut out: std::collections::BTreeMap<String, crate::backend::stats::PoolStats> =
+            std::collections::BTreeMap::new();
+        for p in self.pools() {
+            out.entry(p.database.clone()).or_default().merge(&p.stats());
+        }
+        out
+    }
+
     /// Applies a newly loaded configuration and auth_file (RELOAD/SIGHUP):
     /// pools take new sizes, timeouts, targets and passwords in place.
-    pub fn reload(&self, config: Config, userlist: Userlist) {
-        *self.userlist.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(userlist);
+    pub fn reload(&self, config: Config, userlist: Option<Userlist>) {
+        if let Some(userlist) = userlist {
+            *self.userlist.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(userlist);
+        }
         *self.config.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(config);
         let config = self.config();
         let pools = self.pools();

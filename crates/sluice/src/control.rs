@@ -50,13 +50,15 @@ pub fn reload(app: &App) {
             tracing::warn!("{key} changed; it takes effect only after a restart");
         }
     }
-    app.reload(config, userlist);
+    app.reload(config, Some(userlist));
     tracing::info!("configuration reloaded");
 }
 
 /// Runs until the process should exit; returns then.
 pub async fn run(app: Arc<App>, workers: Arc<Workers>) -> std::io::Result<()> {
     let mut busy = BusyWatch::default();
+    let mut last_stats = std::time::Instant::now();
+    app.stats.sample(app.totals_by_database());
     let mut hup = signal(SignalKind::hangup())?;
     let mut term = signal(SignalKind::terminate())?;
     let mut int = signal(SignalKind::interrupt())?;
@@ -80,14 +82,25 @@ pub async fn run(app: Arc<App>, workers: Arc<Workers>) -> std::io::Result<()> {
                 tracing::info!("got SIGQUIT, exiting now");
                 app.begin_shutdown(Phase::Immediate);
             }
-            _ = usr1.recv() => tracing::warn!("SIGUSR1 (pause) is not implemented yet"),
-            _ = usr2.recv() => tracing::warn!("SIGUSR2 (resume) is not implemented yet"),
+            _ = usr1.recv() => {
+                tracing::info!("got SIGUSR1, pausing");
+                app.control.pause(None);
+            }
+            _ = usr2.recv() => {
+                tracing::info!("got SIGUSR2, resuming");
+                app.control.resume(None);
+            }
             _ = tick.tick() => {
                 for pool in app.pools() {
                     pool.maintain(|task| app.spawn_on_worker(task));
                 }
                 busy.check(&app, &workers);
                 app.param_sets.prune();
+                let period = app.config().settings.stats_period.max(std::time::Duration::from_secs(1));
+                if last_stats.elapsed() >= period {
+                    last_stats = std::time::Instant::now();
+                    app.stats.sample(app.totals_by_database());
+                }
             }
         }
         if shutdown_done(&app) {

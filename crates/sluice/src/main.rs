@@ -3,6 +3,7 @@
 //! This file wires the pieces: command line, configuration, logging,
 //! daemonizing, listeners, workers and the control loop.
 
+mod admin;
 mod app;
 mod auth;
 mod backend;
@@ -13,8 +14,10 @@ mod daemon;
 mod frontend;
 mod logging;
 mod net;
+mod operator;
 mod params;
 mod scan;
+mod stats;
 mod workers;
 
 use std::process::ExitCode;

@@ -7,4 +7,5 @@ pub mod limits;
 pub mod login;
 pub mod pool;
 pub mod server;
+pub mod stats;
 pub mod target;

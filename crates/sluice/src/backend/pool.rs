@@ -17,6 +17,7 @@ use super::idle::{IdleServers, current_worker};
 use super::limits::ConnLimit;
 use super::login::{self, LoginError, Reported};
 use super::server::ServerConn;
+use super::stats::{PoolStats, TxStats};
 use super::target::{ServerCredential, ServerTarget};
 use crate::auth::scram::ScramKeys;
 use crate::params::ParamSet;
@@ -60,6 +61,7 @@ enum Grant {
 struct Waiter {
     id: u64,
     tx: oneshot::Sender<Grant>,
+    since: Instant,
 }
 
 struct PoolState {
@@ -77,16 +79,24 @@ struct PoolState {
     last_login_failure: Option<(Instant, String, String)>,
     /// Bumped by a reconnect: older servers are closed when released.
     generation: u64,
-    max_wait: Duration,
+    /// Clients logged in to this pool.
+    clients: u32,
+    stats: PoolStats,
 }
 
 /// Counts shown by the console and checked by tests.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct PoolCounts {
+    /// Clients logged in (waiting ones included).
+    pub clients: u32,
     pub waiting: u32,
     pub active: u32,
     pub idle: u32,
+    /// Servers being opened.
+    pub opening: u32,
     pub total: u32,
+    /// How long the first client in line has waited.
+    pub max_wait: Duration,
 }
 
 enum FirstLook {
@@ -138,6 +148,9 @@ pub struct Pool {
 /// A server lent to a client. Release it with `Pool::release`; if dropped
 /// instead, the server is closed and its slot freed.
 pub struct Lease {
+    /// What the client did with the server, added to the pool's totals on
+    /// release.
+    pub stats: TxStats,
     pool: Arc<Pool>,
     server: Option<ServerConn>,
     generation: u64,
@@ -179,7 +192,7 @@ impl Lease {
     /// Returns a clean server (ReadyForQuery 'I', nothing in flight).
     pub fn release(mut self) {
         if let Some(s) = self.server.take() {
-            self.pool.put_back(s, self.generation);
+            self.pool.put_back(s, self.generation, &self.stats);
         }
     }
 
@@ -242,7 +255,8 @@ impl Pool {
                 welcome: None,
                 last_login_failure: None,
                 generation: 0,
-                max_wait: Duration::ZERO,
+                clients: 0,
+                stats: PoolStats::default(),
             }),
         }
     }
@@ -271,11 +285,45 @@ impl Pool {
 
     pub fn counts(&self) -> PoolCounts {
         let st = self.lock();
+        let idle = st.idle.len() as u32;
         PoolCounts {
+            clients: st.clients,
             waiting: st.waiters.len() as u32,
             active: st.active,
-            idle: st.idle.len() as u32,
+            idle,
+            opening: st.total.saturating_sub(st.active + idle),
             total: st.total,
+            max_wait: st
+                .waiters
+                .front()
+                .map_or(Duration::ZERO, |w| w.since.elapsed()),
+        }
+    }
+
+    /// Totals since start.
+    pub fn stats(&self) -> PoolStats {
+        self.lock().stats
+    }
+
+    /// A client logged in to this pool.
+    pub fn client_joined(&self) {
+        let mut st = self.lock();
+        st.clients += 1;
+        st.stats.client_logins += 1;
+    }
+
+    pub fn client_left(&self) {
+        let mut st = self.lock();
+        st.clients = st.clients.saturating_sub(1);
+    }
+
+    /// Closes every idle server and marks busy ones to close when released
+    /// (RECONNECT).
+    pub fn reconnect(&self) {
+        let mut st = self.lock();
+        st.generation += 1;
+        for s in st.idle.drain() {
+            self.close_counted(&mut st, s);
         }
     }
 
@@ -350,7 +398,11 @@ impl Pool {
         let (tx, rx) = oneshot::channel();
         st.next_waiter_id += 1;
         let id = st.next_waiter_id;
-        st.waiters.push_back(Waiter { id, tx });
+        st.waiters.push_back(Waiter {
+            id,
+            tx,
+            since: Instant::now(),
+        });
         FirstLook::Wait(rx, id, settings)
     }
 
@@ -412,14 +464,15 @@ impl Pool {
                     }
                 },
             };
-            self.note_wait(started.elapsed());
-            return match grant {
+            let mut lease = match grant {
                 Grant::Server(s) => {
                     let st = self.lock();
-                    Ok(self.lease(&st, s))
+                    self.lease(&st, s)
                 }
-                Grant::Slot => self.open_on_slot().await,
+                Grant::Slot => self.open_on_slot().await?,
             };
+            lease.stats.waited = started.elapsed();
+            return Ok(lease);
         }
     }
 
@@ -446,15 +499,9 @@ impl Pool {
         Recheck::Wait
     }
 
-    fn note_wait(&self, waited: Duration) {
-        let mut st = self.lock();
-        if waited > st.max_wait {
-            st.max_wait = waited;
-        }
-    }
-
     fn lease(self: &Arc<Self>, st: &PoolState, server: ServerConn) -> Lease {
         Lease {
+            stats: TxStats::default(),
             pool: self.clone(),
             server: Some(server),
             generation: st.generation,
@@ -537,9 +584,10 @@ impl Pool {
 
     /// Returns a server from a lease: to the first waiter, else to the idle
     /// stack.
-    fn put_back(&self, mut server: ServerConn, generation: u64) {
+    fn put_back(&self, mut server: ServerConn, generation: u64, stats: &TxStats) {
         server.last_used = Instant::now();
         let mut st = self.lock();
+        st.stats.add(stats);
         st.active = st.active.saturating_sub(1);
         let too_old = !st.settings.server_lifetime.is_zero()
             && server.created.elapsed() >= st.settings.server_lifetime;

@@ -12,7 +12,7 @@ use sluice_config::Settings;
 use socket2::{Domain, Protocol, Socket, Type};
 use tokio::net::{TcpListener, UnixListener};
 
-use super::login::login;
+use super::login::{Admitted, login};
 use super::session::{self, Client, SessionEnd};
 use crate::app::{App, Phase};
 use crate::net::Stream;
@@ -136,15 +136,20 @@ impl Drop for ClientCountGuard {
 pub async fn handle_connection(app: Arc<App>, stream: Stream) {
     let count = app.clients.fetch_add(1, Ordering::AcqRel) + 1;
     let _guard = ClientCountGuard(app.clone());
-    let Some(mut client) = Box::pin(log_in(&app, stream, count)).await else {
-        return;
+    let mut client = match Box::pin(log_in(&app, stream, count)).await {
+        Some(Admitted::Client(c)) => c,
+        Some(Admitted::Console(stream, role)) => {
+            Box::pin(crate::admin::serve(app.clone(), stream, role)).await;
+            return;
+        }
+        None => return,
     };
     let end = session::run(&mut client).await;
     Box::pin(say_goodbye(client, end)).await;
 }
 
 /// Login with `client_login_timeout`; errors are sent and logged here.
-async fn log_in(app: &Arc<App>, stream: Stream, count: u32) -> Option<Client> {
+async fn log_in(app: &Arc<App>, stream: Stream, count: u32) -> Option<Admitted> {
     let (over_limit, login_timeout, log_pooler_errors) = {
         let config = app.config();
         let s = &config.settings;
@@ -181,6 +186,7 @@ async fn log_in(app: &Arc<App>, stream: Stream, count: u32) -> Option<Client> {
 /// Logs how a client left and tells it why, if it was thrown out.
 async fn say_goodbye(mut client: Client, end: SessionEnd) {
     client.app.cancels.unregister(client.cancel);
+    client.pool.client_left();
     match end {
         SessionEnd::ClientLeft => {
             if client.app.config().settings.log_disconnections {

@@ -4,7 +4,6 @@
 //! ReadyForQuery).
 
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
 
 use bytes::BytesMut;
 use sluice_wire::{
@@ -16,6 +15,7 @@ use tokio::io::AsyncWriteExt;
 use super::auth::authenticate;
 use super::error::ClientError;
 use super::session::Client;
+use crate::admin::{CONSOLE_DATABASES, Role, role_of};
 use crate::app::{App, Phase};
 use crate::codec::read_startup;
 use crate::net::Stream;
@@ -24,15 +24,29 @@ use crate::params::{ParamSet, tracked_name};
 /// Startup parameters that are not run-time settings.
 const STRUCTURAL_PARAMS: &[&str] = &["user", "database", "replication", "options"];
 
+/// Where a login leads.
+pub enum Admitted {
+    Client(Client),
+    /// The admin console, with the user's role.
+    Console(Stream, Role),
+}
+
+/// What login_inner decided, before the stream joins it.
+enum Decided {
+    Pooled(Box<LoggedIn>),
+    Console(Role),
+}
+
 /// Runs the login of one connection. `Ok(None)`: the connection was a cancel
 /// request and is done.
 pub async fn login(
     app: &Arc<App>,
     mut stream: Stream,
     over_client_limit: bool,
-) -> Result<Option<Client>, (Stream, ClientError)> {
+) -> Result<Option<Admitted>, (Stream, ClientError)> {
     match login_inner(app, &mut stream, over_client_limit).await {
-        Ok(Some(parts)) => Ok(Some(parts.into_client(stream))),
+        Ok(Some(Decided::Pooled(parts))) => Ok(Some(Admitted::Client(parts.into_client(stream)))),
+        Ok(Some(Decided::Console(role))) => Ok(Some(Admitted::Console(stream, role))),
         Ok(None) => Ok(None),
         Err(e) => Err((stream, e)),
     }
@@ -64,7 +78,7 @@ async fn login_inner(
     app: &Arc<App>,
     stream: &mut Stream,
     over_client_limit: bool,
-) -> Result<Option<LoggedIn>, ClientError> {
+) -> Result<Option<Decided>, ClientError> {
     let mut buf = BytesMut::new();
     let (minor, params, unknown_options) = loop {
         match read_startup(stream, &mut buf).await? {
@@ -144,6 +158,17 @@ async fn login_inner(
         )
         .await?
     };
+    if CONSOLE_DATABASES.contains(&database.as_str()) {
+        let role = role_of(app, &user)?;
+        tracing::info!(user = %user, peer = %stream.peer(), "console login");
+        return Ok(Some(Decided::Console(role)));
+    }
+    if app.control.is_disabled(&database) {
+        return Err(ClientError::new(
+            "57P03",
+            format!("database \"{database}\" is disabled"),
+        ));
+    }
     let pool = app
         .pool_for(&database, &user)
         .map_err(|e| ClientError::new("3D000", e.to_string()))?;
@@ -182,14 +207,14 @@ async fn login_inner(
         return Err(ClientError::protocol(e.to_string()));
     }
     tracing::info!(user = %user, db = %database, peer = %stream.peer(), "login");
-    let _ = app.clients.load(Ordering::Relaxed);
-    Ok(Some(LoggedIn {
+    pool.client_joined();
+    Ok(Some(Decided::Pooled(Box::new(LoggedIn {
         app: app.clone(),
         pool,
         params: client_params,
         cancel,
         user,
-    }))
+    }))))
 }
 
 /// The client's wanted parameters: the server's greeting overridden by the

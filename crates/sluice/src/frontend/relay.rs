@@ -51,6 +51,11 @@ struct Cycle {
     client_terminated: bool,
     /// Statement mode saw a transaction block open.
     refused_transaction: bool,
+    /// ReadyForQuery messages seen, and those with status 'I'.
+    cycles_done: u64,
+    xacts_done: u64,
+    /// Bytes written to the server and to the client.
+    written: (u64, u64),
 }
 
 impl Cycle {
@@ -97,7 +102,11 @@ pub async fn run(client: &mut Client, cbuf: &mut BytesMut, mut lease: Lease) -> 
         to_client: 0,
         client_terminated: false,
         refused_transaction: false,
+        cycles_done: 0,
+        xacts_done: 0,
+        written: (0, 0),
     };
+    let linked_at = std::time::Instant::now();
     let release_each = match settings.mode {
         PoolMode::Session => None,
         PoolMode::Transaction => Some(false),
@@ -151,6 +160,7 @@ pub async fn run(client: &mut Client, cbuf: &mut BytesMut, mut lease: Lease) -> 
             to_client: &mut cycle.to_client,
             read_client: !cycle.client_terminated,
             idle_timer: idle_timer.as_mut().map(|t| t.as_mut()),
+            written: &mut cycle.written,
         };
         match std::future::poll_fn(|cx| sides.poll(cx)).await {
             IoEvent::Progress { client_read } => {
@@ -175,6 +185,11 @@ pub async fn run(client: &mut Client, cbuf: &mut BytesMut, mut lease: Lease) -> 
         }
     };
     client.app.cancels.unlink(client.cancel);
+    lease.stats.xacts = cycle.xacts_done;
+    lease.stats.queries = cycle.cycles_done;
+    lease.stats.received = cycle.written.0;
+    lease.stats.sent = cycle.written.1;
+    lease.stats.linked = linked_at.elapsed();
     match end {
         Ok(Outcome::Release) => {
             if settings.server_reset_query_always
@@ -290,6 +305,10 @@ fn scan_server(
                     Ok(s) => {
                         cycle.outstanding = cycle.outstanding.saturating_sub(1);
                         cycle.status = s;
+                        cycle.cycles_done += 1;
+                        if s == TransactionStatus::Idle {
+                            cycle.xacts_done += 1;
+                        }
                         if refuse_transactions && s != TransactionStatus::Idle {
                             cycle.refused_transaction = true;
                         }

@@ -46,6 +46,8 @@ pub struct Sides<'a> {
     pub to_client: &'a mut usize,
     pub read_client: bool,
     pub idle_timer: Option<Pin<&'a mut Sleep>>,
+    /// Bytes written to the server and to the client (for SHOW STATS).
+    pub written: &'a mut (u64, u64),
 }
 
 fn reserve(buf: &mut BytesMut) {
@@ -64,6 +66,7 @@ impl Sides<'_> {
                 Poll::Ready(Ok(n)) => {
                     self.cbuf.advance(n);
                     *self.to_server -= n;
+                    self.written.0 += n as u64;
                     moved = true;
                 }
                 Poll::Ready(Err(e)) => return Poll::Ready(IoEvent::ServerFailed(e)),
@@ -75,6 +78,7 @@ impl Sides<'_> {
                 Poll::Ready(Ok(n)) => {
                     self.sbuf.advance(n);
                     *self.to_client -= n;
+                    self.written.1 += n as u64;
                     moved = true;
                 }
                 Poll::Ready(Err(_)) => return Poll::Ready(IoEvent::ClientGone),

@@ -84,6 +84,9 @@ impl Client {
                 "the pooler is shutting down",
             )));
         }
+        if self.app.control.anything_paused() {
+            self.wait_while_paused().await;
+        }
         let mut lease = match self.pool.acquire().await {
             Ok(l) => l,
             Err(e) => {
@@ -104,6 +107,22 @@ impl Client {
             RelayEnd::Released => None,
             RelayEnd::ClientLeft => Some(SessionEnd::ClientLeft),
             RelayEnd::Error(e) => Some(SessionEnd::Error(e)),
+        }
+    }
+
+    /// PAUSE: new transactions wait until RESUME (or shutdown).
+    async fn wait_while_paused(&self) {
+        loop {
+            let resumed = self.app.control.resumed.notified();
+            tokio::pin!(resumed);
+            resumed.as_mut().enable();
+            if !self.app.control.is_paused(&self.pool.database)
+                || self.app.phase() != Phase::Running
+            {
+                return;
+            }
+            // Bounded wait: a missed wake-up costs at most a second.
+            let _ = tokio::time::timeout(Duration::from_secs(1), resumed).await;
         }
     }
 

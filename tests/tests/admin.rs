@@ -1,0 +1,386 @@
+//! The admin console: PgBouncer 1.25's exact headers and types, true
+//! counts under load, permissions, and the commands that act on the process.
+
+use std::time::Duration;
+
+use sluice_tests::*;
+use tokio_postgres::SimpleQueryMessage;
+
+const T: Duration = Duration::from_secs(10);
+
+fn console(cluster: &Cluster, pool_size: u32) -> SluiceProcess {
+    ConfigBuilder::for_cluster(cluster)
+        .set("pool_mode", "transaction")
+        .set("default_pool_size", &pool_size.to_string())
+        .set("admin_users", "admin")
+        .set("stats_users", "watcher")
+        .set("max_client_conn", "3000")
+        .start()
+}
+
+/// Rows of a console command as (column name -> value) maps.
+async fn show(port: u16, user: &str, command: &str) -> Vec<Vec<(String, Option<String>)>> {
+    let client = connect_as(port, user, "pgbouncer").await;
+    let messages = client.simple_query(command).await.expect(command);
+    messages
+        .into_iter()
+        .filter_map(|m| match m {
+            SimpleQueryMessage::Row(row) => Some(
+                row.columns()
+                    .iter()
+                    .enumerate()
+                    .map(|(i, c)| (c.name().to_owned(), row.get(i).map(str::to_owned)))
+                    .collect(),
+            ),
+            _ => None,
+        })
+        .collect()
+}
+
+fn field<'a>(row: &'a [(String, Option<String>)], name: &str) -> &'a str {
+    row.iter()
+        .find(|(n, _)| n == name)
+        .and_then(|(_, v)| v.as_deref())
+        .unwrap_or_else(|| panic!("column {name} missing or NULL in {row:?}"))
+}
+
+fn number(row: &[(String, Option<String>)], name: &str) -> i64 {
+    field(row, name).parse().expect("a number")
+}
+
+/// (name, type oid) of each column of `command`'s RowDescription.
+async fn header(port: u16, command: &str) -> Vec<(String, i32)> {
+    let mut raw = RawClient::connect(port).await;
+    raw.startup("admin", "pgbouncer").await;
+    raw.read_until_ready(T).await;
+    let mut query = command.as_bytes().to_vec();
+    query.push(0);
+    let mut msg = vec![b'Q'];
+    msg.extend(((query.len() + 4) as i32).to_be_bytes());
+    msg.extend(query);
+    raw.send(&msg).await.expect("send query");
+    loop {
+        match raw.read_message(T).await {
+            RawReply::Message(b'T', body) => return parse_row_description(&body),
+            RawReply::Message(b'E', body) => panic!("{command}: {:?}", error_fields(&body)),
+            RawReply::Message(..) => continue,
+            other => panic!("{command}: {other:?}"),
+        }
+    }
+}
+
+fn parse_row_description(body: &[u8]) -> Vec<(String, i32)> {
+    let count = i16::from_be_bytes([body[0], body[1]]) as usize;
+    let mut pos = 2;
+    let mut out = Vec::new();
+    for _ in 0..count {
+        let end = pos + body[pos..].iter().position(|&b| b == 0).expect("name");
+        let name = String::from_utf8(body[pos..end].to_vec()).expect("utf8");
+        pos = end + 1;
+        let oid = i32::from_be_bytes([body[pos + 6], body[pos + 7], body[pos + 8], body[pos + 9]]);
+        pos += 18;
+        out.push((name, oid));
+    }
+    out
+}
+
+/// Type letters of PGBOUNCER-CONSOLE.md as PostgreSQL type oids.
+fn oids(types: &str) -> Vec<i32> {
+    types
+        .chars()
+        .map(|c| match c {
+            'i' => 23,
+            'q' => 20,
+            'N' => 1700,
+            _ => 25,
+        })
+        .collect()
+}
+
+fn expect_header(got: &[(String, i32)], names: &str, types: &str, command: &str) {
+    let want: Vec<&str> = names.split(", ").collect();
+    let got_names: Vec<&str> = got.iter().map(|(n, _)| n.as_str()).collect();
+    assert_eq!(got_names, want, "{command}: column names");
+    let got_types: Vec<i32> = got.iter().map(|(_, t)| *t).collect();
+    assert_eq!(got_types, oids(types), "{command}: column types");
+}
+
+#[tokio::test]
+async fn headers_match_pgbouncer_1_25_column_by_column() {
+    let cluster = app_cluster(ServerAuth::Trust);
+    let sluice = console(&cluster, 5);
+    let p = sluice.port();
+    // A pool, so that per-pool and per-database rows exist.
+    let c = connect(p, APP_USER, APP_PASSWORD, "postgres")
+        .await
+        .unwrap();
+    c.simple_query("select 1").await.unwrap();
+    let cases = [
+        (
+            "SHOW POOLS",
+            "database, user, cl_active, cl_waiting, cl_active_cancel_req, cl_waiting_cancel_req, sv_active, sv_active_cancel, sv_being_canceled, sv_idle, sv_used, sv_tested, sv_login, maxwait, maxwait_us, pool_mode, load_balance_hosts",
+            "ssiiiiiiiiiiiiiss".to_owned(),
+        ),
+        (
+            "SHOW STATS",
+            "database, total_server_assignment_count, total_xact_count, total_query_count, total_received, total_sent, total_xact_time, total_query_time, total_wait_time, total_client_parse_count, total_server_parse_count, total_bind_count, total_client_login_count, avg_server_assignment_count, avg_xact_count, avg_query_count, avg_recv, avg_sent, avg_xact_time, avg_query_time, avg_wait_time, avg_client_parse_count, avg_server_parse_count, avg_bind_count, avg_client_login_count",
+            format!("s{}", "N".repeat(24)),
+        ),
+        (
+            "SHOW STATS_TOTALS",
+            "database, server_assignment_count, xact_count, query_count, bytes_received, bytes_sent, xact_time, query_time, wait_time, client_parse_count, server_parse_count, bind_count, client_login_count",
+            format!("s{}", "N".repeat(12)),
+        ),
+        (
+            "SHOW STATS_AVERAGES",
+            "database, server_assignment_count, xact_count, query_count, bytes_received, bytes_sent, xact_time, query_time, wait_time, avg_client_parse_count, avg_server_parse_count, avg_bind_count, avg_client_login_count",
+            format!("s{}", "N".repeat(12)),
+        ),
+        (
+            "SHOW DATABASES",
+            "name, host, port, database, force_user, pool_size, min_pool_size, reserve_pool_size, server_lifetime, pool_mode, load_balance_hosts, max_connections, current_connections, max_client_connections, current_client_connections, paused, disabled",
+            "ssissiiiissiiiiii".to_owned(),
+        ),
+        (
+            "SHOW CONFIG",
+            "key, value, default, changeable",
+            "ssss".to_owned(),
+        ),
+        ("SHOW LISTS", "list, items", "si".to_owned()),
+        (
+            "SHOW USERS",
+            "name, pool_size, reserve_pool_size, pool_mode, max_user_connections, current_connections, max_user_client_connections, current_client_connections",
+            "siisiiii".to_owned(),
+        ),
+        ("SHOW STATE", "key, value", "ss".to_owned()),
+        ("SHOW VERSION", "version", "s".to_owned()),
+        ("SHOW TOTALS", "name, value", "sN".to_owned()),
+    ];
+    for (command, names, types) in cases {
+        expect_header(&header(p, command).await, names, &types, command);
+    }
+    let lists: Vec<String> = show(p, "admin", "SHOW LISTS")
+        .await
+        .iter()
+        .map(|r| field(r, "list").to_owned())
+        .collect();
+    assert_eq!(
+        lists,
+        [
+            "databases",
+            "users",
+            "peers",
+            "pools",
+            "peer_pools",
+            "free_clients",
+            "used_clients",
+            "login_clients",
+            "free_servers",
+            "used_servers",
+            "dns_names",
+            "dns_zones",
+            "dns_queries",
+            "dns_pending"
+        ]
+    );
+    let version = show(p, "admin", "SHOW VERSION").await;
+    assert!(field(&version[0], "version").starts_with("PgBouncer 1.25"));
+}
+
+#[tokio::test]
+async fn pool_counts_are_true_under_pgbench_load() {
+    let cluster = app_cluster(ServerAuth::Trust);
+    cluster.pgbench_init("postgres", 1).expect("pgbench -i");
+    let sluice = console(&cluster, 20);
+    let p = sluice.port();
+    let bench = std::thread::spawn(move || {
+        pgbench(
+            p,
+            "postgres",
+            "",
+            "postgres",
+            &["-S", "-n", "-c", "100", "-j", "2", "-T", "6"],
+            Duration::from_secs(60),
+        )
+    });
+    let mut saw_all = false;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    while tokio::time::Instant::now() < deadline {
+        let rows = show(p, "admin", "SHOW POOLS").await;
+        if let Some(r) = rows.iter().find(|r| field(r, "database") == "postgres") {
+            let clients = number(r, "cl_active") + number(r, "cl_waiting");
+            assert!(clients <= 100, "more clients than pgbench opened: {r:?}");
+            assert!(number(r, "sv_active") <= 20, "pool exceeded: {r:?}");
+            assert!(number(r, "sv_active") + number(r, "sv_idle") + number(r, "sv_login") <= 20);
+            saw_all |= clients == 100 && number(r, "cl_waiting") > 0;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let out = bench.join().expect("pgbench thread");
+    assert!(out.success(), "pgbench failed: {}", out.stderr);
+    assert!(
+        saw_all,
+        "never saw cl_active + cl_waiting = 100 with clients waiting"
+    );
+    let stats = show(p, "admin", "SHOW STATS").await;
+    let row = stats
+        .iter()
+        .find(|r| field(r, "database") == "postgres")
+        .expect("stats row");
+    assert!(number(row, "total_xact_count") > 100, "{row:?}");
+    assert!(number(row, "total_received") > 0 && number(row, "total_sent") > 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_thousand_idle_clients_hold_one_server() {
+    raise_fd_limit(5_000);
+    let cluster = app_cluster(ServerAuth::Trust);
+    let sluice = console(&cluster, 20);
+    let p = sluice.port();
+    let mut clients = Vec::new();
+    for _ in 0..1000 {
+        let c = connect(p, APP_USER, APP_PASSWORD, "postgres")
+            .await
+            .expect("connect");
+        c.simple_query("select 1").await.expect("query");
+        clients.push(c);
+    }
+    let rows = show(p, "admin", "SHOW POOLS").await;
+    let r = rows
+        .iter()
+        .find(|r| field(r, "database") == "postgres")
+        .expect("pool row");
+    assert_eq!(number(r, "cl_active"), 1000, "{r:?}");
+    assert_eq!(number(r, "cl_waiting"), 0);
+    assert!(number(r, "sv_active") + number(r, "sv_idle") <= 2, "{r:?}");
+    drop(clients);
+}
+
+fn raise_fd_limit(wanted: u64) {
+    let mut limit = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit/setrlimit only read and write the struct we pass.
+    unsafe {
+        assert_eq!(libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit), 0);
+        if limit.rlim_cur < wanted {
+            limit.rlim_cur = wanted.min(limit.rlim_max);
+            assert_eq!(libc::setrlimit(libc::RLIMIT_NOFILE, &limit), 0);
+        }
+    }
+}
+
+#[tokio::test]
+async fn only_admin_and_stats_users_get_in_and_stats_users_only_show() {
+    let cluster = app_cluster(ServerAuth::Trust);
+    let sluice = console(&cluster, 5);
+    let p = sluice.port();
+    expect_sqlstate(connect(p, "mallory", "", "pgbouncer").await, "42501");
+    let watcher = connect_as(p, "watcher", "pgbouncer").await;
+    watcher
+        .simple_query("SHOW POOLS")
+        .await
+        .expect("stats user may SHOW");
+    expect_sqlstate(watcher.simple_query("RELOAD").await, "42501");
+    // The console speaks the simple protocol only.
+    let admin = connect_as(p, "admin", "pgbouncer").await;
+    assert!(admin.query("SHOW POOLS", &[]).await.is_err());
+    admin
+        .simple_query("SHOW VERSION")
+        .await
+        .expect("still usable");
+}
+
+#[tokio::test]
+async fn pause_waits_for_servers_and_resume_lets_clients_go_on() {
+    let cluster = app_cluster(ServerAuth::Trust);
+    let sluice = console(&cluster, 5);
+    let p = sluice.port();
+    let busy = connect(p, APP_USER, APP_PASSWORD, "postgres")
+        .await
+        .unwrap();
+    let running =
+        tokio::spawn(async move { busy.simple_query("select pg_sleep(0.5)").await.is_ok() });
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let admin = connect_as(p, "admin", "pgbouncer").await;
+    let started = std::time::Instant::now();
+    admin.simple_query("PAUSE").await.expect("PAUSE");
+    assert!(
+        started.elapsed() >= Duration::from_millis(250),
+        "PAUSE did not wait"
+    );
+    assert!(running.await.unwrap(), "the running query must finish");
+    let state = show(p, "admin", "SHOW STATE").await;
+    assert_eq!(field(&state[1], "value"), "yes");
+    let waiting = connect(p, APP_USER, APP_PASSWORD, "postgres")
+        .await
+        .unwrap();
+    let query = tokio::spawn(async move { waiting.simple_query("select 1").await.is_ok() });
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    assert!(!query.is_finished(), "a query ran while paused");
+    admin.simple_query("RESUME").await.expect("RESUME");
+    let done = tokio::time::timeout(T, query)
+        .await
+        .expect("query after RESUME");
+    assert!(done.unwrap());
+}
+
+#[tokio::test]
+async fn disable_refuses_new_logins_and_enable_allows_them() {
+    let cluster = app_cluster(ServerAuth::Trust);
+    let sluice = console(&cluster, 5);
+    let p = sluice.port();
+    let admin = connect_as(p, "admin", "pgbouncer").await;
+    admin.simple_query("DISABLE postgres").await.unwrap();
+    expect_sqlstate(
+        connect(p, APP_USER, APP_PASSWORD, "postgres").await,
+        "57P03",
+    );
+    let dbs = show(p, "admin", "SHOW DATABASES").await;
+    let row = dbs.iter().find(|r| field(r, "name") == "postgres").unwrap();
+    assert_eq!(number(row, "disabled"), 1);
+    admin.simple_query("ENABLE postgres").await.unwrap();
+    connect(p, APP_USER, APP_PASSWORD, "postgres")
+        .await
+        .expect("login after ENABLE");
+}
+
+#[tokio::test]
+async fn set_changes_a_setting_and_show_config_reports_it() {
+    let cluster = app_cluster(ServerAuth::Trust);
+    let sluice = console(&cluster, 5);
+    let p = sluice.port();
+    let admin = connect_as(p, "admin", "pgbouncer").await;
+    admin
+        .simple_query("SET default_pool_size = 7")
+        .await
+        .expect("SET");
+    let config = show(p, "admin", "SHOW CONFIG").await;
+    let row = config
+        .iter()
+        .find(|r| field(r, "key") == "default_pool_size")
+        .unwrap();
+    assert_eq!(field(row, "value"), "7");
+    assert_eq!(field(row, "changeable"), "yes");
+    assert!(admin.simple_query("SET listen_port = 1").await.is_err());
+    assert!(
+        admin
+            .simple_query("SET default_pool_size = many")
+            .await
+            .is_err()
+    );
+}
+
+#[tokio::test]
+async fn shutdown_from_the_console_stops_the_process() {
+    let cluster = app_cluster(ServerAuth::Trust);
+    let mut sluice = console(&cluster, 5);
+    let admin = connect_as(sluice.port(), "admin", "pgbouncer").await;
+    let _ = admin.simple_query("SHUTDOWN").await;
+    let status = sluice
+        .wait_exit_async(Duration::from_secs(10))
+        .await
+        .expect("sluice exits after SHUTDOWN");
+    assert!(status.success(), "exit status {status:?}");
+}
