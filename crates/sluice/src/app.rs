@@ -56,6 +56,8 @@ pub struct App {
     pub control: OperatorSwitches,
     /// Averages for SHOW STATS.
     pub stats: StatsWindow,
+    /// Refused logins by SQLSTATE (for /metrics).
+    pub login_failures: Mutex<std::collections::BTreeMap<String, u64>>,
     pub clients: AtomicU32,
     phase: AtomicU8,
     pub phase_changed: Notify,
@@ -78,6 +80,7 @@ impl App {
             param_sets: ParamInterner::default(),
             control: OperatorSwitches::default(),
             stats: StatsWindow::default(),
+            login_failures: Mutex::default(),
             clients: AtomicU32::new(0),
             phase: AtomicU8::new(Phase::Running as u8),
             phase_changed: Notify::new(),
@@ -272,6 +275,15 @@ impl App {
                 tracing::warn!("cannot prepare pool {}: {e}", db.name);
             }
         }
+    }
+
+    /// Counts a refused login.
+    pub fn count_login_failure(&self, sqlstate: &str) {
+        let mut m = self
+            .login_failures
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        *m.entry(sqlstate.to_owned()).or_default() += 1;
     }
 
     /// Per-database totals of all pools (SHOW STATS, the averages sampler).

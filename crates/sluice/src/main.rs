@@ -136,6 +136,19 @@ fn main() -> ExitCode {
         workers,
         settings.runtime
     );
+    if let Some(addr) = settings.metrics_addr.as_deref().filter(|a| !a.is_empty()) {
+        let bound = control.block_on(async { tokio::net::TcpListener::bind(addr).await });
+        match bound {
+            Ok(listener) => {
+                tracing::info!("metrics on http://{addr}/metrics");
+                control.spawn(stats::http::serve(app.clone(), listener));
+            }
+            Err(e) => {
+                tracing::error!("cannot listen on metrics_addr {addr}: {e}");
+                return ExitCode::FAILURE;
+            }
+        }
+    }
     let result = control.block_on(control::run(app.clone(), worker_set));
     if !settings.pidfile.is_empty() {
         let _ = std::fs::remove_file(&settings.pidfile);

@@ -100,7 +100,7 @@ pub struct PoolCounts {
 }
 
 enum FirstLook {
-    Leased(Lease),
+    Leased(Box<Lease>),
     Open,
     Failing(String, String),
     Wait(oneshot::Receiver<Grant>, u64, Arc<PoolSettings>),
@@ -302,7 +302,17 @@ impl Pool {
 
     /// Totals since start.
     pub fn stats(&self) -> PoolStats {
-        self.lock().stats
+        self.lock().stats.clone()
+    }
+
+    /// True while logins to the server fail and no server is open: the
+    /// pool cannot serve (/health).
+    pub fn is_failing(&self) -> bool {
+        let st = self.lock();
+        st.total == 0
+            && st.last_login_failure.as_ref().is_some_and(|(at, _, _)| {
+                at.elapsed() < st.settings.server_login_retry.max(Duration::from_secs(1))
+            })
     }
 
     /// A client logged in to this pool.
@@ -381,7 +391,7 @@ impl Pool {
     fn first_look(self: &Arc<Self>) -> FirstLook {
         let mut st = self.lock();
         if let Some(lease) = self.take_idle(&mut st) {
-            return FirstLook::Leased(lease);
+            return FirstLook::Leased(Box::new(lease));
         }
         let settings = st.settings.clone();
         // After a failed login, wait server_login_retry before trying again;
@@ -410,7 +420,7 @@ impl Pool {
     pub async fn acquire(self: &Arc<Self>) -> Result<Lease, AcquireError> {
         let started = Instant::now();
         let (mut rx, waiter_id, settings) = match self.first_look() {
-            FirstLook::Leased(l) => return Ok(l),
+            FirstLook::Leased(l) => return Ok(*l),
             FirstLook::Open => return self.open_on_slot().await,
             FirstLook::Failing(code, msg) => return Err(AcquireError::RecentFailure(code, msg)),
             FirstLook::Wait(rx, id, settings) => (rx, id, settings),

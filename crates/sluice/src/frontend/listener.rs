@@ -174,6 +174,7 @@ async fn log_in(app: &Arc<App>, stream: Stream, count: u32) -> Option<Admitted> 
     match result {
         Ok(c) => c,
         Err((mut stream, e)) => {
+            app.count_login_failure(&e.code);
             if log_pooler_errors {
                 tracing::warn!(peer = %stream.peer(), "login failed: {e}");
             }

@@ -56,6 +56,8 @@ struct Cycle {
     xacts_done: u64,
     /// Bytes written to the server and to the client.
     written: (u64, u64),
+    /// SQLSTATE classes of server errors.
+    error_classes: Vec<[u8; 2]>,
 }
 
 impl Cycle {
@@ -105,6 +107,7 @@ pub async fn run(client: &mut Client, cbuf: &mut BytesMut, mut lease: Lease) -> 
         cycles_done: 0,
         xacts_done: 0,
         written: (0, 0),
+        error_classes: Vec::new(),
     };
     let linked_at = std::time::Instant::now();
     let release_each = match settings.mode {
@@ -190,6 +193,7 @@ pub async fn run(client: &mut Client, cbuf: &mut BytesMut, mut lease: Lease) -> 
     lease.stats.received = cycle.written.0;
     lease.stats.sent = cycle.written.1;
     lease.stats.linked = linked_at.elapsed();
+    lease.stats.error_classes = std::mem::take(&mut cycle.error_classes);
     match end {
         Ok(Outcome::Release) => {
             if settings.server_reset_query_always
@@ -298,7 +302,7 @@ fn scan_server(
         sbuf,
         cycle.to_client,
         SERVER_MESSAGE_LIMIT,
-        |tag| tag == b::READY_FOR_QUERY || tag == b::PARAMETER_STATUS,
+        |tag| tag == b::READY_FOR_QUERY || tag == b::PARAMETER_STATUS || tag == b::ERROR_RESPONSE,
         |tag, body| {
             match tag {
                 b::READY_FOR_QUERY => match TransactionStatus::decode(body) {
@@ -315,6 +319,13 @@ fn scan_server(
                     }
                     Err(e) => bad = Some(e),
                 },
+                b::ERROR_RESPONSE => {
+                    if let Ok(f) = sluice_wire::ErrorFields::decode(body)
+                        && let [a, b, ..] = f.code.as_bytes()
+                    {
+                        cycle.error_classes.push([*a, *b]);
+                    }
+                }
                 b::PARAMETER_STATUS => match ParameterStatus::decode(body) {
                     Ok(p) => {
                         if let Some(name) = tracked_name(p.name) {

@@ -3,6 +3,9 @@
 //! rates (per second) and mean times (per transaction, query, assignment),
 //! as PgBouncer computes them.
 
+pub mod http;
+pub mod metrics;
+
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Mutex;
 use std::time::Instant;
@@ -82,7 +85,7 @@ impl StatsWindow {
             let averages = totals
                 .iter()
                 .map(|(db, new)| {
-                    let old = old.get(db).copied().unwrap_or_default();
+                    let old = old.get(db).cloned().unwrap_or_default();
                     (db.clone(), Averages::between(&old, new, secs))
                 })
                 .collect();
@@ -115,6 +118,7 @@ mod tests {
             ..Default::default()
         };
         let a = Averages::between(&old, &new, 10.0);
+        assert_eq!(a.queries, 0);
         assert_eq!(a.xacts, 10);
         assert_eq!(a.received, 100);
         assert_eq!(a.xact_time_us, 50);

@@ -1,0 +1,136 @@
+//! The HTTP endpoint on `metrics_addr`: `GET /metrics` (Prometheus text
+//! format) and `GET /health` (200 when sluice can serve, 503 while paused,
+//! shutting down, or when a pool's server logins keep failing). Two
+//! fixed routes do not need an HTTP framework: a request line is read with
+//! a timeout and a size limit, one response is written, the connection
+//! closes.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+
+use crate::app::{App, Phase};
+
+const REQUEST_LIMIT: usize = 8192;
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Serves until the process exits.
+pub async fn serve(app: Arc<App>, listener: TcpListener) {
+    let registry = Arc::new(super::metrics::registry(app.clone()));
+    loop {
+        match listener.accept().await {
+            Ok((stream, _)) => {
+                let (app, registry) = (app.clone(), registry.clone());
+                tokio::spawn(async move {
+                    let _ = tokio::time::timeout(REQUEST_TIMEOUT, answer(&app, &registry, stream))
+                        .await;
+                });
+            }
+            Err(e) => {
+                tracing::warn!("metrics accept failed: {e}");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+    }
+}
+
+/// Why sluice cannot serve now, if it cannot.
+pub fn unhealthy(app: &App) -> Option<String> {
+    if app.phase() != Phase::Running {
+        return Some("shutting down".into());
+    }
+    if app.control.is_paused("") {
+        return Some("paused".into());
+    }
+    app.pools()
+        .iter()
+        .find(|p| p.is_failing())
+        .map(|p| format!("no reachable server for {}/{}", p.database, p.user))
+}
+
+async fn answer(
+    app: &App,
+    registry: &prometheus_client::registry::Registry,
+    mut stream: TcpStream,
+) -> std::io::Result<()> {
+    let mut buf = Vec::with_capacity(512);
+    let mut chunk = [0u8; 1024];
+    while !buf.windows(4).any(|w| w == b"\r\n\r\n") && !buf.windows(2).any(|w| w == b"\n\n") {
+        let n = stream.read(&mut chunk).await?;
+        if n == 0 {
+            break;
+        }
+        buf.extend_from_slice(&chunk[..n]);
+        if buf.len() > REQUEST_LIMIT {
+            return respond(
+                &mut stream,
+                "431 Request Header Fields Too Large",
+                "text/plain",
+                "too large\n",
+            )
+            .await;
+        }
+    }
+    let line = String::from_utf8_lossy(&buf);
+    let mut parts = line.split_whitespace();
+    let (method, path) = (parts.next().unwrap_or(""), parts.next().unwrap_or(""));
+    if method != "GET" {
+        return respond(
+            &mut stream,
+            "405 Method Not Allowed",
+            "text/plain",
+            "GET only\n",
+        )
+        .await;
+    }
+    match path.split('?').next().unwrap_or("") {
+        "/metrics" => {
+            let body = super::metrics::render(registry);
+            respond(
+                &mut stream,
+                "200 OK",
+                "application/openmetrics-text; version=1.0.0; charset=utf-8",
+                &body,
+            )
+            .await
+        }
+        "/health" => match unhealthy(app) {
+            None => respond(&mut stream, "200 OK", "text/plain", "ok\n").await,
+            Some(why) => {
+                respond(
+                    &mut stream,
+                    "503 Service Unavailable",
+                    "text/plain",
+                    &format!("{why}\n"),
+                )
+                .await
+            }
+        },
+        _ => {
+            respond(
+                &mut stream,
+                "404 Not Found",
+                "text/plain",
+                "try /metrics or /health\n",
+            )
+            .await
+        }
+    }
+}
+
+async fn respond(
+    stream: &mut TcpStream,
+    status: &str,
+    content_type: &str,
+    body: &str,
+) -> std::io::Result<()> {
+    let head = format!(
+        "HTTP/1.1 {status}\r\nContent-Type: {content_type}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+        body.len()
+    );
+    stream.write_all(head.as_bytes()).await?;
+    stream.write_all(body.as_bytes()).await?;
+    stream.shutdown().await
+}

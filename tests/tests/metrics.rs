@@ -1,0 +1,138 @@
+//! The HTTP endpoint: Prometheus `/metrics` with true counters and
+//! histograms, `/health` answering 503 while paused or with no reachable
+//! server.
+
+use std::time::Duration;
+
+use sluice_tests::*;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+/// One GET; returns (status code, body).
+async fn get(port: u16, path: &str) -> (u16, String) {
+    let mut s = tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .expect("connect to metrics_addr");
+    s.write_all(format!("GET {path} HTTP/1.1\r\nHost: x\r\n\r\n").as_bytes())
+        .await
+        .unwrap();
+    let mut text = String::new();
+    tokio::time::timeout(Duration::from_secs(10), s.read_to_string(&mut text))
+        .await
+        .expect("response in time")
+        .unwrap();
+    let status = text
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .expect("status line");
+    let body = text.split("\r\n\r\n").nth(1).unwrap_or_default().to_owned();
+    (status, body)
+}
+
+/// The value of the sample whose line starts with `prefix`.
+fn sample(body: &str, prefix: &str) -> f64 {
+    body.lines()
+        .find(|l| l.starts_with(prefix))
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("no sample {prefix} in:\n{body}"))
+}
+
+fn with_metrics(builder: ConfigBuilder) -> (SluiceProcess, u16) {
+    let port = sluice_testkit::free_port().expect("free port");
+    let sluice = builder
+        .set("pool_mode", "transaction")
+        .set("admin_users", "admin")
+        .sluice("metrics_addr", &format!("127.0.0.1:{port}"))
+        .start();
+    (sluice, port)
+}
+
+#[tokio::test]
+async fn metrics_count_transactions_errors_and_latency() {
+    let cluster = app_cluster(ServerAuth::Trust);
+    let (sluice, mport) = with_metrics(ConfigBuilder::for_cluster(&cluster));
+    let c = connect(sluice.port(), APP_USER, APP_PASSWORD, "postgres")
+        .await
+        .unwrap();
+    for _ in 0..25 {
+        c.simple_query("select 1").await.unwrap();
+    }
+    assert!(c.simple_query("select 1/0").await.is_err());
+    expect_sqlstate(
+        connect(sluice.port(), APP_USER, APP_PASSWORD, "nosuchdb").await,
+        "3D000",
+    );
+    let (status, body) = get(mport, "/metrics").await;
+    assert_eq!(status, 200);
+    let labels = "{database=\"postgres\",user=\"app\"}";
+    assert!(sample(&body, &format!("sluice_transactions_total{labels}")) >= 26.0);
+    assert!(sample(&body, &format!("sluice_received_bytes_total{labels}")) > 0.0);
+    let count = sample(
+        &body,
+        &format!("sluice_transaction_duration_seconds_count{labels}"),
+    );
+    let inf = sample(
+        &body,
+        "sluice_transaction_duration_seconds_bucket{le=\"+Inf\",database=\"postgres\",user=\"app\"}",
+    );
+    assert_eq!(count, inf, "+Inf bucket equals the count");
+    assert!(count >= 26.0);
+    let fast = sample(
+        &body,
+        "sluice_transaction_duration_seconds_bucket{le=\"0.00005\",database=\"postgres\",user=\"app\"}",
+    );
+    assert!(
+        fast <= count,
+        "buckets are cumulative and bounded by the count"
+    );
+    assert_eq!(
+        sample(
+            &body,
+            "sluice_server_errors_total{database=\"postgres\",user=\"app\",class=\"22\"}"
+        ),
+        1.0
+    );
+    assert_eq!(
+        sample(
+            &body,
+            "sluice_client_login_failures_total{sqlstate=\"3D000\"}"
+        ),
+        1.0
+    );
+    assert!(sample(&body, "process_resident_memory_bytes") > 0.0);
+    assert_eq!(get(mport, "/nope").await.0, 404);
+}
+
+#[tokio::test]
+async fn health_is_503_while_paused_and_200_after_resume() {
+    let cluster = app_cluster(ServerAuth::Trust);
+    let (sluice, mport) = with_metrics(ConfigBuilder::for_cluster(&cluster));
+    assert_eq!(get(mport, "/health").await.0, 200);
+    let admin = connect_as(sluice.port(), "admin", "pgbouncer").await;
+    admin.simple_query("PAUSE").await.unwrap();
+    let (status, body) = get(mport, "/health").await;
+    assert_eq!((status, body.trim()), (503, "paused"));
+    admin.simple_query("RESUME").await.unwrap();
+    assert_eq!(get(mport, "/health").await.0, 200);
+}
+
+#[tokio::test]
+async fn health_is_503_when_no_server_can_be_reached() {
+    let dead_port = sluice_testkit::free_port().expect("free port");
+    let builder = ConfigBuilder::new()
+        .database(
+            "down",
+            &format!("host=127.0.0.1 port={dead_port} dbname=postgres"),
+        )
+        .set("server_login_retry", "30");
+    let (sluice, mport) = with_metrics(builder);
+    assert!(
+        connect(sluice.port(), APP_USER, APP_PASSWORD, "down")
+            .await
+            .is_err()
+    );
+    let (status, body) = get(mport, "/health").await;
+    assert_eq!(status, 503, "{body}");
+    assert!(body.contains("no reachable server"), "{body}");
+}
