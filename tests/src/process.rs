@@ -94,6 +94,39 @@ impl SluiceProcess {
         panic!("sluice did not start after {START_ATTEMPTS} attempts:\n{last_log}");
     }
 
+    /// Starts sluice on `port`, which another sluice may already hold (with
+    /// `so_reuseport = 1`): waits for the log to say it listens, since the
+    /// port itself listens already.
+    pub fn start_sharing_port(config: &str, port: u16) -> SluiceProcess {
+        let dir = ScratchDir::create();
+        let ini_path = dir.path().join("pgbouncer.ini");
+        let log_path = dir.path().join("sluice.log");
+        write_filled(&ini_path, config, port, dir.path());
+        let mut process = SluiceProcess {
+            child: spawn(&ini_path, &log_path),
+            port,
+            exit_status: None,
+            log_path,
+            ini_path,
+            dir,
+        };
+        let deadline = Instant::now() + START_TIMEOUT;
+        loop {
+            if let Some(status) = process.try_exit_status() {
+                panic!("second sluice exited with {status}:\n{}", process.log());
+            }
+            if process.log().contains("listening on") {
+                return process;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "second sluice did not start:\n{}",
+                process.log()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
     /// Waits until the port is in LISTEN state (checked in /proc, so no
     /// probe connection is counted as a client), or returns the log when
     /// the process died or the deadline passed.

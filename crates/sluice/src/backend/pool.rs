@@ -602,7 +602,9 @@ impl Pool {
         let too_old = !st.settings.server_lifetime.is_zero()
             && server.created.elapsed() >= st.settings.server_lifetime;
         let over_size = st.total > st.settings.pool_size + st.settings.reserve_pool_size;
-        if generation != st.generation || too_old || (over_size && st.waiters.is_empty()) {
+        // Above the pool size (a RELOAD shrank it): close, even with clients
+        // waiting; they get the servers that remain.
+        if generation != st.generation || too_old || over_size {
             self.close_counted(&mut st, server);
             return;
         }

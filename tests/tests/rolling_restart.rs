@@ -1,0 +1,156 @@
+//! Rolling restart: with `so_reuseport = 1` a second sluice binds the same
+//! port and takes new connections while the first, sent SIGTERM, stops
+//! accepting, serves its clients to the end and exits. pgbench opening a new
+//! connection per transaction (`-C`) runs through it without a failure.
+
+use std::time::Duration;
+
+use sluice_tests::*;
+
+/// Lets the kernel hand connections still queued on a closing listener to
+/// another listener of the same SO_REUSEPORT group, as an operator doing
+/// rolling restarts would configure it. Restores the old value on drop.
+struct MigrateQueuedConnections(Option<String>);
+
+const MIGRATE_SYSCTL: &str = "/proc/sys/net/ipv4/tcp_migrate_req";
+
+impl MigrateQueuedConnections {
+    fn enable() -> Self {
+        let old = std::fs::read_to_string(MIGRATE_SYSCTL).ok();
+        if old.is_some() && std::fs::write(MIGRATE_SYSCTL, "1").is_err() {
+            eprintln!("cannot set {MIGRATE_SYSCTL}: queued connections may be reset");
+        }
+        Self(old)
+    }
+}
+
+impl Drop for MigrateQueuedConnections {
+    fn drop(&mut self) {
+        if let Some(old) = &self.0 {
+            let _ = std::fs::write(MIGRATE_SYSCTL, old.trim());
+        }
+    }
+}
+
+#[test]
+fn pgbench_runs_through_a_rolling_restart_without_a_failed_transaction() {
+    let _migrate = MigrateQueuedConnections::enable();
+    let cluster = app_cluster(ServerAuth::Trust);
+    cluster.pgbench_init("postgres", 1).expect("pgbench -i");
+    let config = ConfigBuilder::for_cluster(&cluster)
+        .set("pool_mode", "transaction")
+        .set("default_pool_size", "5")
+        .set("so_reuseport", "1")
+        .set("admin_users", "admin");
+    let mut old = config.start();
+    let port = old.port();
+    let bench = std::thread::spawn(move || {
+        pgbench(
+            port,
+            "postgres",
+            "",
+            "postgres",
+            &["-C", "-S", "-n", "-c", "4", "-j", "2", "-T", "8"],
+            Duration::from_secs(60),
+        )
+    });
+    std::thread::sleep(Duration::from_secs(2));
+    let text = config.render().replace("@PORT@", &port.to_string());
+    let mut new = SluiceProcess::start_sharing_port(&text, port);
+    std::thread::sleep(Duration::from_millis(500));
+    old.signal("TERM");
+    let status = old
+        .wait_exit(Duration::from_secs(20))
+        .expect("the old sluice exits once its clients are gone");
+    assert!(status.success(), "old sluice: {status:?}\n{}", old.log());
+    let out = bench.join().expect("pgbench thread");
+    assert!(
+        out.success(),
+        "pgbench failed through the restart:\n{}\n{}",
+        out.stdout,
+        out.stderr
+    );
+    assert!(
+        out.stdout.contains("number of failed transactions: 0"),
+        "{}",
+        out.stdout
+    );
+    assert!(
+        !out.stderr.contains("failed"),
+        "pgbench reported failures: {}",
+        out.stderr
+    );
+    // The new process served the connections opened after the handover.
+    assert!(new.is_running(), "the new sluice must keep running");
+    let logins = new.log().matches("login").count();
+    assert!(logins > 10, "the new sluice served only {logins} logins");
+}
+
+#[test]
+fn reload_under_pgbench_load_applies_pool_size_and_drops_no_one() {
+    let cluster = app_cluster(ServerAuth::Trust);
+    cluster.pgbench_init("postgres", 1).expect("pgbench -i");
+    let config = |pool_size: u32| {
+        ConfigBuilder::for_cluster(&cluster)
+            .set("pool_mode", "transaction")
+            .set("default_pool_size", &pool_size.to_string())
+            .set("admin_users", "admin")
+    };
+    let sluice = config(12).start();
+    let port = sluice.port();
+    let bench = std::thread::spawn(move || {
+        pgbench(
+            port,
+            "postgres",
+            "",
+            "postgres",
+            &["-S", "-n", "-c", "30", "-j", "2", "-T", "7"],
+            Duration::from_secs(60),
+        )
+    });
+    std::thread::sleep(Duration::from_secs(2));
+    sluice.rewrite_config(&config(4).render());
+    sluice.reload();
+    std::thread::sleep(Duration::from_secs(2));
+    sluice.rewrite_config(&config(6).set("query_wait_timeout", "30").render());
+    sluice.reload();
+    let out = bench.join().expect("pgbench thread");
+    assert!(
+        out.success(),
+        "pgbench failed across reloads:\n{}",
+        out.stderr
+    );
+    assert!(out.stdout.contains("number of failed transactions: 0"));
+    assert_eq!(
+        out.stdout.matches("number of clients: 30").count(),
+        1,
+        "{}",
+        out.stdout
+    );
+    // The pool shrank to the new size: no more than 6 servers remain.
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(async {
+        let admin = connect_as(port, "admin", "pgbouncer").await;
+        let rows = admin.simple_query("SHOW POOLS").await.unwrap();
+        let row = rows
+            .iter()
+            .find_map(|m| match m {
+                tokio_postgres::SimpleQueryMessage::Row(r)
+                    if r.get("database") == Some("postgres") =>
+                {
+                    Some(r)
+                }
+                _ => None,
+            })
+            .expect("pool row");
+        let servers: i64 = ["sv_active", "sv_idle", "sv_login"]
+            .iter()
+            .map(|c| row.get(*c).unwrap().parse::<i64>().unwrap())
+            .sum();
+        assert!(
+            servers <= 6,
+            "pool still has {servers} servers after shrinking to 6"
+        );
+    });
+    assert!(sluice.log().contains("configuration reloaded"));
+}
