@@ -13,7 +13,7 @@ build:
 	$(CARGO) build --release -p sluice -p sluice-testkit
 
 # Builds, starts a throwaway PostgreSQL, runs sluice in front of it, shows it.
-demo: deps build
+demo: peers build
 	python3 scripts/demo.py
 
 # The whole suite: unit tests, the wire property test, integration tests
