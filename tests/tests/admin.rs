@@ -384,3 +384,103 @@ async fn shutdown_from_the_console_stops_the_process() {
         .expect("sluice exits after SHUTDOWN");
     assert!(status.success(), "exit status {status:?}");
 }
+
+#[tokio::test]
+async fn show_clients_and_servers_list_connections_that_link_up() {
+    let cluster = app_cluster(ServerAuth::Trust);
+    let sluice = console(&cluster, 5);
+    let p = sluice.port();
+    expect_header(
+        &header(p, "SHOW CLIENTS").await,
+        "type, user, database, replication, state, addr, port, local_addr, local_port, connect_time, request_time, wait, wait_us, close_needed, ptr, link, remote_pid, tls, application_name, prepared_statements, id",
+        "ssssssisiTTiiississii",
+        "SHOW CLIENTS",
+    );
+    expect_header(
+        &header(p, "SHOW SERVERS").await,
+        "type, user, database, replication, state, addr, port, local_addr, local_port, connect_time, request_time, wait, wait_us, close_needed, ptr, link, remote_pid, tls, application_name, prepared_statements, id",
+        "ssssssisiTTiiississii",
+        "SHOW SERVERS",
+    );
+    let busy = connect(p, APP_USER, APP_PASSWORD, "postgres")
+        .await
+        .unwrap();
+    let busy_pid = scalar_text(&busy, "select pg_backend_pid()").await;
+    let sleeping =
+        tokio::spawn(async move { busy.simple_query("select pg_sleep(1)").await.is_ok() });
+    let idle = connect(p, APP_USER, APP_PASSWORD, "postgres")
+        .await
+        .unwrap();
+    idle.simple_query("select 1").await.unwrap();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let clients = show(p, "admin", "SHOW CLIENTS").await;
+    let app_clients: Vec<_> = clients
+        .iter()
+        .filter(|r| field(r, "database") == "postgres")
+        .collect();
+    assert_eq!(app_clients.len(), 2, "{clients:?}");
+    let active = app_clients
+        .iter()
+        .find(|r| field(r, "state") == "active")
+        .expect("the sleeping client is active");
+    assert!(app_clients.iter().any(|r| field(r, "state") == "idle"));
+    assert_eq!(field(active, "addr"), "127.0.0.1");
+    assert!(field(active, "connect_time").ends_with(" UTC"));
+    let servers = show(p, "admin", "SHOW SERVERS").await;
+    let linked = servers
+        .iter()
+        .find(|r| field(r, "state") == "active")
+        .expect("an active server");
+    assert_eq!(field(linked, "remote_pid"), busy_pid);
+    assert_eq!(field(linked, "link"), field(active, "ptr"));
+    assert_eq!(field(active, "link"), field(linked, "ptr"));
+    assert!(sleeping.await.unwrap());
+}
+
+#[tokio::test]
+async fn kill_client_and_kill_db_disconnect_clients() {
+    let cluster = app_cluster(ServerAuth::Trust);
+    let sluice = console(&cluster, 5);
+    let p = sluice.port();
+    let mut victim = connect_tracked(p, APP_USER, APP_PASSWORD, "postgres")
+        .await
+        .expect("victim connects");
+    victim.client.simple_query("select 1").await.unwrap();
+    let bystander = connect(p, APP_USER, APP_PASSWORD, "postgres")
+        .await
+        .unwrap();
+    let clients = show(p, "admin", "SHOW CLIENTS").await;
+    let ids: Vec<String> = clients
+        .iter()
+        .filter(|r| field(r, "database") == "postgres")
+        .map(|r| field(r, "id").to_owned())
+        .collect();
+    assert_eq!(ids.len(), 2);
+    let admin = connect_as(p, "admin", "pgbouncer").await;
+    // Kill clients one by one until the victim is gone.
+    let mut killed_victim = false;
+    for id in &ids {
+        admin
+            .simple_query(&format!("KILL_CLIENT {id}"))
+            .await
+            .expect("KILL_CLIENT");
+        if victim.ended(Duration::from_secs(2)).await.is_some() {
+            killed_victim = true;
+            break;
+        }
+    }
+    assert!(killed_victim, "KILL_CLIENT did not disconnect the client");
+    assert!(admin.simple_query("KILL_CLIENT 12345").await.is_err());
+    let survivor = connect(p, APP_USER, APP_PASSWORD, "postgres")
+        .await
+        .unwrap();
+    admin.simple_query("KILL postgres").await.expect("KILL");
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(survivor.simple_query("select 1").await.is_err());
+    drop(bystander);
+    let left = show(p, "admin", "SHOW CLIENTS").await;
+    assert!(
+        left.iter().all(|r| field(r, "database") != "postgres"),
+        "{left:?}"
+    );
+}

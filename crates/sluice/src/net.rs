@@ -51,6 +51,31 @@ impl Stream {
         })
     }
 
+    /// TCP peer address (None for Unix sockets).
+    pub fn peer_addr(&self) -> Option<std::net::SocketAddr> {
+        match self {
+            Self::Tcp(s) => s.peer_addr().ok(),
+            Self::Unix(_) => None,
+        }
+    }
+
+    /// TCP local address (None for Unix sockets).
+    pub fn local_addr(&self) -> Option<std::net::SocketAddr> {
+        match self {
+            Self::Tcp(s) => s.local_addr().ok(),
+            Self::Unix(_) => None,
+        }
+    }
+
+    /// The socket's descriptor (for KILL, which shuts it down).
+    pub fn raw_fd(&self) -> i32 {
+        use std::os::fd::AsRawFd;
+        match self {
+            Self::Tcp(s) => s.as_raw_fd(),
+            Self::Unix(s) => s.as_raw_fd(),
+        }
+    }
+
     /// Peer address for logs and the console.
     pub fn peer(&self) -> String {
         match self {

@@ -14,7 +14,7 @@ use crate::app::{App, Phase};
 const PAUSE_WAIT: Duration = Duration::from_secs(60);
 
 const HELP: &str = "Console usage\n\
-\tSHOW HELP|CONFIG|DATABASES|POOLS|USERS|STATS|STATS_TOTALS|STATS_AVERAGES|TOTALS|LISTS|STATE|VERSION|MEM\n\
+\tSHOW HELP|CONFIG|DATABASES|POOLS|CLIENTS|SERVERS|USERS|STATS|STATS_TOTALS|STATS_AVERAGES|TOTALS|LISTS|STATE|VERSION|MEM\n\
 \tSET key = arg\n\
 \tRELOAD\n\
 \tPAUSE [<db>]\n\
@@ -22,6 +22,8 @@ const HELP: &str = "Console usage\n\
 \tDISABLE <db>\n\
 \tENABLE <db>\n\
 \tRECONNECT [<db>]\n\
+\tKILL <db>\n\
+\tKILL_CLIENT <id>\n\
 \tSHUTDOWN\n\
 \tSHUTDOWN WAIT_FOR_SERVERS|WAIT_FOR_CLIENTS";
 
@@ -78,6 +80,31 @@ pub async fn run(app: &App, role: Role, sql: &str, out: &mut BytesMut) {
             command_complete(out, "RECONNECT");
         }
         "SET" => set(app, &text[3..], out),
+        "KILL" => match rest.first() {
+            Some(db) => {
+                let killed = app.cancels.kill(|_, m| m.pool.database == *db);
+                for p in app.pools().iter().filter(|p| p.database == *db) {
+                    p.reconnect();
+                }
+                tracing::info!("KILL {db}: {killed} clients disconnected");
+                command_complete(out, "KILL");
+            }
+            None => error(out, "42601", "KILL needs a database name"),
+        },
+        "KILL_CLIENT" => match rest.first().and_then(|id| id.parse::<i32>().ok()) {
+            Some(id) => {
+                if app.cancels.kill(|pid, _| pid == id) == 1 {
+                    command_complete(out, "KILL_CLIENT");
+                } else {
+                    error(out, "42704", &format!("no client with id {id}"));
+                }
+            }
+            None => error(
+                out,
+                "42601",
+                "KILL_CLIENT needs a client id (SHOW CLIENTS, column id)",
+            ),
+        },
         "SHUTDOWN" => {
             let phase = match rest.first().map(|w| w.to_ascii_uppercase()).as_deref() {
                 None => Phase::Immediate,
@@ -117,6 +144,8 @@ fn show_command(app: &App, rest: &[&str], out: &mut BytesMut) {
         "STATE" => show::state(app),
         "VERSION" => show::version(),
         "MEM" => show::mem(),
+        "CLIENTS" => super::sockets::clients(app),
+        "SERVERS" => super::sockets::servers(app),
         "HELP" | "" => {
             ErrorFields::new(Severity::Notice, "00000", HELP).encode(out);
             command_complete(out, "SHOW");

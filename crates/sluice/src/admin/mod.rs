@@ -6,6 +6,7 @@
 mod commands;
 mod result;
 mod show;
+mod sockets;
 
 use std::sync::Arc;
 

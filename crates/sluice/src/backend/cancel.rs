@@ -6,7 +6,7 @@
 //! are the slot index, its high bits random): 32 bytes per client, no map, and
 //! linking a server for a transaction is one atomic store.
 
-use std::sync::atomic::{AtomicI32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
 use bytes::BytesMut;
@@ -30,7 +30,34 @@ struct Slot {
     secret: AtomicI32,
     /// The linked server's key (pid << 32 | secret); 0 when not linked.
     server: AtomicU64,
-    pool: Mutex<Option<Arc<Pool>>>,
+    /// Waiting in line for a server.
+    waiting: AtomicBool,
+    /// Who the client is (SHOW CLIENTS, KILL). Taken by unregister before
+    /// the client's socket closes, so a holder of this lock may act on fd.
+    meta: Mutex<Option<ClientMeta>>,
+}
+
+/// What SHOW CLIENTS tells about a client.
+#[derive(Clone)]
+pub struct ClientMeta {
+    pub pool: Arc<Pool>,
+    pub user: Box<str>,
+    pub peer: Option<std::net::SocketAddr>,
+    pub local: Option<std::net::SocketAddr>,
+    pub connected: std::time::SystemTime,
+    pub application_name: Box<str>,
+    /// The client's socket, for KILL.
+    pub fd: i32,
+}
+
+/// One row of SHOW CLIENTS.
+#[derive(Clone)]
+pub struct ClientRow {
+    pub pid: i32,
+    pub meta: ClientMeta,
+    pub waiting: bool,
+    /// The linked server's backend pid.
+    pub server_pid: Option<i32>,
 }
 
 /// A client's key and where its slot is.
@@ -75,7 +102,7 @@ impl CancelRegistry {
 
     /// Gives a new client of `pool` a key and a slot; `None` when all 2^21
     /// slots are taken.
-    pub fn register(&self, pool: &Arc<Pool>) -> Option<CancelHandle> {
+    pub fn register(&self, meta: ClientMeta) -> Option<CancelHandle> {
         let index = {
             let mut free = self.free.lock().unwrap_or_else(|p| p.into_inner());
             match free.0.pop() {
@@ -97,8 +124,9 @@ impl CancelRegistry {
             process_id: (high << INDEX_BITS) | index as i32,
             secret_key: i32::from_be_bytes([raw[2], raw[3], raw[4], raw[5]]),
         };
-        *slot.pool.lock().unwrap_or_else(|p| p.into_inner()) = Some(pool.clone());
+        *slot.meta.lock().unwrap_or_else(|p| p.into_inner()) = Some(meta);
         slot.server.store(0, Ordering::Relaxed);
+        slot.waiting.store(false, Ordering::Relaxed);
         slot.secret.store(key.secret_key, Ordering::Relaxed);
         slot.pid.store(key.process_id, Ordering::Release);
         Some(CancelHandle { key, index })
@@ -106,9 +134,11 @@ impl CancelRegistry {
 
     pub fn unregister(&self, handle: CancelHandle) {
         if let Some(slot) = self.slot(handle.index) {
+            let mut meta = slot.meta.lock().unwrap_or_else(|p| p.into_inner());
             slot.pid.store(0, Ordering::Release);
             slot.server.store(0, Ordering::Relaxed);
-            *slot.pool.lock().unwrap_or_else(|p| p.into_inner()) = None;
+            *meta = None;
+            drop(meta);
             self.free
                 .lock()
                 .unwrap_or_else(|p| p.into_inner())
@@ -130,6 +160,61 @@ impl CancelRegistry {
         }
     }
 
+    /// The client waits for a server (or no longer does).
+    pub fn set_waiting(&self, handle: CancelHandle, waiting: bool) {
+        if let Some(slot) = self.slot(handle.index) {
+            slot.waiting.store(waiting, Ordering::Relaxed);
+        }
+    }
+
+    /// Every logged-in client (SHOW CLIENTS).
+    pub fn clients(&self) -> Vec<ClientRow> {
+        let used = self.free.lock().unwrap_or_else(|p| p.into_inner()).1;
+        let mut out = Vec::new();
+        for index in 0..used {
+            let Some(slot) = self.slot(index) else {
+                continue;
+            };
+            let meta = slot.meta.lock().unwrap_or_else(|p| p.into_inner());
+            let pid = slot.pid.load(Ordering::Acquire);
+            if let (Some(meta), true) = (meta.as_ref(), pid != 0) {
+                let server = slot.server.load(Ordering::Acquire);
+                out.push(ClientRow {
+                    pid,
+                    meta: meta.clone(),
+                    waiting: slot.waiting.load(Ordering::Relaxed),
+                    server_pid: (server != 0).then(|| unpack(server).process_id),
+                });
+            }
+        }
+        out
+    }
+
+    /// Disconnects the clients `select` picks, by shutting their sockets
+    /// down: their tasks see the close and clean up as if the client left.
+    /// Returns how many.
+    pub fn kill(&self, select: impl Fn(i32, &ClientMeta) -> bool) -> usize {
+        let used = self.free.lock().unwrap_or_else(|p| p.into_inner()).1;
+        let mut killed = 0;
+        for index in 0..used {
+            let Some(slot) = self.slot(index) else {
+                continue;
+            };
+            let meta = slot.meta.lock().unwrap_or_else(|p| p.into_inner());
+            let pid = slot.pid.load(Ordering::Acquire);
+            if let Some(m) = meta.as_ref()
+                && pid != 0
+                && select(pid, m)
+            {
+                // SAFETY: the fd is the client's open socket: unregister
+                // (which runs before the socket is closed) needs this lock.
+                unsafe { libc::shutdown(m.fd, libc::SHUT_RDWR) };
+                killed += 1;
+            }
+        }
+        killed
+    }
+
     /// Forwards a client's cancel request. Unknown keys and clients that run
     /// nothing are ignored, as PostgreSQL does.
     pub async fn cancel(&self, req: CancelRequest) -> std::io::Result<bool> {
@@ -142,7 +227,12 @@ impl CancelRegistry {
             })
             .and_then(|s| {
                 let server = s.server.load(Ordering::Acquire);
-                let pool = s.pool.lock().unwrap_or_else(|p| p.into_inner()).clone();
+                let pool = s
+                    .meta
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .as_ref()
+                    .map(|m| m.pool.clone());
                 (server != 0)
                     .then_some(())
                     .and(pool)

@@ -86,6 +86,11 @@ impl IdleServers {
         out
     }
 
+    /// Visits every idle server.
+    pub fn for_each(&self, mut f: impl FnMut(&ServerConn)) {
+        self.stacks.iter().flatten().for_each(&mut f);
+    }
+
     /// Removes all.
     pub fn drain(&mut self) -> Vec<ServerConn> {
         self.len = 0;

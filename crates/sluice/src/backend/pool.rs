@@ -81,6 +81,8 @@ struct PoolState {
     generation: u64,
     /// Clients logged in to this pool.
     clients: u32,
+    /// Servers lent now (SHOW SERVERS).
+    lent: Vec<ServerRow>,
     stats: PoolStats,
 }
 
@@ -99,6 +101,12 @@ pub struct PoolCounts {
     pub max_wait: Duration,
 }
 
+fn forget_lent(st: &mut PoolState, id: u64) {
+    if let Some(i) = st.lent.iter().position(|r| r.id == id) {
+        st.lent.swap_remove(i);
+    }
+}
+
 enum FirstLook {
     Leased(Box<Lease>),
     Open,
@@ -110,6 +118,28 @@ enum Recheck {
     Slot,
     Wait,
     Expired,
+}
+
+/// One row of SHOW SERVERS.
+#[derive(Debug, Clone, Copy)]
+pub struct ServerRow {
+    pub id: u64,
+    pub remote_pid: i32,
+    pub created: std::time::SystemTime,
+    pub local: Option<std::net::SocketAddr>,
+    pub active: bool,
+}
+
+impl ServerRow {
+    fn of(server: &ServerConn, active: bool) -> Self {
+        Self {
+            id: server.id,
+            remote_pid: server.key.process_id,
+            created: server.created_wall,
+            local: server.local_addr,
+            active,
+        }
+    }
 }
 
 /// Why no server could be had.
@@ -170,6 +200,7 @@ impl Lease {
             self.server = Some(server);
             return Ok(());
         }
+        let id = server.id;
         match server.move_to_current_worker() {
             Ok(s) => {
                 self.server = Some(s);
@@ -177,7 +208,7 @@ impl Lease {
             }
             Err(e) => {
                 // The socket is gone with the error; free its slot.
-                self.pool.forget_active();
+                self.pool.forget_active(id);
                 Err(e)
             }
         }
@@ -256,6 +287,7 @@ impl Pool {
                 last_login_failure: None,
                 generation: 0,
                 clients: 0,
+                lent: Vec::new(),
                 stats: PoolStats::default(),
             }),
         }
@@ -476,8 +508,10 @@ impl Pool {
             };
             let mut lease = match grant {
                 Grant::Server(s) => {
-                    let st = self.lock();
-                    self.lease(&st, s)
+                    let mut st = self.lock();
+                    // The releaser counted it active and removed it from
+                    // `lent`; it is lent again here.
+                    self.lease(&mut st, s)
                 }
                 Grant::Slot => self.open_on_slot().await?,
             };
@@ -509,7 +543,16 @@ impl Pool {
         Recheck::Wait
     }
 
-    fn lease(self: &Arc<Self>, st: &PoolState, server: ServerConn) -> Lease {
+    /// Servers lent and idle (SHOW SERVERS).
+    pub fn servers(&self) -> Vec<ServerRow> {
+        let st = self.lock();
+        let mut rows = st.lent.clone();
+        st.idle.for_each(|s| rows.push(ServerRow::of(s, false)));
+        rows
+    }
+
+    fn lease(self: &Arc<Self>, st: &mut PoolState, server: ServerConn) -> Lease {
+        st.lent.push(ServerRow::of(&server, true));
         Lease {
             stats: TxStats::default(),
             pool: self.clone(),
@@ -589,7 +632,7 @@ impl Pool {
             }));
         }
         st.active += 1;
-        self.lease(&st, server)
+        self.lease(&mut st, server)
     }
 
     /// Returns a server from a lease: to the first waiter, else to the idle
@@ -598,6 +641,7 @@ impl Pool {
         server.last_used = Instant::now();
         let mut st = self.lock();
         st.stats.add(stats);
+        forget_lent(&mut st, server.id);
         st.active = st.active.saturating_sub(1);
         let too_old = !st.settings.server_lifetime.is_zero()
             && server.created.elapsed() >= st.settings.server_lifetime;
@@ -622,14 +666,16 @@ impl Pool {
     }
 
     /// A lent server vanished without a `ServerConn` to close.
-    fn forget_active(&self) {
+    fn forget_active(&self, id: u64) {
         let mut st = self.lock();
+        forget_lent(&mut st, id);
         st.active = st.active.saturating_sub(1);
         self.free_slot(&mut st, true);
     }
 
     fn discard(&self, server: ServerConn, was_active: bool) {
         let mut st = self.lock();
+        forget_lent(&mut st, server.id);
         if was_active {
             st.active = st.active.saturating_sub(1);
         }

@@ -27,12 +27,18 @@ pub struct ServerConn {
     pub last_used: Instant,
     /// The worker whose event loop this server's socket is registered with.
     pub home_worker: usize,
+    /// Wall-clock connect time and local address (SHOW SERVERS).
+    pub created_wall: std::time::SystemTime,
+    pub local_addr: Option<std::net::SocketAddr>,
 }
 
 impl ServerConn {
     pub fn new(stream: Stream, key: BackendKeyData, params: ParamSet) -> Self {
         let now = Instant::now();
+        let local_addr = stream.local_addr();
         Self {
+            created_wall: std::time::SystemTime::now(),
+            local_addr,
             id: NEXT_SERVER_ID.fetch_add(1, Ordering::Relaxed),
             stream,
             buf: BytesMut::new(),
@@ -59,9 +65,13 @@ impl ServerConn {
             params,
             created,
             last_used,
+            created_wall,
+            local_addr,
             ..
         } = self;
         Ok(Self {
+            created_wall,
+            local_addr,
             id,
             stream: stream.reregister()?,
             buf,

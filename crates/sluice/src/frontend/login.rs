@@ -186,7 +186,19 @@ async fn login_inner(
     )?;
     let client_params = app.param_sets.intern(client_params);
 
-    let cancel = app.cancels.register(&pool).ok_or_else(|| {
+    let meta = crate::backend::cancel::ClientMeta {
+        pool: pool.clone(),
+        user: user.clone().into_boxed_str(),
+        peer: stream.peer_addr(),
+        local: stream.local_addr(),
+        connected: std::time::SystemTime::now(),
+        application_name: client_params
+            .get("application_name")
+            .unwrap_or_default()
+            .into(),
+        fd: stream.raw_fd(),
+    };
+    let cancel = app.cancels.register(meta).ok_or_else(|| {
         ClientError::new(
             "53300",
             "no more connections allowed (cancel keys exhausted)",

@@ -87,7 +87,10 @@ impl Client {
         if self.app.control.anything_paused() {
             self.wait_while_paused().await;
         }
-        let mut lease = match self.pool.acquire().await {
+        self.app.cancels.set_waiting(self.cancel, true);
+        let acquired = self.pool.acquire().await;
+        self.app.cancels.set_waiting(self.cancel, false);
+        let mut lease = match acquired {
             Ok(l) => l,
             Err(e) => {
                 return Some(SessionEnd::Error(ClientError::new(

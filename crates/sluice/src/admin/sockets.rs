@@ -1,0 +1,169 @@
+//! SHOW CLIENTS and SHOW SERVERS: one row per client or server connection
+//! with PgBouncer's 21 columns. Clients come from the cancel-key slots (each
+//! logged-in client has one), servers from the pools (idle and lent).
+//! `ptr` is the connection's process id in hex (sluice's own for a client,
+//! the backend's for a server) and `link` the peer's, so the two lists join.
+
+use std::collections::HashMap;
+use std::time::SystemTime;
+
+use super::result::{ResultSet, v};
+use crate::app::App;
+
+const COLUMNS: [&str; 21] = [
+    "type",
+    "user",
+    "database",
+    "replication",
+    "state",
+    "addr",
+    "port",
+    "local_addr",
+    "local_port",
+    "connect_time",
+    "request_time",
+    "wait",
+    "wait_us",
+    "close_needed",
+    "ptr",
+    "link",
+    "remote_pid",
+    "tls",
+    "application_name",
+    "prepared_statements",
+    "id",
+];
+const TYPES: &str = "ssssssisiTTiiississii";
+
+/// `YYYY-MM-DD HH:MM:SS UTC`, as PgBouncer prints times.
+pub fn utc(t: SystemTime) -> String {
+    let secs = t
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs()) as i64;
+    let (days, rem) = (secs.div_euclid(86_400), secs.rem_euclid(86_400));
+    // Civil date from days since 1970-01-01 (H. Hinnant's algorithm).
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    format!(
+        "{year:04}-{month:02}-{day:02} {:02}:{:02}:{:02} UTC",
+        rem / 3600,
+        rem % 3600 / 60,
+        rem % 60
+    )
+}
+
+fn split(addr: Option<std::net::SocketAddr>) -> (Option<String>, Option<String>) {
+    match addr {
+        Some(a) => (v(a.ip()), v(a.port())),
+        None => (v("unix"), v(0)),
+    }
+}
+
+pub fn clients(app: &App) -> ResultSet {
+    let mut rs = ResultSet::new(&COLUMNS, TYPES);
+    for c in app.cancels.clients() {
+        let state = if c.waiting {
+            "waiting"
+        } else if c.server_pid.is_some() {
+            "active"
+        } else {
+            "idle"
+        };
+        let (addr, port) = split(c.meta.peer);
+        let (local_addr, local_port) = split(c.meta.local);
+        let connected = utc(c.meta.connected);
+        rs.row(vec![
+            v("C"),
+            v(&c.meta.user),
+            v(&c.meta.pool.database),
+            v("none"),
+            v(state),
+            addr,
+            port,
+            local_addr,
+            local_port,
+            v(&connected),
+            v(&connected),
+            v(0),
+            v(0),
+            v(0),
+            v(format!("{:x}", c.pid)),
+            v(c.server_pid.map(|p| format!("{p:x}")).unwrap_or_default()),
+            v(0),
+            v(""),
+            v(&c.meta.application_name),
+            v(0),
+            v(c.pid),
+        ]);
+    }
+    rs
+}
+
+pub fn servers(app: &App) -> ResultSet {
+    let mut rs = ResultSet::new(&COLUMNS, TYPES);
+    let client_of: HashMap<i32, i32> = app
+        .cancels
+        .clients()
+        .iter()
+        .filter_map(|c| c.server_pid.map(|s| (s, c.pid)))
+        .collect();
+    let mut pools = app.pools();
+    pools.sort_by(|a, b| (&a.database, &a.user).cmp(&(&b.database, &b.user)));
+    for p in pools {
+        let (_, target) = p.settings_and_target();
+        let (addr, port) = match &target.addr {
+            crate::backend::target::ServerAddr::Tcp { host, port } => (v(host), v(port)),
+            crate::backend::target::ServerAddr::Unix(path) => (v(path), v(0)),
+        };
+        for s in p.servers() {
+            let (local_addr, local_port) = split(s.local);
+            let connected = utc(s.created);
+            rs.row(vec![
+                v("S"),
+                v(&p.user),
+                v(&p.database),
+                v("none"),
+                v(if s.active { "active" } else { "idle" }),
+                addr.clone(),
+                port.clone(),
+                local_addr,
+                local_port,
+                v(&connected),
+                v(&connected),
+                v(0),
+                v(0),
+                v(0),
+                v(format!("{:x}", s.remote_pid)),
+                v(client_of
+                    .get(&s.remote_pid)
+                    .map(|c| format!("{c:x}"))
+                    .unwrap_or_default()),
+                v(s.remote_pid),
+                v(""),
+                v(""),
+                v(0),
+                v(s.id),
+            ]);
+        }
+    }
+    rs
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn formats_utc_like_pgbouncer() {
+        let t = SystemTime::UNIX_EPOCH + std::time::Duration::from_secs(1_763_700_000);
+        assert_eq!(utc(t), "2025-11-21 04:40:00 UTC");
+        assert_eq!(utc(SystemTime::UNIX_EPOCH), "1970-01-01 00:00:00 UTC");
+    }
+}
