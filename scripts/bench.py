@@ -22,6 +22,7 @@ import json
 import statistics
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -34,7 +35,9 @@ MAX_CONNECTIONS = 100
 RESERVED = 3
 SCALE = 10
 IDLE_CLIENTS = 10_000
-PROXIES = ("sluice", "pgbouncer")
+# sluice-metrics: sluice with metrics_addr set and /metrics scraped every
+# second during its runs, to show what the metrics cost (issue #3: within 3 %).
+PROXIES = ("sluice", "pgbouncer", "sluice-metrics")
 
 
 def parse_args(argv=None):
@@ -46,7 +49,8 @@ def parse_args(argv=None):
     ap.add_argument("--rounds", type=int, help="interleaved rounds per cell (default 2)")
     ap.add_argument("--clients", help="comma list (default 1,10,150,1000)")
     ap.add_argument("--modes", default="simple,extended", help="comma list of simple,extended,prepared")
-    ap.add_argument("--targets", default="direct,sluice,pgbouncer", help="comma list")
+    ap.add_argument("--targets", default="direct,sluice,pgbouncer,sluice-metrics",
+                    help="comma list")
     ap.add_argument("--skip-idle", action="store_true", help="skip the 10,000 idle clients test")
     ap.add_argument("--idle-clients", type=int, default=IDLE_CLIENTS, help=argparse.SUPPRESS)
     ap.add_argument("--jobs", type=int, default=2, help="pgbench -j (default 2)")
@@ -187,10 +191,15 @@ def main(argv=None) -> int:
                 result["targets"][kind] = {"skipped": msg}
                 continue
 
-            def ini(port, logfile):
-                return pglab.pooler_ini(pg_port=pg_port, listen_port=port, logfile=logfile,
+            metrics_port = pglab.free_port() if kind == "sluice-metrics" else None
+
+            def ini(port, logfile, metrics_port=metrics_port):
+                text = pglab.pooler_ini(pg_port=pg_port, listen_port=port, logfile=logfile,
                                         auth_file=auth_file, default_pool_size=POOL_SIZE,
                                         max_client_conn=12000, admin_users=user)
+                if metrics_port:
+                    text += f"\n[sluice]\nmetrics_addr = 127.0.0.1:{metrics_port}\n"
+                return text
             try:
                 proxy = lab.start_proxy(kind, ini)
             except LabError as e:
@@ -199,7 +208,8 @@ def main(argv=None) -> int:
                     result["targets"][kind] = {"skipped": str(e)}
                     continue
                 raise
-            endpoints[kind] = {"port": proxy.port, "dbname": "bench", "proxy": proxy}
+            endpoints[kind] = {"port": proxy.port, "dbname": "bench", "proxy": proxy,
+                               "metrics_port": metrics_port}
             result["targets"][kind] = {"port": proxy.port, "pid": proxy.pid,
                                        "ini": proxy.ini.read_text()}
             log(f"{kind} on 127.0.0.1:{proxy.port} (pid {proxy.pid})")
@@ -222,7 +232,7 @@ def main(argv=None) -> int:
         if not a.skip_idle:
             for t in targets:
                 p = endpoints[t]["proxy"]
-                if p is None or not check_alive(t):
+                if p is None or t == "sluice-metrics" or not check_alive(t):
                     continue
                 log(f"idle test: {a.idle_clients:,} idle clients to {t} ...")
                 result["idle"][t] = idle_test(p, user, a.idle_clients)
@@ -294,7 +304,39 @@ def main(argv=None) -> int:
     return 0
 
 
+def scrape_metrics_while(ep: dict, stop: threading.Event, counter: list) -> None:
+    """Fetches /metrics once a second until `stop` (the sluice-metrics target)."""
+    import urllib.request
+    while not stop.wait(1.0):
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{ep['metrics_port']}/metrics",
+                                        timeout=2) as r:
+                r.read()
+            counter[0] += 1
+        except OSError:
+            pass
+
+
 def one_run(lab: Lab, a, ep: dict, user: str, password, mode: str, clients: int) -> dict:
+    stop = threading.Event()
+    scrapes = [0]
+    scraper = None
+    if ep.get("metrics_port"):
+        scraper = threading.Thread(target=scrape_metrics_while, args=(ep, stop, scrapes),
+                                   daemon=True)
+        scraper.start()
+    try:
+        res = one_run_inner(lab, a, ep, user, password, mode, clients)
+    finally:
+        stop.set()
+        if scraper:
+            scraper.join(timeout=5)
+    if scraper:
+        res["metrics_scrapes"] = scrapes[0]
+    return res
+
+
+def one_run_inner(lab: Lab, a, ep: dict, user: str, password, mode: str, clients: int) -> dict:
     proxy = ep["proxy"]
     backends_before = count_backends(lab)
     cpu0 = pglab.proc_cpu_seconds(proxy.pid) if proxy else None
@@ -454,6 +496,12 @@ def print_report(result, a, targets):
             print(f"{t:<10} SKIPPED: {info['skipped']}")
     for t, why in result.get("proxy_dead", {}).items():
         print(f"{t:<10} DIED during the run: {why}")
+    by = {(x["mode"], x["clients"], x["target"]): x for x in result["summary"]}
+    for (mode, clients, target), x in sorted(by.items()):
+        base = by.get((mode, clients, "sluice"))
+        if target == "sluice-metrics" and base and x["cpu_us_per_tx"] and base["cpu_us_per_tx"]:
+            print(f"metrics cost {mode:<8} c={clients:<5} cpu/tx with /metrics scraped each second "
+                  f"/ without = {x['cpu_us_per_tx'] / base['cpu_us_per_tx']:.3f}")
     s_idle, b_idle = result["idle"].get("sluice"), result["idle"].get("pgbouncer")
     if s_idle and b_idle and s_idle["per_client_bytes"] and b_idle["per_client_bytes"]:
         print(f"idle bytes/client sluice/pgbouncer = "

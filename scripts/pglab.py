@@ -481,7 +481,8 @@ class Lab:
 
     # poolers -----------------------------------------------------------------
     def start_proxy(self, kind: str, ini_text_for_port, *, timeout: float = 20) -> Proxy:
-        """kind: 'sluice' or 'pgbouncer'.  ini_text_for_port(port, logfile) -> ini text."""
+        """kind: 'sluice' (or 'sluice-…', a variant) or 'pgbouncer'.
+        ini_text_for_port(port, logfile) -> ini text."""
         port = free_port()
         logfile = self.tmp / f"{kind}.log"
         logfile.touch()
@@ -490,7 +491,7 @@ class Lab:
         errpath = self.tmp / f"{kind}.stderr"
         errf = open(errpath, "wb")
         self._files.append(errf)
-        if kind == "sluice":
+        if kind.startswith("sluice"):
             binary = sluice_bin()
             if not Path(binary).exists() and not shutil.which(binary):
                 raise LabError(f"{binary} not found: build it (cargo build --release -p sluice) "
