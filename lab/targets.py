@@ -71,27 +71,10 @@ def pooler_ini(*, listen_port: int, logfile: Path, auth_file: Path,
                pool_size: int = 20, max_client_conn: int = 5000,
                settings: dict | None = None) -> str:
     """One pgbouncer.ini for sluice and PgBouncer alike; databases: name -> connection string."""
-    lines = ["[databases]"]
-    lines += [f"{name} = {conn}" for name, conn in databases.items()]
-    lines += [
-        "",
-        "[pgbouncer]",
-        "listen_addr = 127.0.0.1",
-        f"listen_port = {listen_port}",
-        "unix_socket_dir =",
-        "auth_type = trust",
-        f"auth_file = {auth_file}",
-        f"pool_mode = {pool_mode}",
-        f"default_pool_size = {pool_size}",
-        f"max_client_conn = {max_client_conn}",
-        "max_db_connections = 0",
-        "ignore_startup_parameters = extra_float_digits",
-        f"logfile = {logfile}",
-        "admin_users = postgres",
-        "stats_users = postgres",
-    ]
-    lines += [f"{k} = {v}" for k, v in (settings or {}).items()]
-    return "\n".join(lines) + "\n"
+    return pglab.pooler_ini(pg_port=0, listen_port=listen_port, logfile=logfile,
+                            auth_file=auth_file, pool_mode=pool_mode,
+                            default_pool_size=pool_size, max_client_conn=max_client_conn,
+                            admin_users="postgres", extra=settings, databases=databases)
 
 
 def server(cluster: Cluster, port: int | None = None) -> str:

@@ -523,10 +523,13 @@ def pooler_ini(*, pg_port: int, listen_port: int, logfile: Path, auth_file: Path
                dbname: str = "bench", pg_host: str = "127.0.0.1", server_db: str = "postgres",
                pool_mode: str = "transaction", default_pool_size: int = 20,
                max_client_conn: int = 12000, admin_users: str = "postgres",
-               extra: dict | None = None) -> str:
-    lines = [
-        "[databases]",
-        f"{dbname} = host={pg_host} port={pg_port} dbname={server_db}",
+               extra: dict | None = None, databases: dict[str, str] | None = None) -> str:
+    """One pgbouncer.ini for sluice and PgBouncer alike. `databases` (name ->
+    connection string) replaces the single `dbname` entry when given."""
+    entries = databases or {dbname: f"host={pg_host} port={pg_port} dbname={server_db}"}
+    lines = ["[databases]"]
+    lines += [f"{name} = {conn}" for name, conn in entries.items()]
+    lines += [
         "",
         "[pgbouncer]",
         "listen_addr = 127.0.0.1",
@@ -541,6 +544,7 @@ def pooler_ini(*, pg_port: int, listen_port: int, logfile: Path, auth_file: Path
         "ignore_startup_parameters = extra_float_digits",
         f"logfile = {logfile}",
         f"admin_users = {admin_users}",
+        f"stats_users = {admin_users}",
     ]
     for k, v in (extra or {}).items():
         lines.append(f"{k} = {v}")

@@ -9,6 +9,7 @@ mod backends;
 mod client;
 mod clusters;
 mod config;
+mod limits;
 mod process;
 mod raw;
 mod scratch;
@@ -22,6 +23,7 @@ pub use client::{
 };
 pub use clusters::{app_cluster, app_cluster_with, grant_create};
 pub use config::ConfigBuilder;
+pub use limits::raise_fd_limit;
 pub use process::{SluiceProcess, run_sluice, sluice_binary};
 pub use raw::{
     RawClient, RawReply, error_field, error_fields, length_prefixed, ssl_request, startup_packet,

@@ -256,21 +256,6 @@ async fn a_thousand_idle_clients_hold_one_server() {
     drop(clients);
 }
 
-fn raise_fd_limit(wanted: u64) {
-    let mut limit = libc::rlimit {
-        rlim_cur: 0,
-        rlim_max: 0,
-    };
-    // SAFETY: getrlimit/setrlimit only read and write the struct we pass.
-    unsafe {
-        assert_eq!(libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit), 0);
-        if limit.rlim_cur < wanted {
-            limit.rlim_cur = wanted.min(limit.rlim_max);
-            assert_eq!(libc::setrlimit(libc::RLIMIT_NOFILE, &limit), 0);
-        }
-    }
-}
-
 #[tokio::test]
 async fn only_admin_and_stats_users_get_in_and_stats_users_only_show() {
     let cluster = app_cluster(ServerAuth::Trust);
@@ -483,4 +468,39 @@ async fn kill_client_and_kill_db_disconnect_clients() {
         left.iter().all(|r| field(r, "database") != "postgres"),
         "{left:?}"
     );
+}
+
+#[tokio::test]
+async fn wait_close_returns_once_reconnect_marked_servers_are_gone() {
+    let cluster = app_cluster(ServerAuth::Trust);
+    let sluice = console(&cluster, 5);
+    let p = sluice.port();
+    let busy = connect(p, APP_USER, APP_PASSWORD, "postgres")
+        .await
+        .unwrap();
+    busy.batch_execute("begin").await.unwrap();
+    let old_pid = scalar_text(&busy, "select pg_backend_pid()").await;
+    let admin = connect_as(p, "admin", "pgbouncer").await;
+    admin.simple_query("RECONNECT").await.expect("RECONNECT");
+    let servers = show(p, "admin", "SHOW SERVERS").await;
+    let marked = servers
+        .iter()
+        .find(|r| field(r, "remote_pid") == old_pid)
+        .expect("the busy server is listed");
+    assert_eq!(number(marked, "close_needed"), 1, "{servers:?}");
+    let waiter = tokio::spawn(async move { admin.simple_query("WAIT_CLOSE").await.is_ok() });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(
+        !waiter.is_finished(),
+        "WAIT_CLOSE returned while the server is lent"
+    );
+    busy.batch_execute("commit").await.unwrap();
+    let done = tokio::time::timeout(T, waiter)
+        .await
+        .expect("WAIT_CLOSE returns");
+    assert!(done.unwrap());
+    let new_pid = scalar_text(&busy, "select pg_backend_pid()").await;
+    assert_ne!(new_pid, old_pid, "the marked server was closed");
+    let console = connect_as(p, "admin", "pgbouncer").await;
+    expect_sqlstate(console.simple_query("SUSPEND").await, "0A000");
 }

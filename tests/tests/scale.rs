@@ -11,29 +11,6 @@ use tokio::sync::Barrier;
 const CLIENTS: usize = 2_000;
 const POOL_SIZE: i64 = 20;
 
-/// Raises this process's soft RLIMIT_NOFILE (inherited by sluice) so that
-/// thousands of sockets fit on both ends.
-fn raise_fd_limit(wanted: u64) {
-    let mut limit = libc::rlimit {
-        rlim_cur: 0,
-        rlim_max: 0,
-    };
-    // SAFETY: getrlimit/setrlimit only read and write the struct we pass.
-    unsafe {
-        assert_eq!(libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit), 0);
-        if limit.rlim_cur < wanted {
-            limit.rlim_cur = wanted.min(limit.rlim_max);
-            assert_eq!(libc::setrlimit(libc::RLIMIT_NOFILE, &limit), 0);
-        }
-    }
-    assert!(
-        limit.rlim_cur >= wanted.min(5_000),
-        "RLIMIT_NOFILE is only {} (hard {})",
-        limit.rlim_cur,
-        limit.rlim_max
-    );
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_thousand_clients_share_a_pool_of_twenty() {
     raise_fd_limit(20_000);

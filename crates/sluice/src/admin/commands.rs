@@ -22,6 +22,7 @@ const HELP: &str = "Console usage\n\
 \tDISABLE <db>\n\
 \tENABLE <db>\n\
 \tRECONNECT [<db>]\n\
+\tWAIT_CLOSE [<db>]\n\
 \tKILL <db>\n\
 \tKILL_CLIENT <id>\n\
 \tSHUTDOWN\n\
@@ -105,6 +106,24 @@ pub async fn run(app: &App, role: Role, sql: &str, out: &mut BytesMut) {
                 "KILL_CLIENT needs a client id (SHOW CLIENTS, column id)",
             ),
         },
+        "WAIT_CLOSE" => {
+            let db = rest.first().copied();
+            if wait_closed(app, db).await {
+                command_complete(out, "WAIT_CLOSE");
+            } else {
+                error(
+                    out,
+                    "57014",
+                    "WAIT_CLOSE timed out: servers are still lent to clients",
+                );
+            }
+        }
+        "SUSPEND" => error(
+            out,
+            "0A000",
+            "SUSPEND exists for PgBouncer's online restart (-R), which sluice replaces: \
+             start a second sluice with so_reuseport = 1 and send this one SIGTERM",
+        ),
         "SHUTDOWN" => {
             let phase = match rest.first().map(|w| w.to_ascii_uppercase()).as_deref() {
                 None => Phase::Immediate,
@@ -151,6 +170,15 @@ fn show_command(app: &App, rest: &[&str], out: &mut BytesMut) {
             command_complete(out, "SHOW");
             return;
         }
+        "FDS" => {
+            error(
+                out,
+                "0A000",
+                "SHOW FDS lists sockets handed over in PgBouncer's online restart, \
+                 which sluice replaces with so_reuseport: there are none",
+            );
+            return;
+        }
         other => {
             error(
                 out,
@@ -183,6 +211,26 @@ fn set(app: &App, args: &str, out: &mut BytesMut) {
     }
     app.reload(config, None);
     command_complete(out, "SET");
+}
+
+/// Waits until the servers RECONNECT marked (of `db`, or of all) are closed.
+async fn wait_closed(app: &App, db: Option<&str>) -> bool {
+    let deadline = tokio::time::Instant::now() + PAUSE_WAIT;
+    loop {
+        let pending: usize = app
+            .pools()
+            .iter()
+            .filter(|p| db.is_none_or(|d| d == p.database))
+            .map(|p| p.close_pending())
+            .sum();
+        if pending == 0 {
+            return true;
+        }
+        if tokio::time::Instant::now() >= deadline {
+            return false;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
 }
 
 /// Waits until no server of `db` (or of any database) is lent to a client,

@@ -139,7 +139,7 @@ pub fn servers(app: &App) -> ResultSet {
                 v(&connected),
                 v(0),
                 v(0),
-                v(0),
+                v(i32::from(s.close_needed)),
                 v(format!("{:x}", s.remote_pid)),
                 v(client_of
                     .get(&s.remote_pid)

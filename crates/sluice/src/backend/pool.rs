@@ -124,20 +124,25 @@ enum Recheck {
 #[derive(Debug, Clone, Copy)]
 pub struct ServerRow {
     pub id: u64,
+    /// Made before the last RECONNECT: closes when released.
+    pub close_needed: bool,
     pub remote_pid: i32,
     pub created: std::time::SystemTime,
     pub local: Option<std::net::SocketAddr>,
     pub active: bool,
+    generation: u64,
 }
 
 impl ServerRow {
     fn of(server: &ServerConn, active: bool) -> Self {
         Self {
             id: server.id,
+            close_needed: false,
             remote_pid: server.key.process_id,
             created: server.created_wall,
             local: server.local_addr,
             active,
+            generation: 0,
         }
     }
 }
@@ -547,12 +552,26 @@ impl Pool {
     pub fn servers(&self) -> Vec<ServerRow> {
         let st = self.lock();
         let mut rows = st.lent.clone();
+        for r in &mut rows {
+            r.close_needed = r.generation != st.generation;
+        }
         st.idle.for_each(|s| rows.push(ServerRow::of(s, false)));
         rows
     }
 
+    /// Servers lent before the last RECONNECT, still to be closed.
+    pub fn close_pending(&self) -> usize {
+        let st = self.lock();
+        st.lent
+            .iter()
+            .filter(|r| r.generation != st.generation)
+            .count()
+    }
+
     fn lease(self: &Arc<Self>, st: &mut PoolState, server: ServerConn) -> Lease {
-        st.lent.push(ServerRow::of(&server, true));
+        let mut row = ServerRow::of(&server, true);
+        row.generation = st.generation;
+        st.lent.push(row);
         Lease {
             stats: TxStats::default(),
             pool: self.clone(),

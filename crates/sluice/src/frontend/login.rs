@@ -107,7 +107,9 @@ async fn login_inner(
             "no more connections allowed (max_client_conn)",
         ));
     }
-    if app.phase() != Phase::Running {
+    // SIGTERM (wait for clients) closes the listeners but serves those
+    // already accepted: a rolling restart must not refuse them.
+    if app.phase() >= Phase::WaitForServers {
         return Err(ClientError::new("57P03", "the pooler is shutting down"));
     }
     let user = params
