@@ -213,3 +213,91 @@ async fn reserve_pool_serves_a_client_after_reserve_pool_timeout() {
     assert!(!third.is_finished(), "a third server beyond pool + reserve");
     assert_eq!(count_backends(&cluster, "postgres").await, 2);
 }
+
+#[tokio::test]
+async fn client_budgets_per_database_and_per_user_are_enforced() {
+    let cluster = app_cluster(ServerAuth::Trust);
+    let sluice = ConfigBuilder::for_cluster(&cluster)
+        .set("pool_mode", "transaction")
+        .set("max_db_client_connections", "2")
+        .start();
+    let p = sluice.port();
+    let a = connect(p, APP_USER, APP_PASSWORD, "postgres")
+        .await
+        .unwrap();
+    let b = connect(p, APP_USER, APP_PASSWORD, "postgres")
+        .await
+        .unwrap();
+    let refused = expect_sqlstate(
+        connect(p, APP_USER, APP_PASSWORD, "postgres").await,
+        "53300",
+    );
+    let message = refused
+        .as_db_error()
+        .map(|e| e.message().to_owned())
+        .unwrap_or_default();
+    assert!(message.contains("max_db_client_connections"), "{message}");
+    drop(a);
+    // The budget comes back when a client leaves.
+    let mut again = None;
+    for _ in 0..50 {
+        if let Ok(c) = connect(p, APP_USER, APP_PASSWORD, "postgres").await {
+            again = Some(c);
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    assert!(again.is_some(), "the freed slot was not given back");
+    drop(b);
+
+    let per_user = ConfigBuilder::for_cluster(&cluster)
+        .set("pool_mode", "transaction")
+        .set("max_user_client_connections", "1")
+        .start();
+    let _one = connect(per_user.port(), APP_USER, APP_PASSWORD, "postgres")
+        .await
+        .unwrap();
+    let refused = expect_sqlstate(
+        connect(per_user.port(), APP_USER, APP_PASSWORD, "postgres").await,
+        "53300",
+    );
+    let message = refused
+        .as_db_error()
+        .map(|e| e.message().to_owned())
+        .unwrap_or_default();
+    assert!(message.contains("max_user_client_connections"), "{message}");
+    // Another user is not counted against this one.
+    connect(per_user.port(), "postgres", "postgres", "postgres")
+        .await
+        .expect("another user gets in");
+}
+
+#[tokio::test]
+async fn tcp_keepalive_is_set_on_server_connections() {
+    let cluster = app_cluster(ServerAuth::Trust);
+    let sluice = ConfigBuilder::for_cluster(&cluster)
+        .set("pool_mode", "transaction")
+        .set("tcp_keepalive", "1")
+        .set("tcp_keepidle", "77")
+        .start();
+    let c = connect(sluice.port(), APP_USER, APP_PASSWORD, "postgres")
+        .await
+        .unwrap();
+    c.simple_query("select 1").await.unwrap();
+    let out = std::process::Command::new("ss")
+        .args([
+            "-tnoH",
+            "state",
+            "established",
+            "dport",
+            "=",
+            &format!(":{}", cluster.port()),
+        ])
+        .output()
+        .expect("ss (iproute2) runs");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains("timer:(keepalive"),
+        "sluice's server sockets have no keepalive timer:\n{text}"
+    );
+}

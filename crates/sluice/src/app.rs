@@ -50,6 +50,9 @@ pub struct App {
     pools: Mutex<HashMap<(String, String), Arc<Pool>>>,
     db_limits: Mutex<HashMap<String, Arc<ConnLimit>>>,
     user_limits: Mutex<HashMap<String, Arc<ConnLimit>>>,
+    /// Client budgets: `max_db_client_connections`, `max_user_client_connections`.
+    db_client_limits: Mutex<HashMap<String, Arc<ConnLimit>>>,
+    user_client_limits: Mutex<HashMap<String, Arc<ConnLimit>>>,
     pub cancels: CancelRegistry,
     pub param_sets: ParamInterner,
     /// PAUSE / DISABLE switches.
@@ -76,6 +79,8 @@ impl App {
             pools: Mutex::new(HashMap::new()),
             db_limits: Mutex::new(HashMap::new()),
             user_limits: Mutex::new(HashMap::new()),
+            db_client_limits: Mutex::new(HashMap::new()),
+            user_client_limits: Mutex::new(HashMap::new()),
             cancels: CancelRegistry::default(),
             param_sets: ParamInterner::default(),
             control: OperatorSwitches::default(),
@@ -248,6 +253,7 @@ impl App {
             startup_params,
             connect_query: entry.connect_query.clone(),
             connect_timeout: s.server_connect_timeout,
+            keepalive: crate::net::Keepalive::from_settings(s),
         };
         let mut credential = ServerCredential {
             password: entry.password.clone(),
@@ -273,6 +279,43 @@ impl App {
                 && let Err(e) = self.pool_for(&db.name, user)
             {
                 tracing::warn!("cannot prepare pool {}: {e}", db.name);
+            }
+        }
+    }
+
+    /// Takes a client slot of `database` and `user` under
+    /// `max_db_client_connections` and `max_user_client_connections`;
+    /// `Err` names the limit that is full.
+    pub fn admit_client(&self, database: &str, user: &str) -> Result<(), &'static str> {
+        let config = self.config();
+        let s = &config.settings;
+        let db_max = Self::database_entry(&config, database)
+            .and_then(|d| d.max_db_client_connections)
+            .unwrap_or(s.max_db_client_connections);
+        let user_max = config
+            .user(user)
+            .and_then(|u| u.max_user_client_connections)
+            .unwrap_or(s.max_user_client_connections);
+        let db = limit_for(&self.db_client_limits, database, db_max);
+        if !db.try_take() {
+            return Err("max_db_client_connections");
+        }
+        let u = limit_for(&self.user_client_limits, user, user_max);
+        if !u.try_take() {
+            db.give_back();
+            return Err("max_user_client_connections");
+        }
+        Ok(())
+    }
+
+    /// Gives back what `admit_client` took.
+    pub fn release_client(&self, database: &str, user: &str) {
+        for (map, name) in [
+            (&self.db_client_limits, database),
+            (&self.user_client_limits, user),
+        ] {
+            if let Some(l) = map.lock().unwrap_or_else(|p| p.into_inner()).get(name) {
+                l.give_back();
             }
         }
     }

@@ -8,6 +8,47 @@ use std::task::{Context, Poll};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpStream, UnixStream};
 
+/// TCP keepalive as `tcp_keepalive`, `tcp_keepidle`, `tcp_keepintvl` and
+/// `tcp_keepcnt` ask (0 = the kernel's default for that knob).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Keepalive {
+    pub enabled: bool,
+    pub idle_secs: u32,
+    pub interval_secs: u32,
+    pub count: u32,
+}
+
+impl Keepalive {
+    pub fn from_settings(s: &sluice_config::Settings) -> Self {
+        Self {
+            enabled: s.tcp_keepalive,
+            idle_secs: s.tcp_keepidle,
+            interval_secs: s.tcp_keepintvl,
+            count: s.tcp_keepcnt,
+        }
+    }
+
+    /// Applies to a TCP socket; failures are logged, not fatal.
+    pub fn apply(&self, stream: &TcpStream) {
+        if !self.enabled {
+            return;
+        }
+        let mut ka = socket2::TcpKeepalive::new();
+        if self.idle_secs > 0 {
+            ka = ka.with_time(std::time::Duration::from_secs(self.idle_secs.into()));
+        }
+        if self.interval_secs > 0 {
+            ka = ka.with_interval(std::time::Duration::from_secs(self.interval_secs.into()));
+        }
+        if self.count > 0 {
+            ka = ka.with_retries(self.count);
+        }
+        if let Err(e) = socket2::SockRef::from(stream).set_tcp_keepalive(&ka) {
+            tracing::debug!("tcp keepalive: {e}");
+        }
+    }
+}
+
 /// A connected socket.
 #[derive(Debug)]
 pub enum Stream {
@@ -49,6 +90,13 @@ impl Stream {
             Self::Tcp(s) => Self::Tcp(TcpStream::from_std(s.into_std()?)?),
             Self::Unix(s) => Self::Unix(UnixStream::from_std(s.into_std()?)?),
         })
+    }
+
+    /// Applies keepalive settings (TCP only).
+    pub fn set_keepalive(&self, keepalive: &Keepalive) {
+        if let Self::Tcp(s) = self {
+            keepalive.apply(s);
+        }
     }
 
     /// TCP peer address (None for Unix sockets).

@@ -74,7 +74,10 @@ pub async fn open(
         .map_err(|_| LoginError::Timeout)?
 }
 
-async fn connect(addr: &ServerAddr) -> Result<Stream, LoginError> {
+async fn connect(
+    addr: &ServerAddr,
+    keepalive: &crate::net::Keepalive,
+) -> Result<Stream, LoginError> {
     let err = |source| LoginError::Connect {
         addr: addr.to_string(),
         source,
@@ -85,6 +88,7 @@ async fn connect(addr: &ServerAddr) -> Result<Stream, LoginError> {
                 .await
                 .map_err(err)?;
             s.set_nodelay(true).map_err(err)?;
+            keepalive.apply(&s);
             Ok(Stream::Tcp(s))
         }
         ServerAddr::Unix(path) => Ok(Stream::Unix(UnixStream::connect(path).await.map_err(err)?)),
@@ -95,7 +99,7 @@ async fn open_inner(
     target: &ServerTarget,
     credential: &ServerCredential,
 ) -> Result<(ServerConn, Reported), LoginError> {
-    let mut stream = connect(&target.addr).await?;
+    let mut stream = connect(&target.addr, &target.keepalive).await?;
     let mut out = BytesMut::with_capacity(256);
     let mut params = vec![
         ("user", target.user.as_str()),

@@ -61,4 +61,5 @@ pub struct ServerTarget {
     pub startup_params: Vec<(String, String)>,
     pub connect_query: Option<String>,
     pub connect_timeout: Duration,
+    pub keepalive: crate::net::Keepalive,
 }

@@ -153,6 +153,7 @@ async fn log_in(app: &Arc<App>, stream: Stream, count: u32) -> Option<Admitted> 
     let (over_limit, login_timeout, log_pooler_errors) = {
         let config = app.config();
         let s = &config.settings;
+        stream.set_keepalive(&crate::net::Keepalive::from_settings(s));
         (
             count > s.max_client_conn,
             s.client_login_timeout,
@@ -188,6 +189,7 @@ async fn log_in(app: &Arc<App>, stream: Stream, count: u32) -> Option<Admitted> 
 async fn say_goodbye(mut client: Client, end: SessionEnd) {
     client.app.cancels.unregister(client.cancel);
     client.pool.client_left();
+    client.app.release_client(client.database(), client.user());
     match end {
         SessionEnd::ClientLeft => {
             if client.app.config().settings.log_disconnections {

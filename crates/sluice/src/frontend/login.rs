@@ -52,6 +52,29 @@ pub async fn login(
     }
 }
 
+/// Gives the client budget back if the login fails after `admit_client`.
+struct AdmittedClient<'a> {
+    app: &'a App,
+    database: &'a str,
+    user: &'a str,
+    done: bool,
+}
+
+impl AdmittedClient<'_> {
+    /// The login succeeded: the budget is given back when the client leaves.
+    fn keep(mut self) {
+        self.done = true;
+    }
+}
+
+impl Drop for AdmittedClient<'_> {
+    fn drop(&mut self) {
+        if !self.done {
+            self.app.release_client(self.database, self.user);
+        }
+    }
+}
+
 /// Everything login learns, before the stream joins it into a `Client`.
 struct LoggedIn {
     app: Arc<App>,
@@ -171,6 +194,15 @@ async fn login_inner(
             format!("database \"{database}\" is disabled"),
         ));
     }
+    app.admit_client(&database, &user).map_err(|limit| {
+        ClientError::new("53300", format!("no more connections allowed ({limit})"))
+    })?;
+    let admitted = AdmittedClient {
+        app,
+        database: &database,
+        user: &user,
+        done: false,
+    };
     let pool = app
         .pool_for(&database, &user)
         .map_err(|e| ClientError::new("3D000", e.to_string()))?;
@@ -222,6 +254,7 @@ async fn login_inner(
     }
     tracing::info!(user = %user, db = %database, peer = %stream.peer(), "login");
     pool.client_joined();
+    admitted.keep();
     Ok(Some(Decided::Pooled(Box::new(LoggedIn {
         app: app.clone(),
         pool,
