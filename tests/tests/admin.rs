@@ -97,6 +97,9 @@ fn oids(types: &str) -> Vec<i32> {
         .collect()
 }
 
+/// SHOW CLIENTS and SHOW SERVERS share PgBouncer's socket header.
+const SOCKET_COLUMNS: &str = "type, user, database, replication, state, addr, port, local_addr, local_port, connect_time, request_time, wait, wait_us, close_needed, ptr, link, remote_pid, tls, application_name, prepared_statements, id";
+
 fn expect_header(got: &[(String, i32)], names: &str, types: &str, command: &str) {
     let want: Vec<&str> = names.split(", ").collect();
     let got_names: Vec<&str> = got.iter().map(|(n, _)| n.as_str()).collect();
@@ -375,18 +378,14 @@ async fn show_clients_and_servers_list_connections_that_link_up() {
     let cluster = app_cluster(ServerAuth::Trust);
     let sluice = console(&cluster, 5);
     let p = sluice.port();
-    expect_header(
-        &header(p, "SHOW CLIENTS").await,
-        "type, user, database, replication, state, addr, port, local_addr, local_port, connect_time, request_time, wait, wait_us, close_needed, ptr, link, remote_pid, tls, application_name, prepared_statements, id",
-        "ssssssisiTTiiississii",
-        "SHOW CLIENTS",
-    );
-    expect_header(
-        &header(p, "SHOW SERVERS").await,
-        "type, user, database, replication, state, addr, port, local_addr, local_port, connect_time, request_time, wait, wait_us, close_needed, ptr, link, remote_pid, tls, application_name, prepared_statements, id",
-        "ssssssisiTTiiississii",
-        "SHOW SERVERS",
-    );
+    for command in ["SHOW CLIENTS", "SHOW SERVERS"] {
+        expect_header(
+            &header(p, command).await,
+            SOCKET_COLUMNS,
+            "ssssssisiTTiiississii",
+            command,
+        );
+    }
     let busy = connect(p, APP_USER, APP_PASSWORD, "postgres")
         .await
         .unwrap();
