@@ -289,3 +289,29 @@ async fn pipelined_queries_on_one_client() {
         );
     }
 }
+
+/// max_prepared_statements (documented in docs/config.md): a statement
+/// prepared by a client keeps working in later transactions even when
+/// another server runs them.
+#[tokio::test]
+#[ignore = "issue #4: protocol-level prepared statements in transaction mode (fails with 26000 today)"]
+async fn prepared_statements_survive_server_switches_in_transaction_mode() {
+    let cluster = app_cluster(ServerAuth::Trust);
+    let sluice = pooled(&cluster, "transaction", 3);
+    let tasks = (0..6).map(|worker: i32| {
+        let port = sluice.port();
+        tokio::spawn(async move {
+            let client = connect_as(port, APP_USER, "postgres").await;
+            let statement = client.prepare("select $1::int + 1").await?;
+            for round in 0..20 {
+                let row = client.query_one(&statement, &[&(worker + round)]).await?;
+                assert_eq!(row.get::<_, i32>(0), worker + round + 1);
+            }
+            Ok::<(), tokio_postgres::Error>(())
+        })
+    });
+    for task in join_all(tasks).await {
+        task.expect("no panic")
+            .expect("prepared statement usable across transactions");
+    }
+}
