@@ -70,21 +70,7 @@ impl SluiceProcess {
         let mut last_log = String::new();
         for _ in 0..START_ATTEMPTS {
             let port = sluice_testkit::free_port().expect("free port");
-            let dir = ScratchDir::create();
-            let ini_path = dir.path().join("pgbouncer.ini");
-            let log_path = dir.path().join("sluice.log");
-            write_filled(&ini_path, config, port, dir.path());
-            if let Some(text) = auth_file {
-                std::fs::write(dir.path().join("userlist.txt"), text).expect("write userlist.txt");
-            }
-            let mut process = SluiceProcess {
-                child: spawn(&ini_path, &log_path),
-                port,
-                exit_status: None,
-                log_path,
-                ini_path,
-                dir,
-            };
+            let mut process = Self::spawn_in_scratch(config, auth_file, port);
             match process.wait_listening() {
                 Ok(()) => return process,
                 Err(log) if log.contains("in use") => last_log = log,
@@ -94,22 +80,31 @@ impl SluiceProcess {
         panic!("sluice did not start after {START_ATTEMPTS} attempts:\n{last_log}");
     }
 
-    /// Starts sluice on `port`, which another sluice may already hold (with
-    /// `so_reuseport = 1`): waits for the log to say it listens, since the
-    /// port itself listens already.
-    pub fn start_sharing_port(config: &str, port: u16) -> SluiceProcess {
+    /// Writes the ini (and auth_file) into a new scratch directory and
+    /// spawns sluice on `port`, without waiting for it.
+    fn spawn_in_scratch(config: &str, auth_file: Option<&str>, port: u16) -> SluiceProcess {
         let dir = ScratchDir::create();
         let ini_path = dir.path().join("pgbouncer.ini");
         let log_path = dir.path().join("sluice.log");
         write_filled(&ini_path, config, port, dir.path());
-        let mut process = SluiceProcess {
+        if let Some(text) = auth_file {
+            std::fs::write(dir.path().join("userlist.txt"), text).expect("write userlist.txt");
+        }
+        SluiceProcess {
             child: spawn(&ini_path, &log_path),
             port,
             exit_status: None,
             log_path,
             ini_path,
             dir,
-        };
+        }
+    }
+
+    /// Starts sluice on `port`, which another sluice may already hold (with
+    /// `so_reuseport = 1`): waits for the log to say it listens, since the
+    /// port itself listens already.
+    pub fn start_sharing_port(config: &str, port: u16) -> SluiceProcess {
+        let mut process = Self::spawn_in_scratch(config, None, port);
         let deadline = Instant::now() + START_TIMEOUT;
         loop {
             if let Some(status) = process.try_exit_status() {
