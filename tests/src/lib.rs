@@ -30,7 +30,7 @@ pub use raw::{
 };
 pub use scratch::ScratchDir;
 pub use sluice_testkit::{Cluster, ServerAuth};
-pub use tools::{ToolOutput, pgbench, psql, psql_interactive};
+pub use tools::{ToolOutput, pgbench, psql, psql_interactive, run as run_tool};
 pub use wait::{eventually, eventually_sync};
 
 /// User name the tests use for their own non-superuser roles.

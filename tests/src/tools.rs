@@ -97,7 +97,7 @@ fn add_target(cmd: &mut Command, port: u16, user: &str, db: &str) {
 }
 
 /// Runs `cmd` to completion; panics (after killing it) past `deadline`.
-pub(crate) fn run(mut cmd: Command, deadline: Duration) -> ToolOutput {
+pub fn run(mut cmd: Command, deadline: Duration) -> ToolOutput {
     let description = format!("{cmd:?}");
     let mut child = cmd
         .stdin(Stdio::null())

@@ -152,6 +152,23 @@ impl Cluster {
         pg_ctl::restart(&self.data_dir, &self.log_file, self.port)
     }
 
+    /// A shell command line that does what [`Cluster::restart`] does, for
+    /// programs outside this process (the driver suites under `compat/`):
+    /// `pg_ctl restart -m fast -w`, as the `postgres` user when we are root.
+    pub fn restart_command_line(&self) -> Result<String, TestkitError> {
+        let pg_ctl = crate::bin_paths::tool("pg_ctl")?;
+        let as_owner = match crate::server_owner::server_owner()? {
+            Some(_) => "runuser -u postgres -- ",
+            None => "",
+        };
+        Ok(format!(
+            "cd / && {as_owner}'{}' restart -D '{}' -l '{}' -m fast -w -t 60 >/dev/null",
+            pg_ctl.display(),
+            self.data_dir.display(),
+            self.log_file.display()
+        ))
+    }
+
     /// `pg_ctl reload`: re-reads postgresql.conf and pg_hba.conf.
     pub fn pg_ctl_reload(&self) -> Result<(), TestkitError> {
         pg_ctl::reload(&self.data_dir)
