@@ -42,7 +42,10 @@ fn compat_dir() -> PathBuf {
 fn run_suite(suite: &str) {
     let cluster = app_cluster(ServerAuth::ScramSha256);
     cluster
-        .psql("postgres", &format!("create database compat owner {APP_USER}"))
+        .psql(
+            "postgres",
+            &format!("create database compat owner {APP_USER}"),
+        )
         .expect("create database compat");
     let sluice = ConfigBuilder::new()
         .database_on(&cluster, "compat", "")
@@ -64,7 +67,9 @@ fn run_suite(suite: &str) {
     };
     let script = compat_dir().join(suite).join("run.sh");
     let mut cmd = Command::new("bash");
-    cmd.arg(&script).arg("test").current_dir(compat_dir().join(suite));
+    cmd.arg(&script)
+        .arg("test")
+        .current_dir(compat_dir().join(suite));
     for (key, _) in std::env::vars_os() {
         if key.to_string_lossy().starts_with("PG") {
             cmd.env_remove(&key);
@@ -77,9 +82,7 @@ fn run_suite(suite: &str) {
         .env("PGDATABASE", "compat")
         .env(
             "COMPAT_DSN",
-            format!(
-                "postgres://{APP_USER}:{APP_PASSWORD}@127.0.0.1:{port}/compat"
-            ),
+            format!("postgres://{APP_USER}:{APP_PASSWORD}@127.0.0.1:{port}/compat"),
         )
         .env("COMPAT_DIRECT_PORT", cluster.port().to_string())
         .env("COMPAT_RESTART_CMD", restart)

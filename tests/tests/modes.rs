@@ -294,7 +294,6 @@ async fn pipelined_queries_on_one_client() {
 /// prepared by a client keeps working in later transactions even when
 /// another server runs them.
 #[tokio::test]
-#[ignore = "issue #4: protocol-level prepared statements in transaction mode (fails with 26000 today)"]
 async fn prepared_statements_survive_server_switches_in_transaction_mode() {
     let cluster = app_cluster(ServerAuth::Trust);
     let sluice = pooled(&cluster, "transaction", 3);

@@ -55,6 +55,8 @@ pub struct App {
     user_client_limits: Mutex<HashMap<String, Arc<ConnLimit>>>,
     pub cancels: CancelRegistry,
     pub param_sets: ParamInterner,
+    /// Shared server-side prepared statements (transaction mode).
+    pub statements: crate::prepared::registry::Registry,
     /// PAUSE / DISABLE switches.
     pub control: OperatorSwitches,
     /// Averages for SHOW STATS.
@@ -83,6 +85,7 @@ impl App {
             user_client_limits: Mutex::new(HashMap::new()),
             cancels: CancelRegistry::default(),
             param_sets: ParamInterner::default(),
+            statements: Default::default(),
             control: OperatorSwitches::default(),
             stats: StatsWindow::default(),
             login_failures: Mutex::default(),
@@ -230,6 +233,7 @@ impl App {
             idle_transaction_timeout: s.idle_transaction_timeout,
             client_idle_timeout: s.client_idle_timeout,
             max_packet_size: s.max_packet_size as usize,
+            max_prepared_statements: s.max_prepared_statements as usize,
         };
         let mut startup_params = Vec::new();
         for (k, v) in [

@@ -16,6 +16,7 @@ mod logging;
 mod net;
 mod operator;
 mod params;
+mod prepared;
 mod scan;
 mod stats;
 mod workers;

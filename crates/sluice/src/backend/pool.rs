@@ -42,6 +42,9 @@ pub struct PoolSettings {
     pub idle_transaction_timeout: Duration,
     pub client_idle_timeout: Duration,
     pub max_packet_size: usize,
+    /// Shared statements kept per server in transaction and statement mode
+    /// (0: named statements pass through unchanged).
+    pub max_prepared_statements: usize,
 }
 
 /// Greeting for new clients: the ParameterStatus values of the first server.

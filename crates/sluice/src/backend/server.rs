@@ -10,6 +10,7 @@ use sluice_wire::BackendKeyData;
 
 use crate::net::Stream;
 use crate::params::ParamSet;
+use crate::prepared::server_cache::ServerStatements;
 
 static NEXT_SERVER_ID: AtomicU64 = AtomicU64::new(1);
 
@@ -30,6 +31,8 @@ pub struct ServerConn {
     /// Wall-clock connect time and local address (SHOW SERVERS).
     pub created_wall: std::time::SystemTime,
     pub local_addr: Option<std::net::SocketAddr>,
+    /// Shared statements prepared on this server (transaction mode).
+    pub statements: ServerStatements,
 }
 
 impl ServerConn {
@@ -47,6 +50,7 @@ impl ServerConn {
             created: now,
             last_used: now,
             home_worker: super::idle::current_worker(),
+            statements: ServerStatements::default(),
         }
     }
 
@@ -67,6 +71,7 @@ impl ServerConn {
             last_used,
             created_wall,
             local_addr,
+            statements,
             ..
         } = self;
         Ok(Self {
@@ -80,6 +85,7 @@ impl ServerConn {
             created,
             last_used,
             home_worker: here,
+            statements,
         })
     }
 

@@ -9,3 +9,4 @@ pub mod login;
 pub mod relay;
 pub mod relay_io;
 pub mod session;
+mod tracked;

@@ -18,6 +18,7 @@ use sluice_wire::{ParameterStatus, TransactionStatus, tags};
 use super::error::ClientError;
 use super::relay_io::{IoEvent, Sides};
 use super::session::{CLEANUP_TIMEOUT, Client};
+use super::tracked::{self, Tracking};
 use crate::backend::login::run_query;
 use crate::backend::pool::Lease;
 use crate::params::{tracked_name, update_shared};
@@ -32,32 +33,32 @@ pub enum RelayEnd {
 }
 
 /// Request-cycle bookkeeping of one linked period.
-struct Cycle {
+pub(super) struct Cycle {
     /// Sync and Query messages sent whose ReadyForQuery has not come.
-    outstanding: u32,
+    pub(super) outstanding: u32,
     /// Extended-protocol messages sent since the last Sync.
-    unsynced: bool,
+    pub(super) unsynced: bool,
     /// Syncs sent since the last Execute or Query. If CopyDone or CopyFail
     /// follows, that Execute or Query started a COPY FROM STDIN, and
     /// PostgreSQL ignored these Syncs: they get no ReadyForQuery.
-    syncs_since_start: u32,
-    status: TransactionStatus,
-    client_scan: Scanner,
-    server_scan: Scanner,
+    pub(super) syncs_since_start: u32,
+    pub(super) status: TransactionStatus,
+    pub(super) client_scan: Scanner,
+    pub(super) server_scan: Scanner,
     /// Client bytes scanned and not yet written to the server.
-    to_server: usize,
+    pub(super) to_server: usize,
     /// Server bytes scanned and not yet written to the client.
-    to_client: usize,
-    client_terminated: bool,
+    pub(super) to_client: usize,
+    pub(super) client_terminated: bool,
     /// Statement mode saw a transaction block open.
-    refused_transaction: bool,
+    pub(super) refused_transaction: bool,
     /// ReadyForQuery messages seen, and those with status 'I'.
-    cycles_done: u64,
-    xacts_done: u64,
+    pub(super) cycles_done: u64,
+    pub(super) xacts_done: u64,
     /// Bytes written to the server and to the client.
-    written: (u64, u64),
+    pub(super) written: (u64, u64),
     /// SQLSTATE classes of server errors.
-    error_classes: Vec<[u8; 2]>,
+    pub(super) error_classes: Vec<[u8; 2]>,
 }
 
 impl Cycle {
@@ -117,18 +118,66 @@ pub async fn run(client: &mut Client, cbuf: &mut BytesMut, mut lease: Lease) -> 
     };
     let idle_tx_timeout = settings.idle_transaction_timeout;
     let mut idle_timer: Option<std::pin::Pin<Box<tokio::time::Sleep>>> = None;
+    // Transaction and statement mode: statements, session state and
+    // LISTEN follow the client, so its messages are rewritten.
+    let mut tracking = release_each.map(|_| Box::<Tracking>::default());
+    let app = client.app.clone();
 
     let end = loop {
-        if let Err(e) = scan_client(&mut cycle, cbuf, limit) {
+        let server = lease.server();
+        let scanned = match tracking.as_deref_mut() {
+            None => scan_client(&mut cycle, cbuf, limit),
+            Some(t) => tracked::rewrite_client(
+                &mut cycle,
+                cbuf,
+                t,
+                &mut tracked::Statements {
+                    names: &mut client.statements,
+                    server: &mut server.statements,
+                    registry: &app.statements,
+                    capacity: settings.max_prepared_statements,
+                },
+                limit,
+            ),
+        };
+        if let Err(e) = scanned {
             break Err(End::Client(ClientError::protocol(e.to_string())));
         }
-        let server = lease.server();
-        match scan_server(
-            &mut cycle,
-            &server.buf,
-            &mut client.params,
-            release_each == Some(true),
-        ) {
+        let refuse = release_each == Some(true);
+        let scanned = match tracking.as_deref_mut() {
+            None => scan_server(&mut cycle, &server.buf, &mut client.params, refuse),
+            Some(t) => loop {
+                match tracked::scan_server(
+                    &mut cycle,
+                    &server.buf,
+                    t,
+                    &mut server.statements,
+                    &mut client.params,
+                    refuse,
+                ) {
+                    Ok((changed, Some(held))) => {
+                        if changed {
+                            server.params = client.params.clone();
+                        }
+                        if !tracked::release_held(
+                            &cycle,
+                            held,
+                            &mut server.buf,
+                            t,
+                            &mut server.statements,
+                        ) {
+                            break Ok(false);
+                        }
+                    }
+                    Ok((changed, None)) => {
+                        tracked::settle(&cycle, t, &mut server.statements);
+                        break Ok(changed);
+                    }
+                    Err(e) => break Err(e),
+                }
+            },
+        };
+        match scanned {
             Ok(false) => {}
             // The server reported a tracked parameter: both views follow.
             Ok(true) => server.params = client.params.clone(),
@@ -143,7 +192,11 @@ pub async fn run(client: &mut Client, cbuf: &mut BytesMut, mut lease: Lease) -> 
         if cycle.client_terminated && cycle.to_server == 0 {
             break Ok(Outcome::ClientGone);
         }
-        if release_each.is_some() && cycle.clean() && cycle.flushed(&server.buf) {
+        if release_each.is_some()
+            && cycle.clean()
+            && cycle.flushed(&server.buf)
+            && tracking.as_deref().is_none_or(Tracking::settled)
+        {
             break Ok(Outcome::Release);
         }
         let idle_in_tx = !idle_tx_timeout.is_zero()
@@ -154,6 +207,10 @@ pub async fn run(client: &mut Client, cbuf: &mut BytesMut, mut lease: Lease) -> 
         } else if idle_timer.is_none() {
             idle_timer = Some(Box::pin(tokio::time::sleep(idle_tx_timeout)));
         }
+        let (server_out, client_extra) = match tracking.as_deref_mut() {
+            Some(t) => (Some(&mut t.out), Some(&mut t.extra)),
+            None => (None, None),
+        };
         let mut sides = Sides {
             client: &mut client.stream,
             server: &mut server.stream,
@@ -164,6 +221,8 @@ pub async fn run(client: &mut Client, cbuf: &mut BytesMut, mut lease: Lease) -> 
             read_client: !cycle.client_terminated,
             idle_timer: idle_timer.as_mut().map(|t| t.as_mut()),
             written: &mut cycle.written,
+            server_out,
+            client_extra,
         };
         match std::future::poll_fn(|cx| sides.poll(cx)).await {
             IoEvent::Progress { client_read } => {
@@ -287,7 +346,7 @@ fn scan_client(
 }
 
 /// Largest server message: PostgreSQL's own limit is 1 GB per field.
-const SERVER_MESSAGE_LIMIT: usize = i32::MAX as usize;
+pub(super) const SERVER_MESSAGE_LIMIT: usize = i32::MAX as usize;
 
 fn scan_server(
     cycle: &mut Cycle,
@@ -295,56 +354,107 @@ fn scan_server(
     client_params: &mut Arc<crate::params::ParamSet>,
     refuse_transactions: bool,
 ) -> Result<bool, sluice_wire::WireError> {
-    use tags::backend as b;
-    let mut bad = None;
-    let mut params_changed = false;
+    let mut seen = ServerSeen::default();
     let end = cycle.server_scan.scan(
         sbuf,
         cycle.to_client,
         SERVER_MESSAGE_LIMIT,
-        |tag| tag == b::READY_FOR_QUERY || tag == b::PARAMETER_STATUS || tag == b::ERROR_RESPONSE,
+        server_needs_body,
         |tag, body| {
-            match tag {
-                b::READY_FOR_QUERY => match TransactionStatus::decode(body) {
-                    Ok(s) => {
-                        cycle.outstanding = cycle.outstanding.saturating_sub(1);
-                        cycle.status = s;
-                        cycle.cycles_done += 1;
-                        if s == TransactionStatus::Idle {
-                            cycle.xacts_done += 1;
-                        }
-                        if refuse_transactions && s != TransactionStatus::Idle {
-                            cycle.refused_transaction = true;
-                        }
-                    }
-                    Err(e) => bad = Some(e),
+            on_server_message(
+                &mut seen,
+                CycleView {
+                    outstanding: &mut cycle.outstanding,
+                    status: &mut cycle.status,
+                    cycles_done: &mut cycle.cycles_done,
+                    xacts_done: &mut cycle.xacts_done,
+                    refused_transaction: &mut cycle.refused_transaction,
+                    error_classes: &mut cycle.error_classes,
                 },
-                b::ERROR_RESPONSE => {
-                    if let Ok(f) = sluice_wire::ErrorFields::decode(body)
-                        && let [a, b, ..] = f.code.as_bytes()
-                    {
-                        cycle.error_classes.push([*a, *b]);
-                    }
-                }
-                b::PARAMETER_STATUS => match ParameterStatus::decode(body) {
-                    Ok(p) => {
-                        if let Some(name) = tracked_name(p.name) {
-                            update_shared(client_params, name, p.value);
-                            params_changed = true;
-                        }
-                    }
-                    Err(e) => bad = Some(e),
-                },
-                _ => {}
-            }
+                tag,
+                body,
+                client_params,
+                refuse_transactions,
+            );
             Visit::Forward
         },
     )?;
-    if let Some(e) = bad {
+    if let Some(e) = seen.bad {
         return Err(e);
     }
     cycle.to_client = end.forward_to;
-    Ok(params_changed)
+    Ok(seen.params_changed)
+}
+
+/// Server messages whose bodies the relay reads.
+pub(super) fn server_needs_body(tag: u8) -> bool {
+    use tags::backend as b;
+    tag == b::READY_FOR_QUERY || tag == b::PARAMETER_STATUS || tag == b::ERROR_RESPONSE
+}
+
+/// What the server scan learnt beyond bookkeeping.
+#[derive(Default)]
+pub(super) struct ServerSeen {
+    pub(super) bad: Option<sluice_wire::WireError>,
+    pub(super) params_changed: bool,
+}
+
+/// The parts of a `Cycle` a server message updates (borrowed apart from
+/// its scanner, which is busy scanning).
+pub(super) struct CycleView<'a> {
+    pub(super) outstanding: &'a mut u32,
+    pub(super) status: &'a mut TransactionStatus,
+    pub(super) cycles_done: &'a mut u64,
+    pub(super) xacts_done: &'a mut u64,
+    pub(super) refused_transaction: &'a mut bool,
+    pub(super) error_classes: &'a mut Vec<[u8; 2]>,
+}
+
+/// Bookkeeping for one server message passed to the client:
+/// ReadyForQuery ends a request, ErrorResponse is counted by class, a
+/// ParameterStatus of a tracked parameter updates the client's view.
+pub(super) fn on_server_message(
+    seen: &mut ServerSeen,
+    cycle: CycleView<'_>,
+    tag: u8,
+    body: &[u8],
+    client_params: &mut Arc<crate::params::ParamSet>,
+    refuse_transactions: bool,
+) {
+    use tags::backend as b;
+    match tag {
+        b::READY_FOR_QUERY => match TransactionStatus::decode(body) {
+            Ok(s) => {
+                *cycle.outstanding = cycle.outstanding.saturating_sub(1);
+                *cycle.status = s;
+                *cycle.cycles_done += 1;
+                if s == TransactionStatus::Idle {
+                    *cycle.xacts_done += 1;
+                }
+                if refuse_transactions && s != TransactionStatus::Idle {
+                    *cycle.refused_transaction = true;
+                }
+            }
+            Err(e) => seen.bad = Some(e),
+        },
+        b::ERROR_RESPONSE => {
+            if let Ok(f) = sluice_wire::ErrorFields::decode(body)
+                && let [a, b, ..] = f.code.as_bytes()
+            {
+                cycle.error_classes.push([*a, *b]);
+            }
+        }
+        b::PARAMETER_STATUS => match ParameterStatus::decode(body) {
+            Ok(p) => {
+                if let Some(name) = tracked_name(p.name) {
+                    update_shared(client_params, name, p.value);
+                    seen.params_changed = true;
+                }
+            }
+            Err(e) => seen.bad = Some(e),
+        },
+        _ => {}
+    }
 }
 
 /// Runs the reset query; false when the server is not clean after it.

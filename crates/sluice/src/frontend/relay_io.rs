@@ -48,6 +48,12 @@ pub struct Sides<'a> {
     pub idle_timer: Option<Pin<&'a mut Sleep>>,
     /// Bytes written to the server and to the client (for SHOW STATS).
     pub written: &'a mut (u64, u64),
+    /// With statement tracking: the rewritten bytes due to the server
+    /// (instead of the first `to_server` bytes of `cbuf`).
+    pub server_out: Option<&'a mut BytesMut>,
+    /// With statement tracking: replies sluice wrote itself, due to the
+    /// client before anything more of `sbuf`.
+    pub client_extra: Option<&'a mut BytesMut>,
 }
 
 fn reserve(buf: &mut BytesMut) {
@@ -62,9 +68,14 @@ impl Sides<'_> {
         let mut moved = false;
         let mut client_read = false;
         if *self.to_server > 0 {
-            match Pin::new(&mut *self.server).poll_write(cx, &self.cbuf[..*self.to_server]) {
+            let (source, due) = match self.server_out.as_deref_mut() {
+                Some(out) => (out, usize::MAX),
+                None => (&mut *self.cbuf, *self.to_server),
+            };
+            let due = due.min(source.len());
+            match Pin::new(&mut *self.server).poll_write(cx, &source[..due]) {
                 Poll::Ready(Ok(n)) => {
-                    self.cbuf.advance(n);
+                    source.advance(n);
                     *self.to_server -= n;
                     self.written.0 += n as u64;
                     moved = true;
@@ -73,7 +84,22 @@ impl Sides<'_> {
                 Poll::Pending => {}
             }
         }
-        if *self.to_client > 0 {
+        let mut extra_pending = false;
+        if let Some(extra) = self.client_extra.as_deref_mut()
+            && !extra.is_empty()
+        {
+            match Pin::new(&mut *self.client).poll_write(cx, extra) {
+                Poll::Ready(Ok(n)) => {
+                    extra.advance(n);
+                    self.written.1 += n as u64;
+                    moved = true;
+                }
+                Poll::Ready(Err(_)) => return Poll::Ready(IoEvent::ClientGone),
+                Poll::Pending => {}
+            }
+            extra_pending = !extra.is_empty();
+        }
+        if *self.to_client > 0 && !extra_pending {
             match Pin::new(&mut *self.client).poll_write(cx, &self.sbuf[..*self.to_client]) {
                 Poll::Ready(Ok(n)) => {
                     self.sbuf.advance(n);
@@ -94,7 +120,11 @@ impl Sides<'_> {
                 Poll::Pending => {}
             }
         }
-        if self.read_client && self.cbuf.len() < BUFFER_LIMIT {
+        let waiting_for_server = match self.server_out.as_deref() {
+            Some(out) => out.len(),
+            None => self.cbuf.len(),
+        };
+        if self.read_client && waiting_for_server < BUFFER_LIMIT {
             reserve(self.cbuf);
             match poll_read_buf(Pin::new(&mut *self.client), cx, self.cbuf) {
                 Poll::Ready(Ok(0)) | Poll::Ready(Err(_)) => {

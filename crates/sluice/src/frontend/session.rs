@@ -28,6 +28,9 @@ pub struct Client {
     /// The login name, kept only when the pool logs in as a forced user
     /// (otherwise it is the pool's user).
     login_user: Option<Box<str>>,
+    /// The client's named prepared statements (transaction and statement
+    /// mode), boxed once it has any.
+    pub statements: Option<Box<crate::prepared::client_names::ClientNames>>,
     /// `client_idle_timeout` as of the last lease (zero = none; `None`
     /// before the first lease).
     idle_timeout: Option<Duration>,
@@ -58,6 +61,7 @@ impl Client {
             params,
             cancel,
             login_user,
+            statements: None,
             idle_timeout: None,
         }
     }

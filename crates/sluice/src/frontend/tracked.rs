@@ -1,0 +1,294 @@
+//! The relay's two scans in transaction and statement mode, where client
+//! messages are rewritten for statement tracking (see `prepared`) and the
+//! server's replies are filtered against what is owed: the client side
+//! copies into an output buffer instead of forwarding in place, the server
+//! side forwards in place except where a reply is dropped or one of
+//! sluice's own is due first.
+
+use bytes::{Buf, BytesMut};
+use sluice_wire::{TransactionStatus, WireError, split_frame, tags};
+
+use super::relay::{
+    Cycle, CycleView, SERVER_MESSAGE_LIMIT, ServerSeen, on_server_message, server_needs_body,
+};
+use crate::prepared::client_names::ClientNames;
+use crate::prepared::expect::{Expect, Expected, Reply, Verdict};
+use crate::prepared::registry::Registry;
+use crate::prepared::rewrite::{QueryFate, Rewriter};
+use crate::prepared::server_cache::ServerStatements;
+use crate::prepared::sql::{self, Special};
+use crate::scan::Visit;
+
+/// Per-link state of a tracked relay.
+#[derive(Default)]
+pub(super) struct Tracking {
+    pub(super) expected: Expected,
+    /// Rewritten bytes due to the server.
+    pub(super) out: BytesMut,
+    /// sluice's own replies due to the client.
+    pub(super) extra: BytesMut,
+    /// A statement that may change session state went to the server.
+    pub(super) session_touched: bool,
+    /// A PREPARE went to the server inside a transaction: its statement
+    /// must not outlive the link.
+    pub(super) sql_prepared: bool,
+    /// LISTEN / UNLISTEN statements sent, in order.
+    pub(super) listens: Vec<Special>,
+}
+
+impl Tracking {
+    /// Nothing owed either way.
+    pub(super) fn settled(&self) -> bool {
+        self.expected.is_empty() && self.out.is_empty() && self.extra.is_empty()
+    }
+}
+
+/// Client messages the rewriter handles whole.
+fn rewritten(tag: u8) -> bool {
+    use tags::frontend as f;
+    matches!(tag, f::PARSE | f::BIND | f::DESCRIBE | f::CLOSE | f::QUERY)
+}
+
+/// Where the rewriter's shared state lives.
+pub(super) struct Statements<'a> {
+    pub(super) names: &'a mut Option<Box<ClientNames>>,
+    pub(super) server: &'a mut ServerStatements,
+    pub(super) registry: &'a Registry,
+    pub(super) capacity: usize,
+}
+
+/// Moves whole client messages from `cbuf` to `t.out`, rewriting those
+/// that name statements, and accounts for what each owes.
+pub(super) fn rewrite_client(
+    cycle: &mut Cycle,
+    cbuf: &mut BytesMut,
+    t: &mut Tracking,
+    st: &mut Statements<'_>,
+    limit: usize,
+) -> Result<(), WireError> {
+    use tags::frontend as f;
+    loop {
+        let mut terminated = false;
+        let expected = &mut t.expected;
+        let end = cycle
+            .client_scan
+            .scan(cbuf, 0, limit, rewritten, |tag, _| {
+                if rewritten(tag) {
+                    return Visit::StopBefore;
+                }
+                match tag {
+                    f::SYNC => {
+                        cycle.outstanding += 1;
+                        cycle.unsynced = false;
+                        cycle.syncs_since_start += 1;
+                        expected.push(pass(Reply::Sync));
+                    }
+                    f::FUNCTION_CALL => {
+                        cycle.outstanding += 1;
+                        cycle.unsynced = false;
+                        cycle.syncs_since_start = 0;
+                        expected.push(pass(Reply::Query));
+                    }
+                    f::TERMINATE => {
+                        terminated = true;
+                        return Visit::StopBefore;
+                    }
+                    f::COPY_DATA => {}
+                    f::COPY_DONE | f::COPY_FAIL => {
+                        cycle.outstanding -= cycle.syncs_since_start.min(cycle.outstanding);
+                        expected.forget_ignored_syncs(cycle.syncs_since_start);
+                        cycle.syncs_since_start = 0;
+                    }
+                    f::EXECUTE => {
+                        cycle.unsynced = true;
+                        cycle.syncs_since_start = 0;
+                        expected.push(pass(Reply::Execute));
+                    }
+                    // Flush and anything else: no reply of its own.
+                    _ => cycle.unsynced = true,
+                }
+                Visit::Forward
+            })?;
+        t.out.extend_from_slice(&cbuf[..end.forward_to]);
+        cbuf.advance(end.forward_to);
+        if terminated {
+            cycle.client_terminated = true;
+        }
+        if !end.stopped || terminated {
+            break;
+        }
+        let Some(header) = split_frame(cbuf, limit)? else {
+            break;
+        };
+        let message = cbuf.split_to(header.total_len);
+        let names = st.names.get_or_insert_with(Box::default);
+        let mut rewriter = Rewriter {
+            names,
+            server: st.server,
+            registry: st.registry,
+            capacity: st.capacity,
+            expected: &mut t.expected,
+            out: &mut t.out,
+        };
+        match header.tag {
+            f::PARSE => {
+                rewriter.parse(&message)?;
+                cycle.unsynced = true;
+                note_text(t, parse_query(&message), cycle.status);
+            }
+            f::BIND => {
+                rewriter.bind(&message)?;
+                cycle.unsynced = true;
+            }
+            f::DESCRIBE => {
+                rewriter.describe(&message)?;
+                cycle.unsynced = true;
+            }
+            f::CLOSE => {
+                rewriter.close(&message)?;
+                cycle.unsynced = true;
+            }
+            _ => {
+                let idle = cycle.status == TransactionStatus::Idle && cycle.outstanding == 0;
+                if let QueryFate::Sent { special } = rewriter.query(&message, idle) {
+                    cycle.outstanding += 1;
+                    cycle.unsynced = false;
+                    cycle.syncs_since_start = 0;
+                    if let Some(s @ (Special::Listen(_) | Special::Unlisten(_))) = special {
+                        t.listens.push(s);
+                    }
+                    let text = &message[sluice_wire::HEADER_LEN..];
+                    note_text(t, Some(text), cycle.status);
+                }
+            }
+        }
+    }
+    cycle.to_server = t.out.len();
+    Ok(())
+}
+
+fn pass(reply: Reply) -> Expect {
+    Expect::Pass {
+        reply,
+        statement: None,
+    }
+}
+
+/// The query text of a Parse message.
+fn parse_query(message: &[u8]) -> Option<&[u8]> {
+    let mut r = sluice_wire::Reader::new(&message[sluice_wire::HEADER_LEN..]);
+    r.cstr_bytes().ok()?;
+    r.cstr_bytes().ok()
+}
+
+/// Notes what a statement sent to the server may leave behind.
+fn note_text(t: &mut Tracking, text: Option<&[u8]>, _status: TransactionStatus) {
+    let Some(text) = text else { return };
+    if sql::touches_session(text) {
+        t.session_touched = true;
+    }
+    if sql::starts_statement(text, b"prepare") {
+        t.sql_prepared = true;
+    }
+    if sql::starts_statement(text, b"listen") {
+        t.session_touched = true;
+    }
+}
+
+/// A server message that cannot be forwarded in place yet.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Held {
+    /// Drop this message (`len` bytes) once everything before it is written.
+    Drop { tag: u8, len: usize },
+    /// Write sluice's own replies first.
+    LocalFirst,
+}
+
+/// Scans server bytes after `cycle.to_client`, forwarding in place until a
+/// message must be held.
+pub(super) fn scan_server(
+    cycle: &mut Cycle,
+    sbuf: &BytesMut,
+    t: &mut Tracking,
+    server: &mut ServerStatements,
+    client_params: &mut std::sync::Arc<crate::params::ParamSet>,
+    refuse_transactions: bool,
+) -> Result<(bool, Option<Held>), WireError> {
+    use tags::backend as b;
+    let mut seen = ServerSeen::default();
+    let mut held = None;
+    let expected = &mut t.expected;
+    let end = cycle.server_scan.scan(
+        sbuf,
+        cycle.to_client,
+        SERVER_MESSAGE_LIMIT,
+        |tag| server_needs_body(tag) || tag == b::PARSE_COMPLETE || tag == b::CLOSE_COMPLETE,
+        |tag, body| {
+            match expected.verdict(tag, server) {
+                Verdict::Forward => {}
+                Verdict::Drop => {
+                    held = Some(Held::Drop {
+                        tag,
+                        len: body.len() + sluice_wire::HEADER_LEN,
+                    });
+                    return Visit::StopBefore;
+                }
+                Verdict::LocalFirst => {
+                    held = Some(Held::LocalFirst);
+                    return Visit::StopBefore;
+                }
+            }
+            on_server_message(
+                &mut seen,
+                CycleView {
+                    outstanding: &mut cycle.outstanding,
+                    status: &mut cycle.status,
+                    cycles_done: &mut cycle.cycles_done,
+                    xacts_done: &mut cycle.xacts_done,
+                    refused_transaction: &mut cycle.refused_transaction,
+                    error_classes: &mut cycle.error_classes,
+                },
+                tag,
+                body,
+                client_params,
+                refuse_transactions,
+            );
+            expected.consume(tag, body, server);
+            Visit::Forward
+        },
+    )?;
+    if let Some(e) = seen.bad {
+        return Err(e);
+    }
+    cycle.to_client = end.forward_to;
+    Ok((seen.params_changed, held))
+}
+
+/// Acts on a held message once the bytes before it are written; returns
+/// whether anything changed (scan again).
+pub(super) fn release_held(
+    cycle: &Cycle,
+    held: Held,
+    sbuf: &mut BytesMut,
+    t: &mut Tracking,
+    server: &mut ServerStatements,
+) -> bool {
+    if cycle.to_client != 0 {
+        return false;
+    }
+    match held {
+        Held::Drop { tag, len } => {
+            t.expected.consume(tag, &[], server);
+            sbuf.advance(len);
+        }
+        Held::LocalFirst => t.expected.settle(&mut t.extra, cycle.status, server),
+    }
+    true
+}
+
+/// Writes sluice's own replies that are due now that the server's are out.
+pub(super) fn settle(cycle: &Cycle, t: &mut Tracking, server: &mut ServerStatements) {
+    if cycle.to_client == 0 && cycle.server_scan.at_boundary() {
+        t.expected.settle(&mut t.extra, cycle.status, server);
+    }
+}

@@ -1,0 +1,342 @@
+//! The responses a server owes, in order, for the messages sent to it in
+//! transaction mode with statement tracking, and what to do with each: pass
+//! it to the client, drop it (sluice injected the message), or answer the
+//! client here (sluice did not send the message at all).
+//!
+//! PostgreSQL answers each extended-protocol message in order. After an
+//! ErrorResponse it skips every message up to the next Sync, so entries
+//! behind a failed one are dropped unanswered, and what sluice assumed
+//! about them (a statement now prepared, one now closed) is undone.
+
+use std::collections::VecDeque;
+
+use bytes::BytesMut;
+use sluice_wire::{ErrorFields, Severity, TransactionStatus, tags};
+
+use super::server_cache::ServerStatements;
+
+/// What kind of response ends an entry.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Reply {
+    /// ParseComplete, BindComplete, CloseComplete: one message.
+    Parse,
+    Bind,
+    Close,
+    /// ParameterDescription then RowDescription or NoData.
+    DescribeStatement,
+    /// RowDescription or NoData.
+    DescribePortal,
+    /// Rows, then CommandComplete, EmptyQueryResponse or PortalSuspended.
+    Execute,
+    /// ReadyForQuery.
+    Sync,
+    /// Simple query or function call: everything up to ReadyForQuery.
+    Query,
+}
+
+/// A reply sluice writes itself.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Local {
+    ParseComplete,
+    CloseComplete,
+    /// A simple query answered here: CommandComplete with this tag, then
+    /// ReadyForQuery.
+    Command(&'static str),
+    /// A simple query refused here: ErrorResponse, then ReadyForQuery.
+    Refused {
+        code: &'static str,
+        message: String,
+    },
+}
+
+/// One owed response.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Expect {
+    /// A client message sent on; `statement` is the shared statement a
+    /// Bind or Describe used.
+    Pass {
+        reply: Reply,
+        statement: Option<u64>,
+    },
+    /// A Parse of shared statement `id`; the client sent it (its
+    /// ParseComplete passes) or sluice did (dropped).
+    Prepare { id: u64, from_client: bool },
+    /// A Close of shared statement `id` injected by sluice (dropped).
+    Unprepare { id: u64 },
+    /// Answered by sluice when its turn comes.
+    Local(Local),
+}
+
+/// What to do with one server message.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Verdict {
+    Forward,
+    Drop,
+    /// A local reply is due before this message.
+    LocalFirst,
+}
+
+/// The queue of owed responses of one linked period.
+#[derive(Debug, Default)]
+pub struct Expected {
+    queue: VecDeque<Expect>,
+    /// An extended-protocol message failed: the server ignores what
+    /// follows up to the next Sync.
+    skipping: bool,
+}
+
+/// SQLSTATE of "cached plan must not change result type".
+const STALE_PLAN: &str = "0A000";
+/// SQLSTATE of "prepared statement … does not exist".
+const NO_STATEMENT: &str = "26000";
+
+impl Expected {
+    pub fn push(&mut self, expect: Expect) {
+        self.queue.push_back(expect);
+    }
+
+    /// Nothing owed: the link may end.
+    pub fn is_empty(&self) -> bool {
+        self.queue.is_empty()
+    }
+
+    /// The client ended a COPY FROM STDIN: the `syncs` Syncs it sent after
+    /// starting it were ignored by PostgreSQL and get no ReadyForQuery.
+    pub fn forget_ignored_syncs(&mut self, syncs: u32) {
+        for _ in 0..syncs {
+            match self.queue.back() {
+                Some(Expect::Pass {
+                    reply: Reply::Sync, ..
+                }) => {
+                    self.queue.pop_back();
+                }
+                _ => break,
+            }
+        }
+    }
+
+    /// Decides about a server message with tag `tag`, without consuming it.
+    pub fn verdict(&mut self, tag: u8, server: &mut ServerStatements) -> Verdict {
+        use tags::backend as b;
+        if is_async(tag) {
+            return Verdict::Forward;
+        }
+        self.skip_ignored(server);
+        match self.queue.front() {
+            Some(Expect::Local(_)) => Verdict::LocalFirst,
+            Some(Expect::Prepare {
+                from_client: false, ..
+            }) if tag == b::PARSE_COMPLETE => Verdict::Drop,
+            Some(Expect::Unprepare { .. }) if tag == b::CLOSE_COMPLETE => Verdict::Drop,
+            _ => Verdict::Forward,
+        }
+    }
+
+    /// Accounts for a server message that was forwarded or dropped; `body`
+    /// is needed for ErrorResponse only.
+    pub fn consume(&mut self, tag: u8, body: &[u8], server: &mut ServerStatements) {
+        use tags::backend as b;
+        if is_async(tag) {
+            return;
+        }
+        let Some(head) = self.queue.front().cloned() else {
+            return;
+        };
+        if tag == b::ERROR_RESPONSE {
+            self.on_error(head, body, server);
+            return;
+        }
+        let done = match head {
+            Expect::Prepare { .. } => tag == b::PARSE_COMPLETE,
+            Expect::Unprepare { .. } => tag == b::CLOSE_COMPLETE,
+            Expect::Local(_) => false,
+            Expect::Pass { reply, .. } => ends(reply, tag),
+        };
+        if done {
+            self.queue.pop_front();
+        }
+    }
+
+    fn on_error(&mut self, head: Expect, body: &[u8], server: &mut ServerStatements) {
+        let code = ErrorFields::decode(body).map(|f| f.code).unwrap_or("");
+        match head {
+            // A simple query's error is followed by its ReadyForQuery.
+            Expect::Pass {
+                reply: Reply::Query | Reply::Sync,
+                ..
+            }
+            | Expect::Local(_) => return,
+            Expect::Prepare { id, .. } => server.forget(id),
+            Expect::Unprepare { id } => server.forget(id),
+            Expect::Pass {
+                statement: Some(id),
+                ..
+            } => {
+                if code == STALE_PLAN {
+                    server.retire(id);
+                } else if code == NO_STATEMENT {
+                    server.forget(id);
+                }
+            }
+            Expect::Pass { .. } => {}
+        }
+        self.queue.pop_front();
+        self.skipping = true;
+        self.skip_ignored(server);
+    }
+
+    /// Drops entries the server skips, and takes the local replies now due
+    /// (everything before them answered), writing them to `out`.
+    pub fn settle(
+        &mut self,
+        out: &mut BytesMut,
+        status: TransactionStatus,
+        server: &mut ServerStatements,
+    ) {
+        self.skip_ignored(server);
+        while let Some(Expect::Local(local)) = self.queue.front() {
+            write_local(out, local, status);
+            self.queue.pop_front();
+        }
+    }
+
+    /// While skipping after an error, drops the entries the server ignores
+    /// (all up to the next Sync), undoing what sluice assumed of them.
+    fn skip_ignored(&mut self, server: &mut ServerStatements) {
+        while self.skipping {
+            match self.queue.front() {
+                None => return,
+                Some(Expect::Pass {
+                    reply: Reply::Sync, ..
+                }) => self.skipping = false,
+                Some(Expect::Prepare { id, .. }) => {
+                    server.forget(*id);
+                    self.queue.pop_front();
+                }
+                Some(Expect::Unprepare { id }) => {
+                    server.to_close.push(*id);
+                    self.queue.pop_front();
+                }
+                Some(Expect::Pass { .. } | Expect::Local(_)) => {
+                    self.queue.pop_front();
+                }
+            }
+        }
+    }
+}
+
+/// Messages a server may send at any time.
+fn is_async(tag: u8) -> bool {
+    use tags::backend as b;
+    matches!(
+        tag,
+        b::NOTICE_RESPONSE | b::PARAMETER_STATUS | b::NOTIFICATION_RESPONSE
+    )
+}
+
+fn ends(reply: Reply, tag: u8) -> bool {
+    use tags::backend as b;
+    match reply {
+        Reply::Parse => tag == b::PARSE_COMPLETE,
+        Reply::Bind => tag == b::BIND_COMPLETE,
+        Reply::Close => tag == b::CLOSE_COMPLETE,
+        Reply::DescribeStatement | Reply::DescribePortal => {
+            tag == b::ROW_DESCRIPTION || tag == b::NO_DATA
+        }
+        Reply::Execute => matches!(
+            tag,
+            b::COMMAND_COMPLETE | b::EMPTY_QUERY_RESPONSE | b::PORTAL_SUSPENDED
+        ),
+        Reply::Sync | Reply::Query => tag == b::READY_FOR_QUERY,
+    }
+}
+
+fn write_local(out: &mut BytesMut, local: &Local, status: TransactionStatus) {
+    use sluice_wire::MessageBuilder;
+    match local {
+        Local::ParseComplete => MessageBuilder::new(out, tags::backend::PARSE_COMPLETE).finish(),
+        Local::CloseComplete => MessageBuilder::new(out, tags::backend::CLOSE_COMPLETE).finish(),
+        Local::Command(tag) => {
+            sluice_wire::command_complete(out, tag);
+            sluice_wire::ready_for_query(out, status);
+        }
+        Local::Refused { code, message } => {
+            ErrorFields::new(Severity::Error, code, message).encode(out);
+            sluice_wire::ready_for_query(out, status);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tags::backend as b;
+
+    impl Expected {
+        fn verdict_for_test(&mut self, tag: u8) -> Verdict {
+            self.verdict(tag, &mut ServerStatements::default())
+        }
+    }
+
+    fn error_body(code: &str) -> Vec<u8> {
+        let mut buf = BytesMut::new();
+        ErrorFields::new(Severity::Error, code, "boom").encode(&mut buf);
+        buf[5..].to_vec()
+    }
+
+    #[test]
+    fn injected_parse_is_dropped_and_local_reply_waits_its_turn() {
+        let mut server = ServerStatements::default();
+        let mut e = Expected::default();
+        e.push(Expect::Pass {
+            reply: Reply::Bind,
+            statement: None,
+        });
+        e.push(Expect::Local(Local::ParseComplete));
+        e.push(Expect::Prepare {
+            id: 7,
+            from_client: false,
+        });
+        let mut out = BytesMut::new();
+        e.settle(&mut out, TransactionStatus::Idle, &mut server);
+        assert!(out.is_empty(), "the Bind is answered first");
+        assert_eq!(e.verdict_for_test(b::BIND_COMPLETE), Verdict::Forward);
+        e.consume(b::BIND_COMPLETE, &[], &mut server);
+        assert_eq!(e.verdict_for_test(b::PARSE_COMPLETE), Verdict::LocalFirst);
+        e.settle(&mut out, TransactionStatus::Idle, &mut server);
+        assert_eq!(&out[..], b"1\0\0\0\x04");
+        assert_eq!(e.verdict_for_test(b::PARSE_COMPLETE), Verdict::Drop);
+        e.consume(b::PARSE_COMPLETE, &[], &mut server);
+        assert!(e.is_empty());
+    }
+
+    #[test]
+    fn error_skips_to_sync_and_undoes_assumptions() {
+        let mut server = ServerStatements::default();
+        server.insert(1, 0);
+        server.insert(2, 0);
+        let mut e = Expected::default();
+        e.push(Expect::Pass {
+            reply: Reply::Bind,
+            statement: Some(1),
+        });
+        e.push(Expect::Prepare {
+            id: 2,
+            from_client: false,
+        });
+        e.push(Expect::Local(Local::ParseComplete));
+        e.push(Expect::Pass {
+            reply: Reply::Sync,
+            statement: None,
+        });
+        e.consume(b::ERROR_RESPONSE, &error_body(STALE_PLAN), &mut server);
+        let mut out = BytesMut::new();
+        e.settle(&mut out, TransactionStatus::Idle, &mut server);
+        assert!(out.is_empty(), "skipped local replies are not sent");
+        assert_eq!(server.to_close, vec![1], "stale statement closed later");
+        assert!(!server.touch(2), "skipped Parse did not prepare");
+        assert_eq!(e.verdict_for_test(b::READY_FOR_QUERY), Verdict::Forward);
+        e.consume(b::READY_FOR_QUERY, &[], &mut server);
+        assert!(e.is_empty());
+    }
+}

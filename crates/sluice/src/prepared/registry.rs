@@ -1,0 +1,89 @@
+//! One id per distinct statement (query text plus parameter types), shared
+//! by every client, so that a server prepares each statement once however
+//! many clients use it.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, Weak};
+
+use bytes::Bytes;
+
+/// A statement as the server sees it.
+#[derive(Debug)]
+pub struct Statement {
+    pub id: u64,
+    /// `sluice_<id>`.
+    pub name: Box<str>,
+    /// The Parse body after the statement name: query, NUL, parameter count
+    /// and type OIDs, exactly as the client sent them.
+    pub text: Bytes,
+}
+
+/// Statements in use by at least one client.
+#[derive(Debug, Default)]
+pub struct Registry {
+    map: Mutex<Interned>,
+    next_id: AtomicU64,
+}
+
+#[derive(Debug, Default)]
+struct Interned {
+    by_text: HashMap<Bytes, Weak<Statement>>,
+    /// Size at which dead entries are swept next.
+    sweep_at: usize,
+}
+
+/// Entries kept before the first sweep of statements no client uses.
+const FIRST_SWEEP: usize = 1024;
+
+impl Registry {
+    /// The statement for `text` (a Parse body after the name), shared with
+    /// every client that parsed the same text.
+    pub fn intern(&self, text: &[u8]) -> Arc<Statement> {
+        let mut map = self.map.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(found) = map.by_text.get(text).and_then(Weak::upgrade) {
+            return found;
+        }
+        if map.by_text.len() >= map.sweep_at.max(FIRST_SWEEP) {
+            map.by_text.retain(|_, weak| weak.strong_count() > 0);
+            map.sweep_at = map.by_text.len() * 2;
+        }
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed) + 1;
+        let text = Bytes::copy_from_slice(text);
+        let statement = Arc::new(Statement {
+            id,
+            name: super::server_name(id).into_boxed_str(),
+            text: text.clone(),
+        });
+        map.by_text.insert(text, Arc::downgrade(&statement));
+        statement
+    }
+
+    /// Distinct statements alive (SHOW/metrics and tests).
+    pub fn len(&self) -> usize {
+        let map = self.map.lock().unwrap_or_else(|p| p.into_inner());
+        map.by_text
+            .values()
+            .filter(|w| w.strong_count() > 0)
+            .count()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn same_text_same_statement_until_nobody_uses_it() {
+        let registry = Registry::default();
+        let a = registry.intern(b"select 1\0\0\0");
+        let b = registry.intern(b"select 1\0\0\0");
+        let c = registry.intern(b"select 2\0\0\0");
+        assert_eq!(a.id, b.id);
+        assert_ne!(a.id, c.id);
+        assert_eq!(&*a.name, format!("sluice_{}", a.id));
+        let old = a.id;
+        drop((a, b));
+        assert_ne!(registry.intern(b"select 1\0\0\0").id, old);
+    }
+}

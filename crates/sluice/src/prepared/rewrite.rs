@@ -1,0 +1,231 @@
+//! Client messages on their way to the server in transaction mode with
+//! statement tracking: named statements are renamed to their shared
+//! server-side names, prepared on demand, and Parse/Close of statements are
+//! answered here when the server need not see them. Every message sent or
+//! answered gets its entry in the owed-responses queue.
+
+use std::sync::Arc;
+
+use bytes::BytesMut;
+use sluice_wire::{MessageBuilder, Reader, WireError, tags};
+
+use super::client_names::ClientNames;
+use super::expect::{Expect, Expected, Local, Reply};
+use super::registry::{Registry, Statement};
+use super::server_cache::ServerStatements;
+use super::sql::{self, Special};
+
+/// Rewrites one client's messages for the server it holds now.
+pub struct Rewriter<'a> {
+    pub names: &'a mut ClientNames,
+    pub server: &'a mut ServerStatements,
+    pub registry: &'a Registry,
+    /// `max_prepared_statements` per server; 0 turns tracking off (names
+    /// pass unchanged, as in PgBouncer).
+    pub capacity: usize,
+    pub expected: &'a mut Expected,
+    /// Bytes due to the server.
+    pub out: &'a mut BytesMut,
+}
+
+/// What became of a simple query.
+#[derive(Debug, PartialEq, Eq)]
+pub enum QueryFate {
+    /// Sent to the server; `special` if it was one of the statements the
+    /// pooler watches.
+    Sent { special: Option<Special> },
+    /// Answered here; the server never sees it.
+    Answered,
+}
+
+fn body(message: &[u8]) -> &[u8] {
+    &message[sluice_wire::HEADER_LEN..]
+}
+
+impl Rewriter<'_> {
+    /// Parse: a named statement is interned; the server gets it only if it
+    /// lacks it, otherwise ParseComplete is answered here.
+    pub fn parse(&mut self, message: &[u8]) -> Result<(), WireError> {
+        let mut r = Reader::new(body(message));
+        let name = r.cstr_bytes()?;
+        let text = r.rest();
+        if name.is_empty() || self.capacity == 0 {
+            self.out.extend_from_slice(message);
+            self.expected.push(Expect::Pass {
+                reply: Reply::Parse,
+                statement: None,
+            });
+            return Ok(());
+        }
+        let statement = self.registry.intern(text);
+        if !self.names.insert(name, statement.clone()) {
+            // Too many names: the server refuses it by its own rules.
+            self.out.extend_from_slice(message);
+            self.expected.push(Expect::Pass {
+                reply: Reply::Parse,
+                statement: None,
+            });
+            return Ok(());
+        }
+        if self.server.touch(statement.id) {
+            self.expected.push(Expect::Local(Local::ParseComplete));
+        } else {
+            self.prepare(&statement, true);
+        }
+        Ok(())
+    }
+
+    /// Bind: a named statement is renamed, and prepared first if needed.
+    /// An unknown name goes on unchanged so that PostgreSQL reports it.
+    pub fn bind(&mut self, message: &[u8]) -> Result<(), WireError> {
+        let mut r = Reader::new(body(message));
+        let portal = r.cstr_bytes()?;
+        let name = r.cstr_bytes()?;
+        let rest = r.rest();
+        let Some(statement) = self.lookup(name) else {
+            self.out.extend_from_slice(message);
+            self.expected.push(Expect::Pass {
+                reply: Reply::Bind,
+                statement: None,
+            });
+            return Ok(());
+        };
+        MessageBuilder::new(self.out, tags::frontend::BIND)
+            .bytes(portal)
+            .u8(0)
+            .cstr(&statement.name)
+            .bytes(rest)
+            .finish();
+        self.expected.push(Expect::Pass {
+            reply: Reply::Bind,
+            statement: Some(statement.id),
+        });
+        Ok(())
+    }
+
+    /// Describe: a named statement is renamed, and prepared first if needed.
+    pub fn describe(&mut self, message: &[u8]) -> Result<(), WireError> {
+        let mut r = Reader::new(body(message));
+        let kind = r.u8()?;
+        let name = r.cstr_bytes()?;
+        if kind == b'S'
+            && let Some(statement) = self.lookup(name)
+        {
+            MessageBuilder::new(self.out, tags::frontend::DESCRIBE)
+                .u8(b'S')
+                .cstr(&statement.name)
+                .finish();
+            self.expected.push(Expect::Pass {
+                reply: Reply::DescribeStatement,
+                statement: Some(statement.id),
+            });
+            return Ok(());
+        }
+        self.out.extend_from_slice(message);
+        let reply = if kind == b'S' {
+            Reply::DescribeStatement
+        } else {
+            Reply::DescribePortal
+        };
+        self.expected.push(Expect::Pass {
+            reply,
+            statement: None,
+        });
+        Ok(())
+    }
+
+    /// Close: a named statement is forgotten by the client only (the server
+    /// keeps it for other clients); CloseComplete is answered here.
+    pub fn close(&mut self, message: &[u8]) -> Result<(), WireError> {
+        let mut r = Reader::new(body(message));
+        let kind = r.u8()?;
+        let name = r.cstr_bytes()?;
+        if kind == b'S' && !name.is_empty() && self.capacity > 0 {
+            self.names.remove(name);
+            self.expected.push(Expect::Local(Local::CloseComplete));
+            return Ok(());
+        }
+        self.out.extend_from_slice(message);
+        self.expected.push(Expect::Pass {
+            reply: Reply::Close,
+            statement: None,
+        });
+        Ok(())
+    }
+
+    /// A simple query. DEALLOCATE of a protocol-level name and PREPARE
+    /// outside a transaction (`idle`) are answered here; DISCARD ALL and
+    /// DEALLOCATE ALL also clear the client's names and what sluice knows
+    /// of the server.
+    pub fn query(&mut self, message: &[u8], idle: bool) -> QueryFate {
+        let text = body(message);
+        let text = text.strip_suffix(b"\0").unwrap_or(text);
+        let special = sql::special(text);
+        match &special {
+            Some(Special::Deallocate(name)) if self.names.remove(name).is_some() => {
+                self.expected
+                    .push(Expect::Local(Local::Command("DEALLOCATE")));
+                return QueryFate::Answered;
+            }
+            Some(Special::Prepare) if idle => {
+                self.expected.push(Expect::Local(Local::Refused {
+                    code: "0A000",
+                    message: "PREPARE outside a transaction is not supported in transaction pooling \
+                              mode: the statement would stay on a server shared with other clients. \
+                              Use protocol-level prepared statements (they follow the client), or \
+                              PREPARE inside a transaction block (deallocated when it ends)"
+                        .into(),
+                }));
+                return QueryFate::Answered;
+            }
+            Some(Special::DeallocateAll | Special::DiscardAll) => {
+                self.names.clear();
+                self.server.clear();
+            }
+            _ => {}
+        }
+        self.out.extend_from_slice(message);
+        self.expected.push(Expect::Pass {
+            reply: Reply::Query,
+            statement: None,
+        });
+        QueryFate::Sent { special }
+    }
+
+    /// The shared statement the client calls `name`, prepared on the
+    /// server (injected Parse) if it is not there yet.
+    fn lookup(&mut self, name: &[u8]) -> Option<Arc<Statement>> {
+        if name.is_empty() || self.capacity == 0 {
+            return None;
+        }
+        let statement = self.names.get(name)?.clone();
+        if !self.server.touch(statement.id) {
+            self.prepare(&statement, false);
+        }
+        Some(statement)
+    }
+
+    /// Sends Parse of `statement` under its shared name, closing first
+    /// what the server must drop (stale plans, and the least recently used
+    /// statement when the server is full).
+    fn prepare(&mut self, statement: &Statement, from_client: bool) {
+        let evicted = self.server.insert(statement.id, self.capacity);
+        let mut closing = std::mem::take(&mut self.server.to_close);
+        closing.extend(evicted);
+        for id in closing {
+            MessageBuilder::new(self.out, tags::frontend::CLOSE)
+                .u8(b'S')
+                .cstr(&super::server_name(id))
+                .finish();
+            self.expected.push(Expect::Unprepare { id });
+        }
+        MessageBuilder::new(self.out, tags::frontend::PARSE)
+            .cstr(&statement.name)
+            .bytes(&statement.text)
+            .finish();
+        self.expected.push(Expect::Prepare {
+            id: statement.id,
+            from_client,
+        });
+    }
+}

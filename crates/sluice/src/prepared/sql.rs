@@ -1,0 +1,282 @@
+//! Just enough SQL to recognise the statements transaction pooling must
+//! treat specially: DEALLOCATE, DISCARD ALL, PREPARE, LISTEN/UNLISTEN, and
+//! statements that change session settings. Keywords are matched at the
+//! start of each statement, after white space and comments, so that an
+//! `UPDATE … SET` is not taken for a `SET`.
+
+/// What a simple query (one statement) means to the pooler.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Special {
+    /// `DEALLOCATE [PREPARE] ALL`
+    DeallocateAll,
+    /// `DEALLOCATE [PREPARE] name`
+    Deallocate(Vec<u8>),
+    /// `DISCARD ALL`
+    DiscardAll,
+    /// `PREPARE …`
+    Prepare,
+    /// `LISTEN channel`
+    Listen(String),
+    /// `UNLISTEN channel`, or `UNLISTEN *` (None)
+    Unlisten(Option<String>),
+}
+
+/// Splits `text` into statements at semicolons outside quotes, comments
+/// and dollar quotes.
+fn statements(text: &[u8]) -> Vec<&[u8]> {
+    let mut out = Vec::new();
+    let mut start = 0;
+    let mut i = 0;
+    while i < text.len() {
+        match text[i] {
+            b'\'' | b'"' => i = skip_quoted(text, i, text[i]),
+            b'-' if text.get(i + 1) == Some(&b'-') => {
+                while i < text.len() && text[i] != b'\n' {
+                    i += 1;
+                }
+            }
+            b'/' if text.get(i + 1) == Some(&b'*') => i = skip_block_comment(text, i),
+            b'$' => i = skip_dollar_quoted(text, i),
+            b';' => {
+                out.push(&text[start..i]);
+                start = i + 1;
+                i += 1;
+            }
+            _ => i += 1,
+        }
+    }
+    out.push(&text[start..]);
+    out.retain(|s| !skip_space(s).is_empty());
+    out
+}
+
+fn skip_quoted(text: &[u8], open: usize, quote: u8) -> usize {
+    let mut i = open + 1;
+    while i < text.len() {
+        if text[i] == quote {
+            if text.get(i + 1) == Some(&quote) {
+                i += 2;
+                continue;
+            }
+            return i + 1;
+        }
+        i += 1;
+    }
+    i
+}
+
+fn skip_block_comment(text: &[u8], open: usize) -> usize {
+    let mut depth = 0;
+    let mut i = open;
+    while i + 1 < text.len() {
+        if text[i] == b'/' && text[i + 1] == b'*' {
+            depth += 1;
+            i += 2;
+        } else if text[i] == b'*' && text[i + 1] == b'/' {
+            depth -= 1;
+            i += 2;
+            if depth == 0 {
+                return i;
+            }
+        } else {
+            i += 1;
+        }
+    }
+    text.len()
+}
+
+/// `$tag$ … $tag$`; a `$` that does not open a dollar quote (`$1`) is
+/// passed over.
+fn skip_dollar_quoted(text: &[u8], open: usize) -> usize {
+    let mut end = open + 1;
+    while end < text.len() && (text[end].is_ascii_alphanumeric() || text[end] == b'_') {
+        end += 1;
+    }
+    if end >= text.len()
+        || text[end] != b'$'
+        || text[open + 1..end].first().is_some_and(u8::is_ascii_digit)
+    {
+        return open + 1;
+    }
+    let tag = &text[open..=end];
+    let body = end + 1;
+    match text[body..].windows(tag.len()).position(|w| w == tag) {
+        Some(p) => body + p + tag.len(),
+        None => text.len(),
+    }
+}
+
+/// `s` without leading white space and comments.
+fn skip_space(mut s: &[u8]) -> &[u8] {
+    loop {
+        let trimmed = s.trim_ascii_start();
+        if trimmed.starts_with(b"--") {
+            let nl = trimmed
+                .iter()
+                .position(|&c| c == b'\n')
+                .unwrap_or(trimmed.len());
+            s = &trimmed[nl..];
+        } else if trimmed.starts_with(b"/*") {
+            s = &trimmed[skip_block_comment(trimmed, 0)..];
+        } else {
+            return trimmed;
+        }
+    }
+}
+
+/// The next word (letters, digits, `_`) of `s` and what follows it.
+fn word(s: &[u8]) -> (&[u8], &[u8]) {
+    let s = skip_space(s);
+    let end = s
+        .iter()
+        .position(|c| !(c.is_ascii_alphanumeric() || *c == b'_'))
+        .unwrap_or(s.len());
+    (&s[..end], &s[end..])
+}
+
+/// An identifier as PostgreSQL folds it: quoted kept, unquoted lowercased.
+fn identifier(s: &[u8]) -> Option<(Vec<u8>, &[u8])> {
+    let s = skip_space(s);
+    if s.first() == Some(&b'"') {
+        let end = skip_quoted(s, 0, b'"');
+        let inner = &s[1..end.saturating_sub(1).max(1)];
+        let name = String::from_utf8_lossy(inner).replace("\"\"", "\"");
+        return Some((name.into_bytes(), &s[end..]));
+    }
+    let (w, rest) = word(s);
+    (!w.is_empty()).then(|| (w.to_ascii_lowercase(), rest))
+}
+
+fn is_end(s: &[u8]) -> bool {
+    skip_space(s).is_empty()
+}
+
+/// Recognises a simple query that is exactly one special statement.
+pub fn special(text: &[u8]) -> Option<Special> {
+    let parts = statements(text);
+    let [one] = parts.as_slice() else {
+        return None;
+    };
+    let (first, rest) = word(one);
+    if first.eq_ignore_ascii_case(b"deallocate") {
+        let (next, after_next) = word(rest);
+        let after = if next.eq_ignore_ascii_case(b"prepare") {
+            after_next
+        } else {
+            rest
+        };
+        let quoted = skip_space(after).starts_with(b"\"");
+        let (name, tail) = identifier(after)?;
+        if !is_end(tail) {
+            return None;
+        }
+        if !quoted && name == b"all" {
+            return Some(Special::DeallocateAll);
+        }
+        return Some(Special::Deallocate(name));
+    }
+    if first.eq_ignore_ascii_case(b"discard") {
+        let (what, tail) = word(rest);
+        return (what.eq_ignore_ascii_case(b"all") && is_end(tail)).then_some(Special::DiscardAll);
+    }
+    if first.eq_ignore_ascii_case(b"prepare") {
+        return Some(Special::Prepare);
+    }
+    if first.eq_ignore_ascii_case(b"listen") {
+        let (name, tail) = identifier(rest)?;
+        return is_end(tail).then(|| Special::Listen(String::from_utf8_lossy(&name).into_owned()));
+    }
+    if first.eq_ignore_ascii_case(b"unlisten") {
+        let after = skip_space(rest);
+        if let Some(tail) = after.strip_prefix(b"*") {
+            return is_end(tail).then_some(Special::Unlisten(None));
+        }
+        let (name, tail) = identifier(rest)?;
+        return is_end(tail)
+            .then(|| Special::Unlisten(Some(String::from_utf8_lossy(&name).into_owned())));
+    }
+    None
+}
+
+/// Whether `text` may change session state that must follow the client:
+/// a statement starting with SET, RESET or DISCARD, a `set_config` call,
+/// or anything mentioning LISTEN, PREPARE or a role.
+pub fn touches_session(text: &[u8]) -> bool {
+    if contains_ignore_case(text, b"set_config") {
+        return true;
+    }
+    statements(text).iter().any(|s| {
+        let (first, _) = word(s);
+        [&b"set"[..], b"reset", b"discard"]
+            .iter()
+            .any(|k| first.eq_ignore_ascii_case(k))
+    })
+}
+
+/// Whether any statement of `text` starts with `keyword`.
+pub fn starts_statement(text: &[u8], keyword: &[u8]) -> bool {
+    statements(text)
+        .iter()
+        .any(|s| word(s).0.eq_ignore_ascii_case(keyword))
+}
+
+fn contains_ignore_case(haystack: &[u8], needle: &[u8]) -> bool {
+    haystack
+        .windows(needle.len())
+        .any(|w| w.eq_ignore_ascii_case(needle))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn recognises_special_statements() {
+        assert_eq!(special(b"DEALLOCATE ALL"), Some(Special::DeallocateAll));
+        assert_eq!(
+            special(b" deallocate prepare all ;"),
+            Some(Special::DeallocateAll)
+        );
+        assert_eq!(
+            special(b"DEALLOCATE S_1"),
+            Some(Special::Deallocate(b"s_1".to_vec()))
+        );
+        assert_eq!(
+            special(b"deallocate prepare \"S_1\""),
+            Some(Special::Deallocate(b"S_1".to_vec()))
+        );
+        assert_eq!(special(b"/* x */ discard all"), Some(Special::DiscardAll));
+        assert_eq!(special(b"DISCARD PLANS"), None);
+        assert_eq!(special(b"prepare q as select 1"), Some(Special::Prepare));
+        assert_eq!(
+            special(b"LISTEN Chan"),
+            Some(Special::Listen("chan".into()))
+        );
+        assert_eq!(
+            special(b"listen \"Chan\";"),
+            Some(Special::Listen("Chan".into()))
+        );
+        assert_eq!(special(b"UNLISTEN *"), Some(Special::Unlisten(None)));
+        assert_eq!(
+            special(b"unlisten c"),
+            Some(Special::Unlisten(Some("c".into())))
+        );
+        assert_eq!(special(b"listen a; listen b"), None);
+        assert_eq!(special(b"select 'listen x'"), None);
+    }
+
+    #[test]
+    fn finds_session_changes_at_statement_starts_only() {
+        assert!(touches_session(b"SET search_path TO x"));
+        assert!(touches_session(b"begin; set local x = 1; commit"));
+        assert!(touches_session(b"select set_config('a.b', '1', false)"));
+        assert!(touches_session(b"-- c\nRESET ALL"));
+        assert!(!touches_session(b"UPDATE t SET x = 1"));
+        assert!(!touches_session(b"select 'a; set x' from t offset 1"));
+        assert!(!touches_session(b"select $$;set$$"));
+        assert!(starts_statement(
+            b"begin; PREPARE p AS select 1",
+            b"prepare"
+        ));
+    }
+}
