@@ -151,3 +151,33 @@ pub fn spawn_query(
         (client, result)
     })
 }
+
+/// Logs in to sluice (trust) and returns the client with a stream of the
+/// notifications (LISTEN/NOTIFY) its connection receives.
+pub async fn connect_listening(
+    port: u16,
+    user: &str,
+    db: &str,
+) -> (
+    Client,
+    tokio::sync::mpsc::UnboundedReceiver<tokio_postgres::Notification>,
+) {
+    let config = config_for(port, user, "", db);
+    let (client, mut connection) = tokio::time::timeout(LOGIN_DEADLINE, config.connect(NoTls))
+        .await
+        .unwrap_or_else(|_| panic!("login did not finish within {LOGIN_DEADLINE:?}"))
+        .unwrap_or_else(|e| panic!("login as {user} to {db} failed: {e:?}"));
+    let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+    tokio::spawn(async move {
+        while let Some(message) = std::future::poll_fn(|cx| connection.poll_message(cx)).await {
+            match message {
+                Ok(tokio_postgres::AsyncMessage::Notification(n)) => {
+                    let _ = tx.send(n);
+                }
+                Ok(_) => {}
+                Err(_) => break,
+            }
+        }
+    });
+    (client, rx)
+}

@@ -18,6 +18,7 @@ mod operator;
 mod params;
 mod prepared;
 mod scan;
+mod session_vars;
 mod stats;
 mod workers;
 

@@ -204,6 +204,21 @@ async fn open_inner(
     Ok((server, reported))
 }
 
+fn text_row(body: &[u8]) -> Result<TextRow, sluice_wire::WireError> {
+    let mut r = sluice_wire::Reader::new(body);
+    let columns = r.i16()?;
+    (0..columns)
+        .map(|_| {
+            let len = r.i32()?;
+            if len < 0 {
+                return Ok(None);
+            }
+            let bytes = r.bytes(len as usize)?;
+            Ok(Some(String::from_utf8_lossy(bytes).into_owned()))
+        })
+        .collect()
+}
+
 fn rejected(body: &[u8]) -> LoginError {
     match ErrorFields::decode(body) {
         Ok(f) => LoginError::Rejected {
@@ -218,6 +233,18 @@ fn rejected(body: &[u8]) -> LoginError {
 /// results. Tracked ParameterStatus values update `server.params`. An
 /// ErrorResponse is returned as `Rejected` after the server is ready again.
 pub async fn run_query(server: &mut ServerConn, sql: &str) -> Result<(), LoginError> {
+    run_query_rows(server, sql).await.map(drop)
+}
+
+/// A row of text values (None: NULL).
+pub type TextRow = Vec<Option<String>>;
+
+/// Like [`run_query`], returning the rows (text format) of its results.
+pub async fn run_query_rows(
+    server: &mut ServerConn,
+    sql: &str,
+) -> Result<Vec<TextRow>, LoginError> {
+    let mut rows = Vec::new();
     let mut out = BytesMut::with_capacity(sql.len() + 6);
     encode_query(&mut out, sql);
     server.stream.write_all(&out).await?;
@@ -233,13 +260,14 @@ pub async fn run_query(server: &mut ServerConn, sql: &str) -> Result<(), LoginEr
                 }
             }
             backend::ERROR_RESPONSE => failure = Some(rejected(&body)),
+            backend::DATA_ROW => rows.push(text_row(&body).map_err(ReadError::from)?),
             backend::COPY_IN_RESPONSE | backend::COPY_BOTH_RESPONSE => {
                 return Err(LoginError::Unsupported("COPY in an internal query".into()));
             }
             backend::READY_FOR_QUERY => {
                 return match failure {
                     Some(f) => Err(f),
-                    None if body.first() == Some(&b'I') => Ok(()),
+                    None if body.first() == Some(&b'I') => Ok(rows),
                     None => Err(LoginError::Unsupported(format!(
                         "internal query {sql:?} left a transaction open"
                     ))),

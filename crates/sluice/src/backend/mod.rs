@@ -5,6 +5,7 @@ pub mod cancel;
 pub mod idle;
 pub mod limits;
 pub mod login;
+pub mod notify_hub;
 pub mod pool;
 pub mod server;
 pub mod stats;

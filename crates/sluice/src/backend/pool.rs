@@ -56,7 +56,7 @@ pub struct Welcome {
 
 /// What a waiting client is handed.
 enum Grant {
-    Server(ServerConn),
+    Server(Box<ServerConn>),
     /// Permission to open a server; the slot is already counted.
     Slot,
 }
@@ -178,6 +178,8 @@ impl AcquireError {
 pub struct Pool {
     pub database: String,
     pub user: String,
+    /// LISTEN fan-out for this pool's clients (transaction mode).
+    pub notify: super::notify_hub::NotifyHub,
     db_limit: Arc<ConnLimit>,
     user_limit: Arc<ConnLimit>,
     state: Mutex<PoolState>,
@@ -280,6 +282,7 @@ impl Pool {
         Self {
             database,
             user,
+            notify: Default::default(),
             db_limit,
             user_limit,
             state: Mutex::new(PoolState {
@@ -317,6 +320,12 @@ impl Pool {
     pub fn settings_and_target(&self) -> (Arc<PoolSettings>, Arc<ServerTarget>) {
         let st = self.lock();
         (st.settings.clone(), st.target.clone())
+    }
+
+    /// Where and how to log in, for a connection outside the pool (LISTEN).
+    pub fn target_and_credential(&self) -> (Arc<ServerTarget>, ServerCredential) {
+        let st = self.lock();
+        (st.target.clone(), st.credential.clone())
     }
 
     pub fn settings(&self) -> Arc<PoolSettings> {
@@ -516,6 +525,7 @@ impl Pool {
             };
             let mut lease = match grant {
                 Grant::Server(s) => {
+                    let s = *s;
                     let mut st = self.lock();
                     // The releaser counted it active and removed it from
                     // `lent`; it is lent again here.
@@ -675,12 +685,12 @@ impl Pool {
             return;
         }
         while let Some(w) = st.waiters.pop_front() {
-            match w.tx.send(Grant::Server(server)) {
+            match w.tx.send(Grant::Server(Box::new(server))) {
                 Ok(()) => {
                     st.active += 1;
                     return;
                 }
-                Err(Grant::Server(s)) => server = s,
+                Err(Grant::Server(s)) => server = *s,
                 Err(Grant::Slot) => unreachable!("sent a server"),
             }
         }

@@ -31,6 +31,8 @@ pub struct ServerConn {
     /// Wall-clock connect time and local address (SHOW SERVERS).
     pub created_wall: std::time::SystemTime,
     pub local_addr: Option<std::net::SocketAddr>,
+    /// Session settings applied on this server for its last client.
+    pub session: Option<Arc<crate::session_vars::SessionVars>>,
     /// Shared statements prepared on this server (transaction mode).
     pub statements: ServerStatements,
 }
@@ -51,6 +53,7 @@ impl ServerConn {
             last_used: now,
             home_worker: super::idle::current_worker(),
             statements: ServerStatements::default(),
+            session: None,
         }
     }
 
@@ -72,6 +75,7 @@ impl ServerConn {
             created_wall,
             local_addr,
             statements,
+            session,
             ..
         } = self;
         Ok(Self {
@@ -86,6 +90,7 @@ impl ServerConn {
             last_used,
             home_worker: here,
             statements,
+            session,
         })
     }
 

@@ -20,6 +20,7 @@ use crate::app::{App, Phase};
 use crate::codec::read_startup;
 use crate::net::Stream;
 use crate::params::{ParamSet, tracked_name};
+use crate::session_vars::SessionVars;
 
 /// Startup parameters that are not run-time settings.
 const STRUCTURAL_PARAMS: &[&str] = &["user", "database", "replication", "options"];
@@ -80,20 +81,23 @@ struct LoggedIn {
     app: Arc<App>,
     pool: Arc<crate::backend::pool::Pool>,
     params: Arc<ParamSet>,
+    session: Option<Arc<SessionVars>>,
     cancel: crate::backend::cancel::CancelHandle,
     user: String,
 }
 
 impl LoggedIn {
     fn into_client(self, stream: Stream) -> Client {
-        Client::new(
+        let mut client = Client::new(
             stream,
             self.app,
             self.pool,
             self.params,
             self.cancel,
             self.user,
-        )
+        );
+        client.session = self.session;
+        client
     }
 }
 
@@ -213,7 +217,7 @@ async fn login_inner(
         .welcome()
         .await
         .map_err(|e| ClientError::new(e.sqlstate(), e.to_string()))?;
-    let client_params = client_params(
+    let (client_params, session) = client_params(
         &welcome.tracked,
         &params,
         &config.settings.ignore_startup_parameters,
@@ -259,32 +263,38 @@ async fn login_inner(
         app: app.clone(),
         pool,
         params: client_params,
+        session,
         cancel,
         user,
     }))))
 }
 
 /// The client's wanted parameters: the server's greeting overridden by the
-/// startup packet (and `options=-c name=value`). Unknown parameters are an
-/// error unless `ignore_startup_parameters` lists them, as in PgBouncer.
+/// startup packet (and `options=-c name=value`). Parameters listed in
+/// `ignore_startup_parameters` are dropped, as in PgBouncer; any other
+/// (`search_path`, `extra_float_digits`, `-c statement_timeout=…`) becomes
+/// the client's session setting, applied on every server it is given
+/// (where PgBouncer refuses the login).
 fn client_params(
     welcome: &Arc<ParamSet>,
     startup: &StartupParams,
     ignored: &[String],
-) -> Result<Arc<ParamSet>, ClientError> {
+) -> Result<(Arc<ParamSet>, Option<Arc<SessionVars>>), ClientError> {
     let mut params = welcome.clone();
+    let mut session: Vec<(String, String)> = Vec::new();
     let is_ignored = |k: &str| ignored.iter().any(|i| i.eq_ignore_ascii_case(k));
     let mut apply = |k: &str, v: &str| -> Result<(), ClientError> {
         if let Some(name) = tracked_name(k) {
             crate::params::update_shared(&mut params, name, v);
-            Ok(())
-        } else if is_ignored(k) {
-            Ok(())
-        } else {
-            Err(ClientError::protocol(format!(
-                "unsupported startup parameter: {k}"
-            )))
+        } else if !is_ignored(k) {
+            if k.is_empty() || k.len() > 63 {
+                return Err(ClientError::protocol(format!(
+                    "invalid startup parameter name: {k:?}"
+                )));
+            }
+            session.push((k.to_owned(), v.to_owned()));
         }
+        Ok(())
     };
     for (k, v) in &startup.0 {
         if k == "options" {
@@ -296,7 +306,8 @@ fn client_params(
             apply(k, v)?;
         }
     }
-    Ok(params)
+    let session = (!session.is_empty()).then(|| Arc::new(SessionVars::from_pairs(session)));
+    Ok((params, session))
 }
 
 /// Splits `-c name=value` and `--name=value` out of an `options` string.

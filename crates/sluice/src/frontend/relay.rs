@@ -93,6 +93,23 @@ pub async fn run(client: &mut Client, cbuf: &mut BytesMut, mut lease: Lease) -> 
             }
             server.params = client.params.clone();
         }
+        if !crate::session_vars::same(&server.session, &client.session) {
+            if let Some(sql) =
+                crate::session_vars::apply_sql(server.session.as_deref(), client.session.as_deref())
+                && let Err(e) = run_query(server, &sql).await
+            {
+                client.app.cancels.unlink(client.cancel);
+                let error = ClientError::new(e.sqlstate(), e.to_string());
+                // A rejected SET rolls back whole: the server is as it was.
+                if matches!(e, crate::backend::login::LoginError::Rejected { .. }) {
+                    lease.release();
+                } else {
+                    lease.close();
+                }
+                return RelayEnd::Error(error);
+            }
+            server.session = client.session.clone();
+        }
     }
     let mut cycle = Cycle {
         outstanding: 0,
@@ -143,6 +160,15 @@ pub async fn run(client: &mut Client, cbuf: &mut BytesMut, mut lease: Lease) -> 
         if let Err(e) = scanned {
             break Err(End::Client(ClientError::protocol(e.to_string())));
         }
+        if let Some(t) = tracking.as_deref_mut()
+            && !t.listens.is_empty()
+        {
+            let listens = std::mem::take(&mut t.listens);
+            for statement in &listens {
+                client.follow_listen(statement).await;
+            }
+        }
+        let server = lease.server();
         let refuse = release_each == Some(true);
         let scanned = match tracking.as_deref_mut() {
             None => scan_server(&mut cycle, &server.buf, &mut client.params, refuse),
@@ -255,22 +281,36 @@ pub async fn run(client: &mut Client, cbuf: &mut BytesMut, mut lease: Lease) -> 
     lease.stats.error_classes = std::mem::take(&mut cycle.error_classes);
     match end {
         Ok(Outcome::Release) => {
-            if settings.server_reset_query_always
-                && !settings.server_reset_query.is_empty()
-                && !reset(&mut lease, &settings.server_reset_query).await
-            {
+            let kept = match tracking.as_deref() {
+                Some(t) => tracked::after_transaction(&mut lease, client, t).await,
+                None => true,
+            };
+            let reset_query = (settings.server_reset_query_always
+                && !settings.server_reset_query.is_empty())
+            .then_some(settings.server_reset_query.as_str());
+            let clean = kept
+                && match reset_query {
+                    Some(sql) => reset(&mut lease, sql).await,
+                    None => true,
+                };
+            if !clean {
                 lease.close();
             } else {
+                if reset_query.is_some() {
+                    forget_session(lease.server());
+                }
                 lease.release();
             }
             RelayEnd::Released
         }
         Ok(Outcome::ClientGone) => {
-            finish_abandoned(lease, &cycle, &settings.server_reset_query, settings.mode).await;
+            let cleanup = tracking.as_deref().and_then(Tracking::abandon_sql);
+            finish_abandoned(lease, &cycle, &settings, cleanup).await;
             RelayEnd::ClientLeft
         }
         Err(End::Client(e)) => {
-            finish_abandoned(lease, &cycle, &settings.server_reset_query, settings.mode).await;
+            let cleanup = tracking.as_deref().and_then(Tracking::abandon_sql);
+            finish_abandoned(lease, &cycle, &settings, cleanup).await;
             RelayEnd::Error(e)
         }
         Err(End::Server(why)) => {
@@ -457,8 +497,15 @@ pub(super) fn on_server_message(
     }
 }
 
+/// After a reset query (DISCARD ALL or the like) the server holds no
+/// client's settings or statements.
+fn forget_session(server: &mut crate::backend::server::ServerConn) {
+    server.session = None;
+    server.statements.clear();
+}
+
 /// Runs the reset query; false when the server is not clean after it.
-async fn reset(lease: &mut Lease, sql: &str) -> bool {
+pub(super) async fn reset(lease: &mut Lease, sql: &str) -> bool {
     matches!(
         tokio::time::timeout(CLEANUP_TIMEOUT, run_query(lease.server(), sql)).await,
         Ok(Ok(()))
@@ -468,7 +515,12 @@ async fn reset(lease: &mut Lease, sql: &str) -> bool {
 /// The client is gone (or being thrown out): make the server clean, or
 /// close it. A server with unread results, a half-sent message or requests
 /// in flight is closed; one idle in a transaction is rolled back.
-async fn finish_abandoned(mut lease: Lease, cycle: &Cycle, reset_query: &str, mode: PoolMode) {
+async fn finish_abandoned(
+    mut lease: Lease,
+    cycle: &Cycle,
+    settings: &crate::backend::pool::PoolSettings,
+    cleanup: Option<String>,
+) {
     let at_rest = cycle.outstanding == 0
         && !cycle.unsynced
         && cycle.client_scan.at_boundary()
@@ -484,10 +536,20 @@ async fn finish_abandoned(mut lease: Lease, cycle: &Cycle, reset_query: &str, mo
         lease.close();
         return;
     }
-    if mode == PoolMode::Session && !reset_query.is_empty() && !reset(&mut lease, reset_query).await
-    {
-        lease.close();
-        return;
+    if let Some(sql) = cleanup {
+        if !reset(&mut lease, &sql).await {
+            lease.close();
+            return;
+        }
+        lease.server().session = None;
+    }
+    let reset_query = &settings.server_reset_query;
+    if settings.mode == PoolMode::Session && !reset_query.is_empty() {
+        if !reset(&mut lease, reset_query).await {
+            lease.close();
+            return;
+        }
+        forget_session(lease.server());
     }
     lease.release();
 }

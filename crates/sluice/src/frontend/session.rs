@@ -28,6 +28,10 @@ pub struct Client {
     /// The login name, kept only when the pool logs in as a forced user
     /// (otherwise it is the pool's user).
     login_user: Option<Box<str>>,
+    /// Channels the client LISTENs to through the pool's hub.
+    pub listen: Option<Box<Listening>>,
+    /// Session settings that follow the client (transaction mode).
+    pub session: Option<Arc<crate::session_vars::SessionVars>>,
     /// The client's named prepared statements (transaction and statement
     /// mode), boxed once it has any.
     pub statements: Option<Box<crate::prepared::client_names::ClientNames>>,
@@ -35,6 +39,37 @@ pub struct Client {
     /// before the first lease).
     idle_timeout: Option<Duration>,
 }
+
+/// A client's subscription to its pool's LISTEN hub; leaving unsubscribes.
+pub struct Listening {
+    pub id: u64,
+    pub rx: tokio::sync::mpsc::Receiver<bytes::Bytes>,
+    pub tx: tokio::sync::mpsc::Sender<bytes::Bytes>,
+    pool: Arc<Pool>,
+}
+
+static NEXT_LISTENER: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+
+impl Listening {
+    fn new(pool: Arc<Pool>) -> Self {
+        let (tx, rx) = tokio::sync::mpsc::channel(crate::backend::notify_hub::CLIENT_QUEUE);
+        Self {
+            id: NEXT_LISTENER.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
+            rx,
+            tx,
+            pool,
+        }
+    }
+}
+
+impl Drop for Listening {
+    fn drop(&mut self) {
+        self.pool.notify.unsubscribe(self.id, None);
+    }
+}
+
+/// Longest wait for a client to take a notification.
+const NOTIFY_WRITE_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// How a session ended.
 #[derive(Debug)]
@@ -62,6 +97,8 @@ impl Client {
             cancel,
             login_user,
             statements: None,
+            session: None,
+            listen: None,
             idle_timeout: None,
         }
     }
@@ -117,6 +154,57 @@ impl Client {
         }
     }
 
+    /// Applies a LISTEN or UNLISTEN the client sent: waits until the hub
+    /// listens, so that the client's LISTEN returns only once
+    /// notifications can reach it.
+    pub async fn follow_listen(&mut self, statement: &crate::prepared::sql::Special) {
+        use crate::prepared::sql::Special;
+        match statement {
+            Special::Listen(channel) => {
+                let pool = self.pool.clone();
+                let listening = self
+                    .listen
+                    .get_or_insert_with(|| Box::new(Listening::new(pool.clone())));
+                pool.notify
+                    .subscribe(&pool, listening.id, &listening.tx, channel)
+                    .await;
+            }
+            Special::Unlisten(channel) => {
+                if let Some(l) = &self.listen {
+                    self.pool.notify.unsubscribe(l.id, channel.as_deref());
+                }
+            }
+            _ => {}
+        }
+    }
+
+    /// Waits for the client's next bytes while passing on notifications.
+    async fn wait_readable_listening(&mut self) -> Result<(), SessionEnd> {
+        loop {
+            let Some(listening) = self.listen.as_mut() else {
+                return Ok(());
+            };
+            let mut batch = BytesMut::new();
+            tokio::select! {
+                ready = std::future::poll_fn(|cx| self.stream.poll_read_ready(cx)) => {
+                    return ready.map_err(|_| SessionEnd::ClientLeft);
+                }
+                message = listening.rx.recv() => {
+                    let Some(message) = message else { return Ok(()) };
+                    batch.extend_from_slice(&message);
+                    while let Ok(more) = listening.rx.try_recv() {
+                        batch.extend_from_slice(&more);
+                    }
+                }
+            }
+            use tokio::io::AsyncWriteExt;
+            match tokio::time::timeout(NOTIFY_WRITE_TIMEOUT, self.stream.write_all(&batch)).await {
+                Ok(Ok(())) => {}
+                _ => return Err(SessionEnd::ClientLeft),
+            }
+        }
+    }
+
     /// PAUSE: new transactions wait until RESUME (or shutdown).
     async fn wait_while_paused(&self) {
         loop {
@@ -158,7 +246,12 @@ pub async fn run(client: &mut Client) -> SessionEnd {
             let idle_timeout = *client
                 .idle_timeout
                 .get_or_insert_with(|| client.pool.settings().client_idle_timeout);
-            let ready = if idle_timeout.is_zero() {
+            let ready = if client.listen.is_some() {
+                match Box::pin(client.wait_readable_listening()).await {
+                    Ok(()) => Ok(()),
+                    Err(end) => return end,
+                }
+            } else if idle_timeout.is_zero() {
                 std::future::poll_fn(|cx| client.stream.poll_read_ready(cx)).await
             } else {
                 match Box::pin(client.wait_readable_with_timeout(idle_timeout)).await {

@@ -34,6 +34,14 @@ pub(super) struct Tracking {
     pub(super) sql_prepared: bool,
     /// LISTEN / UNLISTEN statements sent, in order.
     pub(super) listens: Vec<Special>,
+    /// A LISTEN went to the server: it must not keep listening.
+    pub(super) listen_sent: bool,
+    /// Custom settings the link may have set (read back by name).
+    pub(super) custom_names: Vec<String>,
+    /// A CREATE TEMP… went to the server.
+    pub(super) temp_tables: bool,
+    /// A session-level advisory lock may have been taken.
+    pub(super) advisory_locks: bool,
 }
 
 impl Tracking {
@@ -134,7 +142,13 @@ pub(super) fn rewrite_client(
             f::PARSE => {
                 rewriter.parse(&message)?;
                 cycle.unsynced = true;
-                note_text(t, parse_query(&message), cycle.status);
+                let text = parse_query(&message);
+                if let Some(s @ (Special::Listen(_) | Special::Unlisten(_))) =
+                    text.and_then(sql::special)
+                {
+                    t.listens.push(s);
+                }
+                note_text(t, text, cycle.status);
             }
             f::BIND => {
                 rewriter.bind(&message)?;
@@ -186,12 +200,23 @@ fn note_text(t: &mut Tracking, text: Option<&[u8]>, _status: TransactionStatus) 
     let Some(text) = text else { return };
     if sql::touches_session(text) {
         t.session_touched = true;
+        for name in sql::custom_names(text) {
+            if !t.custom_names.contains(&name) {
+                t.custom_names.push(name);
+            }
+        }
     }
     if sql::starts_statement(text, b"prepare") {
         t.sql_prepared = true;
     }
     if sql::starts_statement(text, b"listen") {
-        t.session_touched = true;
+        t.listen_sent = true;
+    }
+    if sql::starts_statement(text, b"create") && sql::mentions(text, b"temp") {
+        t.temp_tables = true;
+    }
+    if sql::mentions(text, b"pg_advisory_lock") || sql::mentions(text, b"pg_try_advisory_lock") {
+        t.advisory_locks = true;
     }
 }
 
@@ -222,9 +247,23 @@ pub(super) fn scan_server(
         sbuf,
         cycle.to_client,
         SERVER_MESSAGE_LIMIT,
-        |tag| server_needs_body(tag) || tag == b::PARSE_COMPLETE || tag == b::CLOSE_COMPLETE,
+        |tag| {
+            server_needs_body(tag)
+                || matches!(
+                    tag,
+                    b::PARSE_COMPLETE | b::CLOSE_COMPLETE | b::NOTIFICATION_RESPONSE
+                )
+        },
         |tag, body| {
-            match expected.verdict(tag, server) {
+            // Notifications reach transaction-mode clients through the
+            // pool's LISTEN hub; a pooled server that briefly listened for
+            // the client must not deliver them twice.
+            let verdict = if tag == b::NOTIFICATION_RESPONSE {
+                Verdict::Drop
+            } else {
+                expected.verdict(tag, server)
+            };
+            match verdict {
                 Verdict::Forward => {}
                 Verdict::Drop => {
                     held = Some(Held::Drop {
@@ -291,4 +330,85 @@ pub(super) fn settle(cycle: &Cycle, t: &mut Tracking, server: &mut ServerStateme
     if cycle.to_client == 0 && cycle.server_scan.at_boundary() {
         t.expected.settle(&mut t.extra, cycle.status, server);
     }
+}
+
+impl Tracking {
+    /// SQL that removes what the link left on the server that must not
+    /// reach another client: LISTENs, SQL-level prepared statements,
+    /// temporary tables, session advisory locks.
+    fn cleanup_sql(&self) -> String {
+        let mut sql = String::new();
+        if self.listen_sent {
+            sql.push_str("UNLISTEN *;");
+        }
+        if self.sql_prepared {
+            sql.push_str("DEALLOCATE ALL;");
+        }
+        if self.temp_tables {
+            sql.push_str("DISCARD TEMP;");
+        }
+        if self.advisory_locks {
+            sql.push_str("SELECT pg_catalog.pg_advisory_unlock_all();");
+        }
+        sql
+    }
+
+    /// Cleanup for a server whose client left or was thrown out: also
+    /// RESET ALL when its settings may have changed (nobody to follow).
+    pub(super) fn abandon_sql(&self) -> Option<String> {
+        let mut sql = self.cleanup_sql();
+        if self.session_touched {
+            sql.push_str("RESET ALL;");
+        }
+        (!sql.is_empty()).then_some(sql)
+    }
+}
+
+/// After a transaction, before the server goes back: clean what must not
+/// reach another client, and read back the client's session settings if
+/// it may have changed them. False: the server cannot be trusted (close it).
+pub(super) async fn after_transaction(
+    lease: &mut crate::backend::pool::Lease,
+    client: &mut super::session::Client,
+    t: &Tracking,
+) -> bool {
+    let cleanup = t.cleanup_sql();
+    if !cleanup.is_empty() {
+        if !super::relay::reset(lease, &cleanup).await {
+            return false;
+        }
+        if t.sql_prepared {
+            lease.server().statements.clear();
+        }
+    }
+    if t.session_touched {
+        let mut custom = t.custom_names.clone();
+        if let Some(vars) = &client.session {
+            for name in vars.custom_names() {
+                if !custom.iter().any(|c| c.eq_ignore_ascii_case(name)) {
+                    custom.push(name.to_owned());
+                }
+            }
+        }
+        let capture = crate::session_vars::capture_sql(&custom);
+        let read = tokio::time::timeout(
+            super::session::CLEANUP_TIMEOUT,
+            crate::backend::login::run_query_rows(lease.server(), &capture),
+        )
+        .await;
+        let Ok(Ok(rows)) = read else {
+            return false;
+        };
+        let vars =
+            crate::session_vars::SessionVars::from_pairs(rows.into_iter().filter_map(|row| {
+                match row.as_slice() {
+                    [Some(name), Some(value)] => Some((name.clone(), value.clone())),
+                    _ => None,
+                }
+            }));
+        let vars = (!vars.is_empty()).then(|| std::sync::Arc::new(vars));
+        lease.server().session = vars.clone();
+        client.session = vars;
+    }
+    true
 }

@@ -39,12 +39,4 @@ impl ClientNames {
     pub fn clear(&mut self) {
         self.names.clear();
     }
-
-    pub fn len(&self) -> usize {
-        self.names.len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.names.is_empty()
-    }
 }

@@ -58,15 +58,6 @@ impl Registry {
         map.by_text.insert(text, Arc::downgrade(&statement));
         statement
     }
-
-    /// Distinct statements alive (SHOW/metrics and tests).
-    pub fn len(&self) -> usize {
-        let map = self.map.lock().unwrap_or_else(|p| p.into_inner());
-        map.by_text
-            .values()
-            .filter(|w| w.strong_count() > 0)
-            .count()
-    }
 }
 
 #[cfg(test)]

@@ -64,14 +64,6 @@ impl ServerStatements {
         self.used.clear();
         self.to_close.clear();
     }
-
-    pub fn len(&self) -> usize {
-        self.used.len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.used.is_empty()
-    }
 }
 
 #[cfg(test)]

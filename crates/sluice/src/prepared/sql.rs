@@ -213,11 +213,63 @@ pub fn touches_session(text: &[u8]) -> bool {
     })
 }
 
+/// Names of custom (dotted) settings that `text` may set: the variable of
+/// a SET or RESET, and the first argument of set_config('…', …). Custom
+/// placeholders are missing from pg_settings, so sluice reads them back by
+/// name.
+pub fn custom_names(text: &[u8]) -> Vec<String> {
+    let mut names = Vec::new();
+    for s in statements(text) {
+        let (first, mut rest) = word(s);
+        if first.eq_ignore_ascii_case(b"set") || first.eq_ignore_ascii_case(b"reset") {
+            let (next, after) = word(rest);
+            if next.eq_ignore_ascii_case(b"session") || next.eq_ignore_ascii_case(b"local") {
+                rest = after;
+            }
+            let rest = skip_space(rest);
+            let end = rest
+                .iter()
+                .position(|c| !(c.is_ascii_alphanumeric() || matches!(c, b'_' | b'.' | b'"')))
+                .unwrap_or(rest.len());
+            let name = String::from_utf8_lossy(&rest[..end]).replace('"', "");
+            if name.contains('.') {
+                names.push(name.to_ascii_lowercase());
+            }
+        }
+    }
+    let lower = text.to_ascii_lowercase();
+    let mut from = 0;
+    while let Some(at) = lower[from..].windows(10).position(|w| w == b"set_config") {
+        let after = &text[from + at + 10..];
+        from += at + 10;
+        let after = skip_space(after);
+        let Some(after) = after.strip_prefix(b"(") else {
+            continue;
+        };
+        let after = skip_space(after);
+        let Some(after) = after.strip_prefix(b"'") else {
+            continue;
+        };
+        if let Some(end) = after.iter().position(|&c| c == b'\'') {
+            let name = String::from_utf8_lossy(&after[..end]).to_ascii_lowercase();
+            if name.contains('.') {
+                names.push(name);
+            }
+        }
+    }
+    names
+}
+
 /// Whether any statement of `text` starts with `keyword`.
 pub fn starts_statement(text: &[u8], keyword: &[u8]) -> bool {
     statements(text)
         .iter()
         .any(|s| word(s).0.eq_ignore_ascii_case(keyword))
+}
+
+/// Whether `text` contains `word`, ignoring case (also inside names).
+pub fn mentions(text: &[u8], word: &[u8]) -> bool {
+    contains_ignore_case(text, word)
 }
 
 fn contains_ignore_case(haystack: &[u8], needle: &[u8]) -> bool {
@@ -278,5 +330,20 @@ mod tests {
             b"begin; PREPARE p AS select 1",
             b"prepare"
         ));
+    }
+}
+
+#[cfg(test)]
+mod custom_name_tests {
+    use super::*;
+
+    #[test]
+    fn finds_custom_setting_names() {
+        assert_eq!(
+            custom_names(
+                b"SET app.Tenant = 1; select set_config( 'my.x', 'v', false), set_config('work_mem', '1MB', false)"
+            ),
+            ["app.tenant", "my.x"]
+        );
     }
 }

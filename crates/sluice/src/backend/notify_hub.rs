@@ -1,0 +1,292 @@
+//! LISTEN in transaction mode. A client's LISTEN cannot stay on a pooled
+//! server: the server goes to other clients after the transaction. So each
+//! pool keeps one extra server connection of its own that LISTENs to every
+//! channel some client of the pool listens to, and hands each notification
+//! to those clients, which write it when they are between transactions
+//! (where PostgreSQL itself delivers them). NOTIFY needs nothing special:
+//! PostgreSQL sends to listeners after commit, never on rollback.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, Mutex, Weak};
+use std::time::Duration;
+
+use bytes::{Bytes, BytesMut};
+use sluice_wire::{Reader, tags};
+use tokio::io::AsyncWriteExt;
+use tokio::sync::{Notify, mpsc, oneshot};
+
+use super::login;
+use super::pool::Pool;
+use crate::codec::read_message;
+
+/// Notifications queued for one client that is busy or slow to read;
+/// beyond this, new ones for it are dropped (and logged).
+pub const CLIENT_QUEUE: usize = 4096;
+/// How long a LISTEN waits for the hub to listen before it goes on.
+const SUBSCRIBE_TIMEOUT: Duration = Duration::from_secs(10);
+/// Pause before the hub connects again after its server failed.
+const RECONNECT_DELAY: Duration = Duration::from_millis(500);
+/// Largest message the hub reads (a notification payload is < 8000 bytes).
+const MESSAGE_LIMIT: usize = 1 << 20;
+
+/// One listening client.
+#[derive(Clone)]
+struct Subscriber {
+    id: u64,
+    tx: mpsc::Sender<Bytes>,
+}
+
+#[derive(Default)]
+struct HubState {
+    /// Channel → its listeners.
+    channels: HashMap<String, Vec<Subscriber>>,
+    /// Channels the hub's server listens to now.
+    listening: HashSet<String>,
+    /// Waiting for the hub to listen to a channel.
+    confirm: Vec<(String, oneshot::Sender<()>)>,
+    running: bool,
+}
+
+/// The LISTEN fan-out of one pool.
+#[derive(Default)]
+pub struct NotifyHub {
+    state: Mutex<HubState>,
+    changed: Notify,
+}
+
+impl NotifyHub {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HubState> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Adds client `id` to `channel` and waits (bounded) until the hub's
+    /// server listens to it, so that a NOTIFY sent after the client's
+    /// LISTEN returned reaches it.
+    pub async fn subscribe(
+        &self,
+        pool: &Arc<Pool>,
+        id: u64,
+        tx: &mpsc::Sender<Bytes>,
+        channel: &str,
+    ) {
+        let wait = {
+            let mut st = self.lock();
+            let subs = st.channels.entry(channel.to_owned()).or_default();
+            if !subs.iter().any(|s| s.id == id) {
+                subs.push(Subscriber { id, tx: tx.clone() });
+            }
+            if st.listening.contains(channel) {
+                None
+            } else {
+                let (done, wait) = oneshot::channel();
+                st.confirm.push((channel.to_owned(), done));
+                if !st.running {
+                    st.running = true;
+                    tokio::spawn(run(Arc::downgrade(pool)));
+                }
+                Some(wait)
+            }
+        };
+        self.changed.notify_one();
+        if let Some(wait) = wait
+            && tokio::time::timeout(SUBSCRIBE_TIMEOUT, wait).await.is_err()
+        {
+            tracing::warn!(db = %pool.database, channel, "LISTEN: the pool's listening connection is not ready; notifications may be missed");
+        }
+    }
+
+    /// Removes client `id` from `channel`, or from every channel.
+    pub fn unsubscribe(&self, id: u64, channel: Option<&str>) {
+        {
+            let mut st = self.lock();
+            st.channels.retain(|name, subs| {
+                if channel.is_none_or(|c| c == name) {
+                    subs.retain(|s| s.id != id);
+                }
+                !subs.is_empty()
+            });
+        }
+        self.changed.notify_one();
+    }
+
+    fn deliver(&self, message: Bytes) {
+        let Some(channel) = notification_channel(&message) else {
+            return;
+        };
+        let st = self.lock();
+        let Some(subs) = st.channels.get(channel) else {
+            return;
+        };
+        for sub in subs {
+            if sub.tx.try_send(message.clone()).is_err() {
+                tracing::warn!(
+                    channel,
+                    "a listening client is not reading: notification dropped"
+                );
+            }
+        }
+    }
+}
+
+/// The channel of a NotificationResponse (whole message).
+fn notification_channel(message: &[u8]) -> Option<&str> {
+    let mut r = Reader::new(message.get(sluice_wire::HEADER_LEN..)?);
+    r.i32().ok()?;
+    r.cstr().ok()
+}
+
+fn quote_ident(name: &str) -> String {
+    format!("\"{}\"", name.replace('"', "\"\""))
+}
+
+/// The hub's task: keeps a server connection listening to the wanted
+/// channels and fans out what it receives; ends when nobody listens.
+async fn run(pool: Weak<Pool>) {
+    loop {
+        let Some(p) = pool.upgrade() else { return };
+        let (target, credential) = p.target_and_credential();
+        let opened = login::open(&target, &credential).await;
+        let mut server = match opened {
+            Ok((server, _)) => server,
+            Err(e) => {
+                tracing::warn!(db = %p.database, "LISTEN connection failed: {e}");
+                if stop_if_unused(&p) {
+                    return;
+                }
+                drop(p);
+                tokio::time::sleep(RECONNECT_DELAY).await;
+                continue;
+            }
+        };
+        p.notify.lock().listening.clear();
+        drop(p);
+        match serve(&pool, &mut server).await {
+            Served::Unused => return,
+            Served::Failed(why) => {
+                tracing::warn!("LISTEN connection lost: {why}; reconnecting");
+                tokio::time::sleep(RECONNECT_DELAY).await;
+            }
+        }
+    }
+}
+
+enum Served {
+    Unused,
+    Failed(String),
+}
+
+/// Marks the hub stopped if no client listens; true if so.
+fn stop_if_unused(pool: &Pool) -> bool {
+    let mut st = pool.notify.lock();
+    if st.channels.is_empty() {
+        st.running = false;
+        st.listening.clear();
+        for (_, done) in st.confirm.drain(..) {
+            drop(done);
+        }
+        return true;
+    }
+    false
+}
+
+async fn serve(pool: &Weak<Pool>, server: &mut super::server::ServerConn) -> Served {
+    loop {
+        let Some(p) = pool.upgrade() else {
+            return Served::Unused;
+        };
+        if stop_if_unused(&p) {
+            return Served::Unused;
+        }
+        // Bring the server's LISTENs in line with the wanted channels.
+        let sql = {
+            let st = p.notify.lock();
+            let mut sql = String::new();
+            for name in st.channels.keys().filter(|c| !st.listening.contains(*c)) {
+                sql.push_str(&format!("LISTEN {};", quote_ident(name)));
+            }
+            for name in st
+                .listening
+                .iter()
+                .filter(|c| !st.channels.contains_key(*c))
+            {
+                sql.push_str(&format!("UNLISTEN {};", quote_ident(name)));
+            }
+            sql
+        };
+        if !sql.is_empty() {
+            let wanted: HashSet<String> = p.notify.lock().channels.keys().cloned().collect();
+            if let Err(e) = query(&p, server, &sql).await {
+                return Served::Failed(e);
+            }
+            let mut st = p.notify.lock();
+            st.listening = wanted;
+            let confirm = std::mem::take(&mut st.confirm);
+            for (channel, done) in confirm {
+                if st.listening.contains(&channel) {
+                    let _ = done.send(());
+                } else {
+                    st.confirm.push((channel, done));
+                }
+            }
+            continue;
+        }
+        let changed = p.notify.changed.notified();
+        tokio::pin!(changed);
+        changed.as_mut().enable();
+        tokio::select! {
+            _ = &mut changed => {}
+            read = read_message(&mut server.stream, &mut server.buf, MESSAGE_LIMIT) => {
+                match read {
+                    Ok((tag, body)) => on_message(&p, tag, body),
+                    Err(e) => return Served::Failed(e.to_string()),
+                }
+            }
+        }
+    }
+}
+
+fn on_message(pool: &Pool, tag: u8, body: BytesMut) {
+    if tag == tags::backend::NOTIFICATION_RESPONSE {
+        let mut message = BytesMut::with_capacity(body.len() + sluice_wire::HEADER_LEN);
+        sluice_wire::MessageBuilder::new(&mut message, tag)
+            .bytes(&body)
+            .finish();
+        pool.notify.deliver(message.freeze());
+    }
+}
+
+/// Runs `sql` on the hub's server, delivering notifications that arrive
+/// meanwhile.
+async fn query(
+    pool: &Pool,
+    server: &mut super::server::ServerConn,
+    sql: &str,
+) -> Result<(), String> {
+    let mut out = BytesMut::new();
+    sluice_wire::encode_query(&mut out, sql);
+    server
+        .stream
+        .write_all(&out)
+        .await
+        .map_err(|e| e.to_string())?;
+    let deadline = Duration::from_secs(30);
+    loop {
+        let read = tokio::time::timeout(
+            deadline,
+            read_message(&mut server.stream, &mut server.buf, MESSAGE_LIMIT),
+        )
+        .await
+        .map_err(|_| "LISTEN timed out".to_string())?;
+        let (tag, body) = read.map_err(|e| e.to_string())?;
+        match tag {
+            tags::backend::READY_FOR_QUERY => return Ok(()),
+            tags::backend::ERROR_RESPONSE => {
+                let why = sluice_wire::ErrorFields::decode(&body)
+                    .map(|f| f.message.to_owned())
+                    .unwrap_or_default();
+                tracing::warn!(db = %pool.database, "LISTEN connection: {why}");
+            }
+            _ => on_message(pool, tag, body),
+        }
+    }
+}

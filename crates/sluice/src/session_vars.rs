@@ -1,0 +1,167 @@
+//! Session settings beyond the reported six (`params`): `SET search_path`,
+//! `SET ROLE`, `set_config(…, false)`, custom `myapp.tenant` variables, and
+//! startup parameters and `options=-c …` that PostgreSQL does not report.
+//!
+//! In transaction mode they are the client's, not the server's: after a
+//! transaction that may have changed them, sluice reads the server's
+//! session-level settings back (`CAPTURE_SQL`), and whenever the client is
+//! given a server whose settings differ, the difference is applied first.
+//! `SET LOCAL` and rolled-back changes never show up in the read-back, so
+//! they never follow the client, exactly as on one PostgreSQL session.
+
+use std::sync::Arc;
+
+use crate::params::TRACKED;
+
+/// Session-level settings, sorted by name.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct SessionVars {
+    vars: Vec<(Box<str>, Box<str>)>,
+}
+
+/// Reads back the settings a session changed: pg_settings with source
+/// 'session' (minus the tracked six, kept by `params`), plus the role,
+/// which pg_settings does not list.
+pub fn capture_sql(custom: &[String]) -> String {
+    let tracked = TRACKED
+        .iter()
+        .map(|n| format!("'{n}'"))
+        .collect::<Vec<_>>()
+        .join(",");
+    let mut sql = format!(
+        "SELECT name, setting FROM pg_catalog.pg_settings \
+         WHERE source = 'session' AND name NOT IN ({tracked}) \
+         UNION ALL SELECT 'role', pg_catalog.current_setting('role') \
+         WHERE pg_catalog.current_setting('role') <> 'none'"
+    );
+    if !custom.is_empty() {
+        let names = custom
+            .iter()
+            .map(|n| quote_literal(n))
+            .collect::<Vec<_>>()
+            .join(",");
+        sql.push_str(&format!(
+            " UNION ALL SELECT n, pg_catalog.current_setting(n, true) \
+             FROM pg_catalog.unnest(ARRAY[{names}]::text[]) AS n \
+             WHERE coalesce(pg_catalog.current_setting(n, true), '') <> ''"
+        ));
+    }
+    sql
+}
+
+impl SessionVars {
+    /// Builds from (name, value) pairs; later pairs win.
+    pub fn from_pairs<I, K, V>(pairs: I) -> Self
+    where
+        I: IntoIterator<Item = (K, V)>,
+        K: Into<Box<str>>,
+        V: Into<Box<str>>,
+    {
+        let mut vars: Vec<(Box<str>, Box<str>)> = Vec::new();
+        for (k, v) in pairs {
+            let k = k.into();
+            match vars
+                .iter_mut()
+                .find(|(name, _)| name.eq_ignore_ascii_case(&k))
+            {
+                Some(slot) => slot.1 = v.into(),
+                None => vars.push((k, v.into())),
+            }
+        }
+        vars.sort();
+        Self { vars }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.vars.is_empty()
+    }
+
+    /// Names of custom (dotted) settings, which pg_settings does not list.
+    pub fn custom_names(&self) -> impl Iterator<Item = &str> {
+        self.vars
+            .iter()
+            .map(|(name, _)| &**name)
+            .filter(|name| name.contains('.'))
+    }
+
+    fn get(&self, name: &str) -> Option<&str> {
+        self.vars
+            .iter()
+            .find(|(n, _)| n.eq_ignore_ascii_case(name))
+            .map(|(_, v)| &**v)
+    }
+}
+
+/// Shared sets compare by pointer first; `None` is "nothing set".
+pub fn same(a: &Option<Arc<SessionVars>>, b: &Option<Arc<SessionVars>>) -> bool {
+    match (a, b) {
+        (None, None) => true,
+        (Some(a), Some(b)) => Arc::ptr_eq(a, b) || a == b,
+        (Some(x), None) | (None, Some(x)) => x.is_empty(),
+    }
+}
+
+/// SQL turning a server whose session settings are `server` into one with
+/// `client`'s; one simple query, so it applies whole or not at all.
+pub fn apply_sql(server: Option<&SessionVars>, client: Option<&SessionVars>) -> Option<String> {
+    let empty = SessionVars::default();
+    let server = server.unwrap_or(&empty);
+    let client = client.unwrap_or(&empty);
+    let mut sql = String::new();
+    for (name, _) in &server.vars {
+        if client.get(name).is_none() {
+            sql.push_str(&format!("RESET {};", quote_ident(name)));
+        }
+    }
+    let sets: Vec<String> = client
+        .vars
+        .iter()
+        .filter(|(name, value)| server.get(name) != Some(&**value))
+        .map(|(name, value)| {
+            format!(
+                "pg_catalog.set_config({}, {}, false)",
+                quote_literal(name),
+                quote_literal(value)
+            )
+        })
+        .collect();
+    if !sets.is_empty() {
+        sql.push_str("SELECT ");
+        sql.push_str(&sets.join(", "));
+    }
+    (!sql.is_empty()).then_some(sql)
+}
+
+fn quote_literal(s: &str) -> String {
+    format!("'{}'", s.replace('\'', "''"))
+}
+
+fn quote_ident(s: &str) -> String {
+    // A dotted custom variable is a list of identifiers to RESET.
+    s.split('.')
+        .map(|part| format!("\"{}\"", part.replace('"', "\"\"")))
+        .collect::<Vec<_>>()
+        .join(".")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn applies_the_difference() {
+        let server = SessionVars::from_pairs([("search_path", "a"), ("work_mem", "64")]);
+        let client = SessionVars::from_pairs([("search_path", "b, c"), ("myapp.tenant", "it's")]);
+        assert_eq!(
+            apply_sql(Some(&server), Some(&client)).unwrap(),
+            "RESET \"work_mem\";SELECT pg_catalog.set_config('myapp.tenant', 'it''s', false), \
+             pg_catalog.set_config('search_path', 'b, c', false)"
+        );
+        assert_eq!(apply_sql(Some(&client), Some(&client)), None);
+        assert_eq!(
+            apply_sql(Some(&server), None).unwrap(),
+            "RESET \"search_path\";RESET \"work_mem\";"
+        );
+        assert!(same(&None, &Some(Arc::new(SessionVars::default()))));
+    }
+}

@@ -1,0 +1,514 @@
+//! Transaction mode without surprises: what a client leaves in its session
+//! (settings, role, prepared statements, LISTEN, temp tables, advisory
+//! locks) follows that client to every server it is given, and is never
+//! seen by another client. Every test runs on a pool of one server, so the
+//! clients take turns on the same PostgreSQL backend, which is exactly
+//! where a leak would show.
+
+use std::time::Duration;
+
+use sluice_tests::*;
+use tokio_postgres::Client;
+
+fn one_server(cluster: &Cluster) -> SluiceProcess {
+    ConfigBuilder::for_cluster(cluster)
+        .set("pool_mode", "transaction")
+        .set("default_pool_size", "1")
+        .start()
+}
+
+async fn pid(client: &Client) -> String {
+    scalar_text(client, "select pg_backend_pid()").await
+}
+
+async fn two_clients(sluice: &SluiceProcess) -> (Client, Client) {
+    let alice = connect_as(sluice.port(), APP_USER, "postgres").await;
+    let bob = connect_as(sluice.port(), APP_USER, "postgres").await;
+    (alice, bob)
+}
+
+#[tokio::test]
+async fn search_path_follows_its_client_and_no_other() {
+    let cluster = app_cluster(ServerAuth::Trust);
+    cluster
+        .psql(
+            "postgres",
+            &format!("create schema tenant_a authorization {APP_USER}"),
+        )
+        .unwrap();
+    let sluice = one_server(&cluster);
+    let (alice, bob) = two_clients(&sluice).await;
+    let default = scalar_text(&bob, "show search_path").await;
+    alice
+        .batch_execute("SET search_path TO tenant_a")
+        .await
+        .unwrap();
+    alice
+        .batch_execute("create table t (x int); insert into t values (1)")
+        .await
+        .unwrap();
+    assert_eq!(pid(&alice).await, pid(&bob).await, "one shared server");
+    for _ in 0..3 {
+        assert_eq!(scalar_text(&bob, "show search_path").await, default);
+        assert_eq!(scalar_text(&alice, "show search_path").await, "tenant_a");
+        // Unqualified names resolve in the client's own schema.
+        assert_eq!(
+            scalar_text(&alice, "select count(*)::text from t").await,
+            "1"
+        );
+        let unseen = bob.query("select 1 from t", &[]).await;
+        expect_sqlstate(unseen, "42P01");
+    }
+    alice.batch_execute("RESET search_path").await.unwrap();
+    assert_eq!(scalar_text(&alice, "show search_path").await, default);
+}
+
+#[tokio::test]
+async fn set_local_and_rolled_back_set_do_not_follow() {
+    let cluster = app_cluster(ServerAuth::Trust);
+    let sluice = one_server(&cluster);
+    let (alice, bob) = two_clients(&sluice).await;
+    let default = scalar_text(&alice, "show statement_timeout").await;
+    alice
+        .batch_execute("begin; set local statement_timeout = '1234ms'; commit")
+        .await
+        .unwrap();
+    assert_eq!(scalar_text(&alice, "show statement_timeout").await, default);
+    alice
+        .batch_execute("begin; set statement_timeout = '7s'; rollback")
+        .await
+        .unwrap();
+    assert_eq!(scalar_text(&bob, "show statement_timeout").await, default);
+    assert_eq!(scalar_text(&alice, "show statement_timeout").await, default);
+    // A SET inside a committed transaction block is session state.
+    alice
+        .batch_execute("begin; set statement_timeout = '7s'; commit")
+        .await
+        .unwrap();
+    assert_eq!(scalar_text(&bob, "show statement_timeout").await, default);
+    assert_eq!(scalar_text(&alice, "show statement_timeout").await, "7s");
+    alice.batch_execute("RESET ALL").await.unwrap();
+    assert_eq!(scalar_text(&alice, "show statement_timeout").await, default);
+}
+
+#[tokio::test]
+async fn set_config_and_startup_options_follow_their_client() {
+    let cluster = app_cluster(ServerAuth::Trust);
+    let sluice = one_server(&cluster);
+    let mut config = tokio_postgres::Config::new();
+    config
+        .host("127.0.0.1")
+        .port(sluice.port())
+        .user(APP_USER)
+        .dbname("postgres")
+        .options("-c statement_timeout=4321 -c myapp.tenant=carol");
+    let carol = connect_config(&config).await.expect("carol logs in");
+    let (alice, bob) = two_clients(&sluice).await;
+    scalar_text(&alice, "select set_config('myapp.tenant', 'alice', false)").await;
+    for _ in 0..2 {
+        assert_eq!(
+            scalar_text(&alice, "select current_setting('myapp.tenant', true)").await,
+            "alice"
+        );
+        assert!(
+            scalar(
+                &bob,
+                "select nullif(current_setting('myapp.tenant', true), '')"
+            )
+            .await
+            .is_none(),
+            "bob sees no tenant"
+        );
+        assert_eq!(
+            scalar_text(&carol, "select current_setting('myapp.tenant')").await,
+            "carol"
+        );
+        assert_eq!(
+            scalar_text(&carol, "show statement_timeout").await,
+            "4321ms"
+        );
+        assert_ne!(scalar_text(&bob, "show statement_timeout").await, "4321ms");
+    }
+}
+
+#[tokio::test]
+async fn set_role_does_not_leak() {
+    let cluster = app_cluster(ServerAuth::Trust);
+    cluster
+        .psql(
+            "postgres",
+            &format!("create role auditor; grant auditor to {APP_USER}"),
+        )
+        .unwrap();
+    let sluice = one_server(&cluster);
+    let (alice, bob) = two_clients(&sluice).await;
+    alice.batch_execute("SET ROLE auditor").await.unwrap();
+    for _ in 0..2 {
+        assert_eq!(
+            scalar_text(&bob, "select current_user::text").await,
+            APP_USER
+        );
+        assert_eq!(
+            scalar_text(&alice, "select current_user::text").await,
+            "auditor"
+        );
+    }
+    alice.batch_execute("RESET ROLE").await.unwrap();
+    assert_eq!(
+        scalar_text(&alice, "select current_user::text").await,
+        APP_USER
+    );
+}
+
+#[tokio::test]
+async fn temp_tables_and_advisory_locks_do_not_leak() {
+    let cluster = app_cluster(ServerAuth::Trust);
+    let sluice = one_server(&cluster);
+    let (alice, bob) = two_clients(&sluice).await;
+    alice
+        .batch_execute("create temp table scratch (x int); insert into scratch values (1)")
+        .await
+        .unwrap();
+    scalar_text(&alice, "select pg_advisory_lock(42)::text").await;
+    assert_eq!(pid(&alice).await, pid(&bob).await, "one shared server");
+    assert_eq!(
+        scalar(&bob, "select to_regclass('pg_temp.scratch')::text").await,
+        None,
+        "bob must not see alice's temp table"
+    );
+    assert_eq!(
+        scalar_text(
+            &bob,
+            "select count(*)::text from pg_locks where locktype = 'advisory' and pid = pg_backend_pid()"
+        )
+        .await,
+        "0",
+        "bob's server must not hold alice's advisory lock"
+    );
+}
+
+#[tokio::test]
+async fn protocol_statements_with_the_same_name_stay_apart() {
+    let cluster = app_cluster(ServerAuth::Trust);
+    let sluice = one_server(&cluster);
+    let (alice, bob) = two_clients(&sluice).await;
+    // tokio-postgres names each client's first statement s0.
+    let a = alice.prepare("select 'alice'::text").await.unwrap();
+    let b = bob.prepare("select 'bob'::text, 2").await.unwrap();
+    for _ in 0..3 {
+        let row = alice.query_one(&a, &[]).await.unwrap();
+        assert_eq!(row.get::<_, String>(0), "alice");
+        let row = bob.query_one(&b, &[]).await.unwrap();
+        assert_eq!(row.get::<_, String>(0), "bob");
+    }
+    // The server sees shared names only, never a client's own.
+    let names = scalar_text(
+        &bob,
+        "select coalesce(string_agg(name, ',' order by name), '') from pg_prepared_statements",
+    )
+    .await;
+    assert!(
+        names
+            .split(',')
+            .all(|n| n.is_empty() || n.starts_with("sluice_")),
+        "{names}"
+    );
+}
+
+#[tokio::test]
+async fn sql_prepare_is_refused_outside_a_transaction_and_cleaned_inside() {
+    let cluster = app_cluster(ServerAuth::Trust);
+    let sluice = one_server(&cluster);
+    let (alice, bob) = two_clients(&sluice).await;
+    let refused = alice.batch_execute("PREPARE p AS select 1").await;
+    let error = expect_sqlstate(refused, "0A000");
+    let message = error.as_db_error().map(|e| e.message().to_owned());
+    assert!(
+        message
+            .as_deref()
+            .is_some_and(|m| m.contains("transaction pooling")),
+        "{message:?}"
+    );
+    alice
+        .batch_execute("begin; prepare p as select 41 + 1; execute p; commit")
+        .await
+        .unwrap_or_else(|e| panic!("{e:?}"));
+    assert_eq!(
+        scalar_text(
+            &bob,
+            "select count(*)::text from pg_prepared_statements where name = 'p'"
+        )
+        .await,
+        "0"
+    );
+    // The client still works after the refusal.
+    assert_eq!(scalar_text(&alice, "select 'ok'").await, "ok");
+}
+
+#[tokio::test]
+async fn discard_all_and_deallocate_all_are_honoured_in_the_clients_view() {
+    let cluster = app_cluster(ServerAuth::Trust);
+    let sluice = one_server(&cluster);
+    let (alice, bob) = two_clients(&sluice).await;
+    let a = alice.prepare("select 1").await.unwrap();
+    let b = bob.prepare("select 1").await.unwrap();
+    alice.query_one(&a, &[]).await.unwrap();
+    alice.batch_execute("DEALLOCATE ALL").await.unwrap();
+    expect_sqlstate(alice.query_one(&a, &[]).await, "26000");
+    // Bob's statement with the same text is untouched.
+    assert_eq!(bob.query_one(&b, &[]).await.unwrap().get::<_, i32>(0), 1);
+    let b2 = bob.prepare("select 2").await.unwrap();
+    bob.batch_execute("DISCARD ALL").await.unwrap();
+    expect_sqlstate(bob.query_one(&b2, &[]).await, "26000");
+    // Closing a statement (drop) is the client's own business too.
+    let c = alice.prepare("select 3").await.unwrap();
+    assert_eq!(alice.query_one(&c, &[]).await.unwrap().get::<_, i32>(0), 3);
+    drop(c);
+    assert_eq!(
+        scalar_text(&alice, "select 'still fine'").await,
+        "still fine"
+    );
+}
+
+/// Raw extended-protocol messages, to check the exact replies.
+mod raw {
+    pub fn message(tag: u8, body: &[u8]) -> Vec<u8> {
+        let mut m = vec![tag];
+        m.extend_from_slice(&i32::try_from(body.len() + 4).unwrap().to_be_bytes());
+        m.extend_from_slice(body);
+        m
+    }
+    fn cstr(out: &mut Vec<u8>, s: &str) {
+        out.extend_from_slice(s.as_bytes());
+        out.push(0);
+    }
+    pub fn parse(name: &str, sql: &str) -> Vec<u8> {
+        let mut b = Vec::new();
+        cstr(&mut b, name);
+        cstr(&mut b, sql);
+        b.extend_from_slice(&0i16.to_be_bytes());
+        message(b'P', &b)
+    }
+    pub fn bind(statement: &str) -> Vec<u8> {
+        let mut b = Vec::new();
+        cstr(&mut b, "");
+        cstr(&mut b, statement);
+        b.extend_from_slice(&[0, 0, 0, 0, 0, 0]);
+        message(b'B', &b)
+    }
+    pub fn execute() -> Vec<u8> {
+        message(b'E', &[0, 0, 0, 0, 0])
+    }
+    pub fn describe_statement(name: &str) -> Vec<u8> {
+        let mut b = vec![b'S'];
+        cstr(&mut b, name);
+        message(b'D', &b)
+    }
+    pub fn close_statement(name: &str) -> Vec<u8> {
+        let mut b = vec![b'S'];
+        cstr(&mut b, name);
+        message(b'C', &b)
+    }
+    pub fn query(sql: &str) -> Vec<u8> {
+        let mut b = Vec::new();
+        cstr(&mut b, sql);
+        message(b'Q', &b)
+    }
+    pub fn sync() -> Vec<u8> {
+        message(b'S', &[])
+    }
+    pub fn flush() -> Vec<u8> {
+        message(b'H', &[])
+    }
+}
+
+async fn raw_client(sluice: &SluiceProcess) -> RawClient {
+    let mut client = RawClient::connect(sluice.port()).await;
+    client.startup(APP_USER, "postgres").await;
+    client.read_until_ready(Duration::from_secs(10)).await;
+    client
+}
+
+/// Sends `messages` in one write and reads `count` replies: their tags,
+/// with the SQLSTATE after each 'E'.
+async fn exchange(client: &mut RawClient, messages: &[Vec<u8>], count: usize) -> String {
+    client.send(&messages.concat()).await.expect("send");
+    let mut tags = String::new();
+    for _ in 0..count {
+        match client.read_message(Duration::from_secs(10)).await {
+            RawReply::Message(tag, body) => {
+                tags.push(tag as char);
+                if tag == b'E' {
+                    let fields = error_fields(&body);
+                    let code = error_field(&fields, b'C').unwrap_or_default();
+                    tags.push_str(&format!("({code})"));
+                }
+            }
+            other => panic!("expected a message after {tags:?}, got {other:?}"),
+        }
+    }
+    tags
+}
+
+#[tokio::test]
+async fn extended_protocol_replies_stay_in_step() {
+    let cluster = app_cluster(ServerAuth::Trust);
+    let sluice = one_server(&cluster);
+    let mut first = raw_client(&sluice).await;
+    let mut second = raw_client(&sluice).await;
+    use raw::*;
+
+    assert_eq!(
+        exchange(&mut first, &[parse("a", "select 1"), sync()], 2).await,
+        "1Z"
+    );
+    // The same text from another client: the server has it, sluice answers
+    // ParseComplete itself, also before any Sync (Flush).
+    assert_eq!(
+        exchange(&mut second, &[parse("mine", "select 1"), flush()], 1).await,
+        "1"
+    );
+    assert_eq!(
+        exchange(&mut second, &[bind("mine"), execute(), sync()], 4).await,
+        "2DCZ"
+    );
+    // An error mid-pipeline: the rest up to Sync is skipped, in step.
+    assert_eq!(
+        exchange(
+            &mut first,
+            &[
+                bind("a"),
+                execute(),
+                parse("bad", "select no_such_column"),
+                bind("a"),
+                execute(),
+                sync(),
+                bind("a"),
+                execute(),
+                sync(),
+            ],
+            9
+        )
+        .await,
+        "2DCE(42703)Z2DCZ"
+    );
+    // Describe of a named statement, then Close and DEALLOCATE by name.
+    assert_eq!(
+        exchange(&mut first, &[describe_statement("a"), sync()], 3).await,
+        "tTZ"
+    );
+    assert_eq!(
+        exchange(&mut first, &[close_statement("a"), sync()], 2).await,
+        "3Z"
+    );
+    assert_eq!(
+        exchange(&mut first, &[bind("a"), execute(), sync()], 2).await,
+        "E(26000)Z"
+    );
+    assert_eq!(
+        exchange(&mut second, &[query("DEALLOCATE mine")], 2).await,
+        "CZ"
+    );
+    assert_eq!(
+        exchange(&mut second, &[bind("mine"), execute(), sync()], 2).await,
+        "E(26000)Z"
+    );
+    // Unnamed statements keep working.
+    assert_eq!(
+        exchange(
+            &mut second,
+            &[parse("", "select 5"), bind(""), execute(), sync()],
+            5
+        )
+        .await,
+        "12DCZ"
+    );
+}
+
+#[tokio::test]
+async fn stale_plan_after_ddl_is_prepared_again() {
+    let cluster = app_cluster(ServerAuth::Trust);
+    grant_create(&cluster);
+    let sluice = one_server(&cluster);
+    let (alice, _bob) = two_clients(&sluice).await;
+    alice
+        .batch_execute("create table shape (a int); insert into shape values (1)")
+        .await
+        .unwrap();
+    let before = alice.prepare("select * from shape").await.unwrap();
+    assert_eq!(alice.query(&before, &[]).await.unwrap()[0].len(), 1);
+    alice
+        .batch_execute("alter table shape add column b int")
+        .await
+        .unwrap();
+    // As on PostgreSQL directly, the old statement reports the change…
+    expect_sqlstate(alice.query(&before, &[]).await, "0A000");
+    // …and preparing the same text again gives the new shape.
+    let after = alice.prepare("select * from shape").await.unwrap();
+    let rows = alice.query(&after, &[]).await.unwrap();
+    assert_eq!(rows[0].len(), 2);
+    assert_eq!(
+        scalar_text(&alice, "select 'connection fine'").await,
+        "connection fine"
+    );
+}
+
+#[tokio::test]
+async fn listen_keeps_delivering_after_the_transaction_ends() {
+    let cluster = app_cluster(ServerAuth::Trust);
+    let sluice = one_server(&cluster);
+    let (alice, mut inbox) = connect_listening(sluice.port(), APP_USER, "postgres").await;
+    let bob = connect_as(sluice.port(), APP_USER, "postgres").await;
+    alice.batch_execute("LISTEN news").await.unwrap();
+    // Alice keeps working in between; her LISTEN is not on her server.
+    assert_eq!(scalar_text(&alice, "select 'busy'").await, "busy");
+    bob.batch_execute("NOTIFY news, 'one'").await.unwrap();
+    bob.batch_execute("begin; select pg_notify('news', 'two'); commit")
+        .await
+        .unwrap();
+    bob.batch_execute("begin; notify news, 'never'; rollback")
+        .await
+        .unwrap();
+    bob.batch_execute("NOTIFY news, 'three'").await.unwrap();
+    let mut got = Vec::new();
+    while got.len() < 3 {
+        let n = tokio::time::timeout(Duration::from_secs(10), inbox.recv())
+            .await
+            .expect("notification within 10 s")
+            .expect("connection open");
+        assert_eq!(n.channel(), "news");
+        got.push(n.payload().to_owned());
+    }
+    assert_eq!(got, ["one", "two", "three"]);
+    // Nothing else: no duplicate, no rolled-back notification.
+    assert!(
+        tokio::time::timeout(Duration::from_millis(700), inbox.recv())
+            .await
+            .is_err()
+    );
+    // The pooled server does not listen for alice.
+    assert_eq!(
+        scalar_text(&bob, "select count(*)::text from pg_listening_channels()").await,
+        "0"
+    );
+    alice.batch_execute("UNLISTEN news").await.unwrap();
+    bob.batch_execute("NOTIFY news, 'after'").await.unwrap();
+    assert!(
+        tokio::time::timeout(Duration::from_millis(700), inbox.recv())
+            .await
+            .is_err()
+    );
+}
+
+#[tokio::test]
+async fn the_listening_connection_closes_when_the_last_listener_leaves() {
+    let cluster = app_cluster(ServerAuth::Trust);
+    let sluice = one_server(&cluster);
+    let (alice, _inbox) = connect_listening(sluice.port(), APP_USER, "postgres").await;
+    alice.batch_execute("LISTEN gone").await.unwrap();
+    // The pooled server plus the pool's listening connection.
+    assert_eq!(count_backends(&cluster, "postgres").await, 2);
+    drop(alice);
+    let after = wait_for_backends(&cluster, "postgres", Duration::from_secs(10), |n| n == 1).await;
+    assert_eq!(after, Ok(1), "the listening connection is closed");
+}
