@@ -48,7 +48,8 @@ def parse_args(argv=None):
     ap.add_argument("--duration", type=int, help="seconds per pgbench run (default 10)")
     ap.add_argument("--rounds", type=int, help="interleaved rounds per cell (default 2)")
     ap.add_argument("--clients", help="comma list (default 1,10,150,1000)")
-    ap.add_argument("--modes", default="simple,extended", help="comma list of simple,extended,prepared")
+    ap.add_argument("--modes", default="simple,extended,prepared",
+                    help="comma list of simple,extended,prepared (pgbench -M)")
     ap.add_argument("--targets", default="direct,sluice,pgbouncer,sluice-metrics",
                     help="comma list")
     ap.add_argument("--skip-idle", action="store_true", help="skip the 10,000 idle clients test")
@@ -502,6 +503,17 @@ def print_report(result, a, targets):
         if target == "sluice-metrics" and base and x["cpu_us_per_tx"] and base["cpu_us_per_tx"]:
             print(f"metrics cost {mode:<8} c={clients:<5} cpu/tx with /metrics scraped each second "
                   f"/ without = {x['cpu_us_per_tx'] / base['cpu_us_per_tx']:.3f}")
+    for clients in a.clients:
+        sp = by.get(("prepared", clients, "sluice"))
+        se = by.get(("extended", clients, "sluice"))
+        be = by.get(("extended", clients, "pgbouncer"))
+        if sp and se and sp["tps"] and se["tps"]:
+            cpu = ""
+            if be and sp["cpu_us_per_tx"] and be["cpu_us_per_tx"]:
+                cpu = (f"; cpu/tx sluice prepared / pgbouncer extended = "
+                       f"{sp['cpu_us_per_tx'] / be['cpu_us_per_tx']:.2f}")
+            print(f"prepared   c={clients:<5} tps sluice prepared / sluice extended = "
+                  f"{sp['tps'] / se['tps']:.2f}{cpu}")
     s_idle, b_idle = result["idle"].get("sluice"), result["idle"].get("pgbouncer")
     if s_idle and b_idle and s_idle["per_client_bytes"] and b_idle["per_client_bytes"]:
         print(f"idle bytes/client sluice/pgbouncer = "

@@ -97,7 +97,9 @@ define_settings! {
         idle_transaction_timeout: Duration = Duration::ZERO => "0", Seconds, reload,
             "Disconnect clients idle inside a transaction longer than this; 0 disables. (seconds)";
         ignore_startup_parameters: Vec<String> = Vec::new() => "", List, reload,
-            "Comma-separated startup parameters to accept from clients and ignore.";
+            "Comma-separated startup parameters to accept from clients and ignore. Any other \
+             parameter PostgreSQL does not report (search_path, extra_float_digits, …) becomes \
+             the client's session setting, applied on every server it is given.";
         job_name: String = text("pgbouncer") => "pgbouncer", Text, fixed,
             "Service name (Windows service registration); service_name is an alias.";
         listen_addr: String = String::new() => "", Text, fixed,
@@ -128,8 +130,9 @@ define_settings! {
         max_packet_size: u32 = 2147483647 => "2147483647", Count, reload,
             "Largest protocol message let through, in bytes.";
         max_prepared_statements: u32 = 200 => "200", Count, reload,
-            "Protocol-level prepared statements tracked per server connection in transaction and \
-             statement mode; 0 disables tracking.";
+            "Shared prepared statements kept per server connection in transaction and statement \
+             mode (least recently used closed first); clients' named statements follow them to \
+             any server. 0 passes statement names through unchanged, as PgBouncer before 1.21.";
         max_user_client_connections: u32 = 0 => "0", Count, reload,
             "Most client connections per user, across databases; 0 means unlimited.";
         max_user_connections: u32 = 0 => "0", Count, reload,

@@ -22,6 +22,24 @@ use super::target::{ServerCredential, ServerTarget};
 use crate::auth::scram::ScramKeys;
 use crate::params::ParamSet;
 
+/// How long a new server connection is retried while the server looks
+/// like it is restarting (capped by server_login_retry).
+const RESTART_GRACE: Duration = Duration::from_secs(3);
+/// Pause between those retries.
+const RESTART_POLL: Duration = Duration::from_millis(100);
+
+/// Failures a restarting server gives: connection refused, or 57P03 ("the
+/// database system is starting up / shutting down").
+fn is_transient(e: &login::LoginError) -> bool {
+    match e {
+        login::LoginError::Connect { source, .. } => {
+            source.kind() == std::io::ErrorKind::ConnectionRefused
+        }
+        login::LoginError::Rejected { code, .. } => code == "57P03",
+        _ => false,
+    }
+}
+
 /// How often a client blocked only by a shared (db/user) limit looks again.
 const SHARED_LIMIT_RETRY: Duration = Duration::from_millis(50);
 
@@ -635,11 +653,24 @@ impl Pool {
             pool: self,
             armed: true,
         };
-        let (target, credential) = {
+        let (target, credential, retry) = {
             let st = self.lock();
-            (st.target.clone(), st.credential.clone())
+            let retry = st.settings.server_login_retry.min(RESTART_GRACE);
+            (st.target.clone(), st.credential.clone(), retry)
         };
-        match login::open(&target, &credential).await {
+        let started = Instant::now();
+        let mut opened = login::open(&target, &credential).await;
+        // A server restarting refuses connections, then says it is starting
+        // up, for a moment: the client waits that moment out instead of
+        // getting an error.
+        while let Err(e) = &opened
+            && is_transient(e)
+            && started.elapsed() + RESTART_POLL < retry
+        {
+            tokio::time::sleep(RESTART_POLL).await;
+            opened = login::open(&target, &credential).await;
+        }
+        match opened {
             Ok((server, reported)) => {
                 guard.armed = false;
                 tracing::debug!(db = %self.database, user = %self.user, server = server.id, "new server connection");

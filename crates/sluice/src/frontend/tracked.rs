@@ -143,11 +143,7 @@ pub(super) fn rewrite_client(
                 rewriter.parse(&message)?;
                 cycle.unsynced = true;
                 let text = parse_query(&message);
-                if let Some(s @ (Special::Listen(_) | Special::Unlisten(_))) =
-                    text.and_then(sql::special)
-                {
-                    t.listens.push(s);
-                }
+                follow_listens(t, text.map(sql::specials).unwrap_or_default());
                 note_text(t, text, cycle.status);
             }
             f::BIND => {
@@ -164,13 +160,11 @@ pub(super) fn rewrite_client(
             }
             _ => {
                 let idle = cycle.status == TransactionStatus::Idle && cycle.outstanding == 0;
-                if let QueryFate::Sent { special } = rewriter.query(&message, idle) {
+                if let QueryFate::Sent { specials } = rewriter.query(&message, idle) {
                     cycle.outstanding += 1;
                     cycle.unsynced = false;
                     cycle.syncs_since_start = 0;
-                    if let Some(s @ (Special::Listen(_) | Special::Unlisten(_))) = special {
-                        t.listens.push(s);
-                    }
+                    follow_listens(t, specials);
                     let text = &message[sluice_wire::HEADER_LEN..];
                     note_text(t, Some(text), cycle.status);
                 }
@@ -179,6 +173,17 @@ pub(super) fn rewrite_client(
     }
     cycle.to_server = t.out.len();
     Ok(())
+}
+
+/// Queues the LISTEN changes among `specials` (DISCARD ALL unlistens all).
+fn follow_listens(t: &mut Tracking, specials: Vec<Special>) {
+    for s in specials {
+        match s {
+            Special::Listen(_) | Special::Unlisten(_) => t.listens.push(s),
+            Special::DiscardAll => t.listens.push(Special::Unlisten(None)),
+            _ => {}
+        }
+    }
 }
 
 fn pass(reply: Reply) -> Expect {

@@ -31,9 +31,9 @@ pub struct Rewriter<'a> {
 /// What became of a simple query.
 #[derive(Debug, PartialEq, Eq)]
 pub enum QueryFate {
-    /// Sent to the server; `special` if it was one of the statements the
-    /// pooler watches.
-    Sent { special: Option<Special> },
+    /// Sent to the server, with the statements the pooler watches that it
+    /// holds (LISTEN, UNLISTEN, DISCARD ALL…).
+    Sent { specials: Vec<Special> },
     /// Answered here; the server never sees it.
     Answered,
 }
@@ -160,8 +160,7 @@ impl Rewriter<'_> {
     pub fn query(&mut self, message: &[u8], idle: bool) -> QueryFate {
         let text = body(message);
         let text = text.strip_suffix(b"\0").unwrap_or(text);
-        let special = sql::special(text);
-        match &special {
+        match &sql::special(text) {
             Some(Special::Deallocate(name)) if self.names.remove(name).is_some() => {
                 self.expected
                     .push(Expect::Local(Local::Command("DEALLOCATE")));
@@ -178,18 +177,22 @@ impl Rewriter<'_> {
                 }));
                 return QueryFate::Answered;
             }
-            Some(Special::DeallocateAll | Special::DiscardAll) => {
-                self.names.clear();
-                self.server.clear();
-            }
             _ => {}
+        }
+        let specials = sql::specials(text);
+        if specials
+            .iter()
+            .any(|s| matches!(s, Special::DeallocateAll | Special::DiscardAll))
+        {
+            self.names.clear();
+            self.server.clear();
         }
         self.out.extend_from_slice(message);
         self.expected.push(Expect::Pass {
             reply: Reply::Query,
             statement: None,
         });
-        QueryFate::Sent { special }
+        QueryFate::Sent { specials }
     }
 
     /// The shared statement the client calls `name`, prepared on the

@@ -157,6 +157,18 @@ pub fn special(text: &[u8]) -> Option<Special> {
     let [one] = parts.as_slice() else {
         return None;
     };
+    special_statement(one)
+}
+
+/// The special statements among all statements of `text`, in order.
+pub fn specials(text: &[u8]) -> Vec<Special> {
+    statements(text)
+        .into_iter()
+        .filter_map(special_statement)
+        .collect()
+}
+
+fn special_statement(one: &[u8]) -> Option<Special> {
     let (first, rest) = word(one);
     if first.eq_ignore_ascii_case(b"deallocate") {
         let (next, after_next) = word(rest);
@@ -314,6 +326,10 @@ mod tests {
             Some(Special::Unlisten(Some("c".into())))
         );
         assert_eq!(special(b"listen a; listen b"), None);
+        assert_eq!(
+            specials(b"select 1; UNLISTEN *; RESET ALL"),
+            [Special::Unlisten(None)]
+        );
         assert_eq!(special(b"select 'listen x'"), None);
     }
 
