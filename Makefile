@@ -17,8 +17,10 @@ demo: peers build
 	python3 scripts/demo.py
 
 # The whole suite: unit tests, the wire property test, integration tests
-# against real PostgreSQL through sluice.
+# against real PostgreSQL through sluice, and the driver suites under
+# compat/ (their dependencies fetched and compiled first).
 test: deps
+	bash compat/build.sh
 	$(CARGO) build -p sluice
 	$(CARGO) test --workspace
 

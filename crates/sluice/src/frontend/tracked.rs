@@ -128,50 +128,68 @@ pub(super) fn rewrite_client(
         let Some(header) = split_frame(cbuf, limit)? else {
             break;
         };
-        let message = cbuf.split_to(header.total_len);
-        let names = st.names.get_or_insert_with(Box::default);
-        let mut rewriter = Rewriter {
-            names,
-            server: st.server,
-            registry: st.registry,
-            capacity: st.capacity,
-            expected: &mut t.expected,
-            out: &mut t.out,
-        };
-        match header.tag {
-            f::PARSE => {
-                rewriter.parse(&message)?;
-                cycle.unsynced = true;
-                let text = parse_query(&message);
-                follow_listens(t, text.map(sql::specials).unwrap_or_default());
-                note_text(t, text, cycle.status);
+        let handled = handle_message(cycle, &cbuf[..header.total_len], header.tag, t, st);
+        cbuf.advance(header.total_len);
+        handled?;
+    }
+    cycle.to_server = t.out.len();
+    Ok(())
+}
+
+/// Rewrites one whole P, B, D, C or Q message into `t.out`.
+fn handle_message(
+    cycle: &mut Cycle,
+    message: &[u8],
+    tag: u8,
+    t: &mut Tracking,
+    st: &mut Statements<'_>,
+) -> Result<(), WireError> {
+    use tags::frontend as f;
+    let names = st.names.get_or_insert_with(Box::default);
+    let mut rewriter = Rewriter {
+        names,
+        server: st.server,
+        registry: st.registry,
+        capacity: st.capacity,
+        expected: &mut t.expected,
+        out: &mut t.out,
+    };
+    match tag {
+        f::PARSE => {
+            rewriter.parse(message)?;
+            cycle.unsynced = true;
+            let text = parse_query(message);
+            if let Some(text) = text.filter(|text| sql::may_matter(text)) {
+                follow_listens(t, sql::specials(text));
+                note_text(t, text);
             }
-            f::BIND => {
-                rewriter.bind(&message)?;
-                cycle.unsynced = true;
-            }
-            f::DESCRIBE => {
-                rewriter.describe(&message)?;
-                cycle.unsynced = true;
-            }
-            f::CLOSE => {
-                rewriter.close(&message)?;
-                cycle.unsynced = true;
-            }
-            _ => {
-                let idle = cycle.status == TransactionStatus::Idle && cycle.outstanding == 0;
-                if let QueryFate::Sent { specials } = rewriter.query(&message, idle) {
-                    cycle.outstanding += 1;
-                    cycle.unsynced = false;
-                    cycle.syncs_since_start = 0;
-                    follow_listens(t, specials);
-                    let text = &message[sluice_wire::HEADER_LEN..];
-                    note_text(t, Some(text), cycle.status);
+        }
+        f::BIND => {
+            rewriter.bind(message)?;
+            cycle.unsynced = true;
+        }
+        f::DESCRIBE => {
+            rewriter.describe(message)?;
+            cycle.unsynced = true;
+        }
+        f::CLOSE => {
+            rewriter.close(message)?;
+            cycle.unsynced = true;
+        }
+        _ => {
+            let idle = cycle.status == TransactionStatus::Idle && cycle.outstanding == 0;
+            if let QueryFate::Sent { specials } = rewriter.query(message, idle, t.sql_prepared) {
+                cycle.outstanding += 1;
+                cycle.unsynced = false;
+                cycle.syncs_since_start = 0;
+                follow_listens(t, specials);
+                let text = &message[sluice_wire::HEADER_LEN..];
+                if sql::may_matter(text) {
+                    note_text(t, text);
                 }
             }
         }
     }
-    cycle.to_server = t.out.len();
     Ok(())
 }
 
@@ -201,8 +219,7 @@ fn parse_query(message: &[u8]) -> Option<&[u8]> {
 }
 
 /// Notes what a statement sent to the server may leave behind.
-fn note_text(t: &mut Tracking, text: Option<&[u8]>, _status: TransactionStatus) {
-    let Some(text) = text else { return };
+fn note_text(t: &mut Tracking, text: &[u8]) {
     if sql::touches_session(text) {
         t.session_touched = true;
         for name in sql::custom_names(text) {

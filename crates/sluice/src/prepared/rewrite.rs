@@ -157,13 +157,33 @@ impl Rewriter<'_> {
     /// outside a transaction (`idle`) are answered here; DISCARD ALL and
     /// DEALLOCATE ALL also clear the client's names and what sluice knows
     /// of the server.
-    pub fn query(&mut self, message: &[u8], idle: bool) -> QueryFate {
+    pub fn query(&mut self, message: &[u8], idle: bool, sql_prepared: bool) -> QueryFate {
         let text = body(message);
         let text = text.strip_suffix(b"\0").unwrap_or(text);
+        if !sql::may_matter(text) {
+            self.out.extend_from_slice(message);
+            self.expected.push(Expect::Pass {
+                reply: Reply::Query,
+                statement: None,
+            });
+            return QueryFate::Sent {
+                specials: Vec::new(),
+            };
+        }
         match &sql::special(text) {
             Some(Special::Deallocate(name)) if self.names.remove(name).is_some() => {
                 self.expected
                     .push(Expect::Local(Local::Command("DEALLOCATE")));
+                return QueryFate::Answered;
+            }
+            // Drivers send it to forget their statements (psycopg after
+            // every rollback): the client's names go, the server keeps the
+            // shared statements. Forwarded only when SQL-level statements
+            // of this transaction exist on the server.
+            Some(Special::DeallocateAll) if !sql_prepared => {
+                self.names.clear();
+                self.expected
+                    .push(Expect::Local(Local::Command("DEALLOCATE ALL")));
                 return QueryFate::Answered;
             }
             Some(Special::Prepare) if idle => {

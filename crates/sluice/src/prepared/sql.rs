@@ -151,6 +151,34 @@ fn is_end(s: &[u8]) -> bool {
     skip_space(s).is_empty()
 }
 
+/// Words whose presence anywhere in a query makes the closer (slower)
+/// looks worthwhile; a query with none of them is none of the special
+/// statements and changes no session state.
+const WORTH_A_LOOK: &[&[u8]] = &[
+    b"set",
+    b"reset",
+    b"discard",
+    b"deallocate",
+    b"prepare",
+    b"listen",
+    b"unlisten",
+    b"temp",
+    b"temporary",
+    b"set_config",
+    b"pg_advisory_lock",
+    b"pg_advisory_lock_shared",
+    b"pg_try_advisory_lock",
+    b"pg_try_advisory_lock_shared",
+];
+
+/// One quick pass: does `text` contain any word of `WORTH_A_LOOK`?
+pub fn may_matter(text: &[u8]) -> bool {
+    text.split(|c| !(c.is_ascii_alphanumeric() || *c == b'_'))
+        .any(|w| {
+            (3..=27).contains(&w.len()) && WORTH_A_LOOK.iter().any(|k| k.eq_ignore_ascii_case(w))
+        })
+}
+
 /// Recognises a simple query that is exactly one special statement.
 pub fn special(text: &[u8]) -> Option<Special> {
     let parts = statements(text);
@@ -331,6 +359,18 @@ mod tests {
             [Special::Unlisten(None)]
         );
         assert_eq!(special(b"select 'listen x'"), None);
+    }
+
+    #[test]
+    fn quick_look_skips_ordinary_queries() {
+        assert!(!may_matter(
+            b"SELECT abalance FROM pgbench_accounts WHERE aid = $1"
+        ));
+        assert!(may_matter(
+            b"select pg_catalog.set_config('a.b', '1', false)"
+        ));
+        assert!(may_matter(b"Listen x"));
+        assert!(!may_matter(b"UPDATE t SET_x = 1 OFFSET 2"));
     }
 
     #[test]
