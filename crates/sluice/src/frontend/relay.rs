@@ -137,7 +137,7 @@ pub async fn run(client: &mut Client, cbuf: &mut BytesMut, mut lease: Lease) -> 
     let mut idle_timer: Option<std::pin::Pin<Box<tokio::time::Sleep>>> = None;
     // Transaction and statement mode: statements, session state and
     // LISTEN follow the client, so its messages are rewritten.
-    let mut tracking = release_each.map(|_| Box::<Tracking>::default());
+    let mut tracking = release_each.map(|_| Tracking::take());
     let app = client.app.clone();
 
     let end = loop {
@@ -279,7 +279,7 @@ pub async fn run(client: &mut Client, cbuf: &mut BytesMut, mut lease: Lease) -> 
     lease.stats.sent = cycle.written.1;
     lease.stats.linked = linked_at.elapsed();
     lease.stats.error_classes = std::mem::take(&mut cycle.error_classes);
-    match end {
+    let ended = match end {
         Ok(Outcome::Release) => {
             let kept = match tracking.as_deref() {
                 Some(t) => tracked::after_transaction(&mut lease, client, t).await,
@@ -321,7 +321,11 @@ pub async fn run(client: &mut Client, cbuf: &mut BytesMut, mut lease: Lease) -> 
                 format!("server connection failed: {why}"),
             ))
         }
+    };
+    if let Some(t) = tracking {
+        t.give_back();
     }
+    ended
 }
 
 enum Outcome {

@@ -44,7 +44,47 @@ pub(super) struct Tracking {
     pub(super) advisory_locks: bool,
 }
 
+thread_local! {
+    /// Tracking state of finished links, kept for the next link on this
+    /// worker: a transaction then allocates nothing for it.
+    static SPARE: std::cell::RefCell<Vec<Box<Tracking>>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// Spare states kept per worker, and the largest buffer worth keeping.
+const SPARES: usize = 256;
+const SPARE_BUFFER_LIMIT: usize = 64 * 1024;
+
 impl Tracking {
+    /// A clean state, reused when the worker has one.
+    pub(super) fn take() -> Box<Tracking> {
+        SPARE
+            .with(|s| s.borrow_mut().pop())
+            .unwrap_or_default()
+    }
+
+    /// Hands the state back for reuse, emptied.
+    pub(super) fn give_back(mut self: Box<Self>) {
+        if self.out.capacity() > SPARE_BUFFER_LIMIT || self.extra.capacity() > SPARE_BUFFER_LIMIT {
+            return;
+        }
+        self.expected.clear();
+        self.out.clear();
+        self.extra.clear();
+        self.session_touched = false;
+        self.sql_prepared = false;
+        self.listens.clear();
+        self.listen_sent = false;
+        self.custom_names.clear();
+        self.temp_tables = false;
+        self.advisory_locks = false;
+        SPARE.with(|s| {
+            let mut spare = s.borrow_mut();
+            if spare.len() < SPARES {
+                spare.push(self);
+            }
+        });
+    }
+
     /// Nothing owed either way.
     pub(super) fn settled(&self) -> bool {
         self.expected.is_empty() && self.out.is_empty() && self.extra.is_empty()

@@ -91,6 +91,12 @@ const STALE_PLAN: &str = "0A000";
 const NO_STATEMENT: &str = "26000";
 
 impl Expected {
+    /// Empties the queue for reuse (keeps its memory).
+    pub fn clear(&mut self) {
+        self.queue.clear();
+        self.skipping = false;
+    }
+
     pub fn push(&mut self, expect: Expect) {
         self.queue.push_back(expect);
     }

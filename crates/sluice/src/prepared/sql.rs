@@ -173,10 +173,26 @@ const WORTH_A_LOOK: &[&[u8]] = &[
 
 /// One quick pass: does `text` contain any word of `WORTH_A_LOOK`?
 pub fn may_matter(text: &[u8]) -> bool {
-    text.split(|c| !(c.is_ascii_alphanumeric() || *c == b'_'))
-        .any(|w| {
-            (3..=27).contains(&w.len()) && WORTH_A_LOOK.iter().any(|k| k.eq_ignore_ascii_case(w))
-        })
+    let is_word = |c: u8| c.is_ascii_alphanumeric() || c == b'_';
+    let mut i = 0;
+    while i < text.len() {
+        if !is_word(text[i]) {
+            i += 1;
+            continue;
+        }
+        let start = i;
+        while i < text.len() && is_word(text[i]) {
+            i += 1;
+        }
+        let w = &text[start..i];
+        if (3..=27).contains(&w.len())
+            && matches!(w[0] | 0x20, b's' | b'r' | b'd' | b'p' | b'l' | b'u' | b't')
+            && WORTH_A_LOOK.iter().any(|k| k.eq_ignore_ascii_case(w))
+        {
+            return true;
+        }
+    }
+    false
 }
 
 /// Recognises a simple query that is exactly one special statement.
