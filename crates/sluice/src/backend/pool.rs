@@ -488,7 +488,8 @@ impl Pool {
         let started = Instant::now();
         let (mut rx, waiter_id, settings) = match self.first_look() {
             FirstLook::Leased(l) => return Ok(*l),
-            FirstLook::Open => return self.open_on_slot().await,
+            // Boxed: opening a server is rare and its future is large.
+            FirstLook::Open => return Box::pin(self.open_on_slot()).await,
             FirstLook::Failing(code, msg) => return Err(AcquireError::RecentFailure(code, msg)),
             FirstLook::Wait(rx, id, settings) => (rx, id, settings),
         };
@@ -549,7 +550,7 @@ impl Pool {
                     // `lent`; it is lent again here.
                     self.lease(&mut st, s)
                 }
-                Grant::Slot => self.open_on_slot().await?,
+                Grant::Slot => Box::pin(self.open_on_slot()).await?,
             };
             lease.stats.waited = started.elapsed();
             return Ok(lease);

@@ -34,7 +34,7 @@ pub struct ServerConn {
     /// Session settings applied on this server for its last client.
     pub session: Option<Arc<crate::session_vars::SessionVars>>,
     /// Shared statements prepared on this server (transaction mode).
-    pub statements: ServerStatements,
+    pub statements: Box<ServerStatements>,
 }
 
 impl ServerConn {
@@ -52,7 +52,7 @@ impl ServerConn {
             created: now,
             last_used: now,
             home_worker: super::idle::current_worker(),
-            statements: ServerStatements::default(),
+            statements: Box::default(),
             session: None,
         }
     }

@@ -85,7 +85,7 @@ pub async fn run(client: &mut Client, cbuf: &mut BytesMut, mut lease: Lease) -> 
         client.app.cancels.link(client.cancel, server.key);
         if !Arc::ptr_eq(&server.params, &client.params) {
             if let Some(sql) = client.params.diff_sql(&server.params)
-                && let Err(e) = run_query(server, &sql).await
+                && let Err(e) = Box::pin(run_query(server, &sql)).await
             {
                 client.app.cancels.unlink(client.cancel);
                 lease.close();
@@ -96,7 +96,7 @@ pub async fn run(client: &mut Client, cbuf: &mut BytesMut, mut lease: Lease) -> 
         if !crate::session_vars::same(&server.session, &client.session) {
             if let Some(sql) =
                 crate::session_vars::apply_sql(server.session.as_deref(), client.session.as_deref())
-                && let Err(e) = run_query(server, &sql).await
+                && let Err(e) = Box::pin(run_query(server, &sql)).await
             {
                 client.app.cancels.unlink(client.cancel);
                 let error = ClientError::new(e.sqlstate(), e.to_string());
@@ -165,7 +165,9 @@ pub async fn run(client: &mut Client, cbuf: &mut BytesMut, mut lease: Lease) -> 
         {
             let listens = std::mem::take(&mut t.listens);
             for statement in &listens {
-                client.follow_listen(statement).await;
+                // Boxed: rare, and its state would otherwise sit in every
+                // relay's future.
+                Box::pin(client.follow_listen(statement)).await;
             }
         }
         let server = lease.server();
@@ -282,15 +284,17 @@ pub async fn run(client: &mut Client, cbuf: &mut BytesMut, mut lease: Lease) -> 
     let ended = match end {
         Ok(Outcome::Release) => {
             let kept = match tracking.as_deref() {
-                Some(t) => tracked::after_transaction(&mut lease, client, t).await,
-                None => true,
+                Some(t) if t.leaves_state() => {
+                    Box::pin(tracked::after_transaction(&mut lease, client, t)).await
+                }
+                _ => true,
             };
             let reset_query = (settings.server_reset_query_always
                 && !settings.server_reset_query.is_empty())
             .then_some(settings.server_reset_query.as_str());
             let clean = kept
                 && match reset_query {
-                    Some(sql) => reset(&mut lease, sql).await,
+                    Some(sql) => Box::pin(reset(&mut lease, sql)).await,
                     None => true,
                 };
             if !clean {
@@ -305,12 +309,12 @@ pub async fn run(client: &mut Client, cbuf: &mut BytesMut, mut lease: Lease) -> 
         }
         Ok(Outcome::ClientGone) => {
             let cleanup = tracking.as_deref().and_then(Tracking::abandon_sql);
-            finish_abandoned(lease, &cycle, &settings, cleanup).await;
+            Box::pin(finish_abandoned(lease, &cycle, &settings, cleanup)).await;
             RelayEnd::ClientLeft
         }
         Err(End::Client(e)) => {
             let cleanup = tracking.as_deref().and_then(Tracking::abandon_sql);
-            finish_abandoned(lease, &cycle, &settings, cleanup).await;
+            Box::pin(finish_abandoned(lease, &cycle, &settings, cleanup)).await;
             RelayEnd::Error(e)
         }
         Err(End::Server(why)) => {

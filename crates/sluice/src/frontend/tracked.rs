@@ -46,7 +46,9 @@ pub(super) struct Tracking {
 
 thread_local! {
     /// Tracking state of finished links, kept for the next link on this
-    /// worker: a transaction then allocates nothing for it.
+    /// worker: a transaction then allocates nothing for it. Boxed, because
+    /// the relay holds a `Box<Tracking>` and hands it over as a pointer.
+    #[allow(clippy::vec_box)]
     static SPARE: std::cell::RefCell<Vec<Box<Tracking>>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
@@ -57,9 +59,7 @@ const SPARE_BUFFER_LIMIT: usize = 64 * 1024;
 impl Tracking {
     /// A clean state, reused when the worker has one.
     pub(super) fn take() -> Box<Tracking> {
-        SPARE
-            .with(|s| s.borrow_mut().pop())
-            .unwrap_or_default()
+        SPARE.with(|s| s.borrow_mut().pop()).unwrap_or_default()
     }
 
     /// Hands the state back for reuse, emptied.
@@ -83,6 +83,16 @@ impl Tracking {
                 spare.push(self);
             }
         });
+    }
+
+    /// Whether the link may have left something on the server to clean or
+    /// read back (see `after_transaction`).
+    pub(super) fn leaves_state(&self) -> bool {
+        self.session_touched
+            || self.sql_prepared
+            || self.listen_sent
+            || self.temp_tables
+            || self.advisory_locks
     }
 
     /// Nothing owed either way.

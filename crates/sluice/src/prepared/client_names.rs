@@ -10,7 +10,7 @@ use super::registry::Statement;
 /// any, so that idle clients without statements stay small).
 #[derive(Debug, Default)]
 pub struct ClientNames {
-    names: HashMap<Box<[u8]>, Arc<Statement>>,
+    names: HashMap<Box<[u8]>, Arc<Statement>, super::fast_hash::BuildWordHasher>,
 }
 
 /// Statements one client may name at once: far above what drivers use

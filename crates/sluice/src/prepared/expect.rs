@@ -43,10 +43,7 @@ pub enum Local {
     /// ReadyForQuery.
     Command(&'static str),
     /// A simple query refused here: ErrorResponse, then ReadyForQuery.
-    Refused {
-        code: &'static str,
-        message: String,
-    },
+    Refused(Box<(&'static str, String)>),
 }
 
 /// One owed response.
@@ -122,6 +119,7 @@ impl Expected {
     }
 
     /// Decides about a server message with tag `tag`, without consuming it.
+    #[inline]
     pub fn verdict(&mut self, tag: u8, server: &mut ServerStatements) -> Verdict {
         use tags::backend as b;
         if is_async(tag) {
@@ -140,23 +138,23 @@ impl Expected {
 
     /// Accounts for a server message that was forwarded or dropped; `body`
     /// is needed for ErrorResponse only.
+    #[inline]
     pub fn consume(&mut self, tag: u8, body: &[u8], server: &mut ServerStatements) {
         use tags::backend as b;
         if is_async(tag) {
             return;
         }
-        let Some(head) = self.queue.front().cloned() else {
-            return;
-        };
-        if tag == b::ERROR_RESPONSE {
-            self.on_error(head, body, server);
-            return;
-        }
-        let done = match head {
-            Expect::Prepare { .. } => tag == b::PARSE_COMPLETE,
-            Expect::Unprepare { .. } => tag == b::CLOSE_COMPLETE,
-            Expect::Local(_) => false,
-            Expect::Pass { reply, .. } => ends(reply, tag),
+        let done = match self.queue.front() {
+            None => return,
+            Some(head) if tag == b::ERROR_RESPONSE => {
+                let head = head.clone();
+                self.on_error(head, body, server);
+                return;
+            }
+            Some(Expect::Prepare { .. }) => tag == b::PARSE_COMPLETE,
+            Some(Expect::Unprepare { .. }) => tag == b::CLOSE_COMPLETE,
+            Some(Expect::Local(_)) => false,
+            Some(Expect::Pass { reply, .. }) => ends(*reply, tag),
         };
         if done {
             self.queue.pop_front();
@@ -193,6 +191,7 @@ impl Expected {
 
     /// Drops entries the server skips, and takes the local replies now due
     /// (everything before them answered), writing them to `out`.
+    #[inline]
     pub fn settle(
         &mut self,
         out: &mut BytesMut,
@@ -208,7 +207,14 @@ impl Expected {
 
     /// While skipping after an error, drops the entries the server ignores
     /// (all up to the next Sync), undoing what sluice assumed of them.
+    #[inline]
     fn skip_ignored(&mut self, server: &mut ServerStatements) {
+        if self.skipping {
+            self.skip_ignored_slow(server);
+        }
+    }
+
+    fn skip_ignored_slow(&mut self, server: &mut ServerStatements) {
         while self.skipping {
             match self.queue.front() {
                 None => return,
@@ -266,7 +272,8 @@ fn write_local(out: &mut BytesMut, local: &Local, status: TransactionStatus) {
             sluice_wire::command_complete(out, tag);
             sluice_wire::ready_for_query(out, status);
         }
-        Local::Refused { code, message } => {
+        Local::Refused(refusal) => {
+            let (code, message) = &**refusal;
             ErrorFields::new(Severity::Error, code, message).encode(out);
             sluice_wire::ready_for_query(out, status);
         }

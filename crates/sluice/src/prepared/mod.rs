@@ -10,6 +10,7 @@
 
 pub mod client_names;
 pub mod expect;
+pub mod fast_hash;
 pub mod registry;
 pub mod rewrite;
 pub mod server_cache;

@@ -187,14 +187,14 @@ impl Rewriter<'_> {
                 return QueryFate::Answered;
             }
             Some(Special::Prepare) if idle => {
-                self.expected.push(Expect::Local(Local::Refused {
-                    code: "0A000",
-                    message: "PREPARE outside a transaction is not supported in transaction pooling \
-                              mode: the statement would stay on a server shared with other clients. \
-                              Use protocol-level prepared statements (they follow the client), or \
-                              PREPARE inside a transaction block (deallocated when it ends)"
+                self.expected.push(Expect::Local(Local::Refused(Box::new((
+                    "0A000",
+                    "PREPARE outside a transaction is not supported in transaction pooling \
+                     mode: the statement would stay on a server shared with other clients. \
+                     Use protocol-level prepared statements (they follow the client), or \
+                     PREPARE inside a transaction block (deallocated when it ends)"
                         .into(),
-                }));
+                )))));
                 return QueryFate::Answered;
             }
             _ => {}

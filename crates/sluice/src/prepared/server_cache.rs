@@ -8,7 +8,7 @@ use std::collections::HashMap;
 #[derive(Debug, Default)]
 pub struct ServerStatements {
     /// Statement id → last use.
-    used: HashMap<u64, u64>,
+    used: HashMap<u64, u64, super::fast_hash::BuildWordHasher>,
     tick: u64,
     /// Statements the server still holds but must not be used again
     /// (evicted, or their plan went stale): closed before the next Parse.

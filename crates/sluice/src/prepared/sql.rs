@@ -151,10 +151,8 @@ fn is_end(s: &[u8]) -> bool {
     skip_space(s).is_empty()
 }
 
-/// Words whose presence anywhere in a query makes the closer (slower)
-/// looks worthwhile; a query with none of them is none of the special
-/// statements and changes no session state.
-const WORTH_A_LOOK: &[&[u8]] = &[
+/// First words of a statement that may change what follows the client.
+const STATEMENT_STARTS: &[&[u8]] = &[
     b"set",
     b"reset",
     b"discard",
@@ -162,37 +160,38 @@ const WORTH_A_LOOK: &[&[u8]] = &[
     b"prepare",
     b"listen",
     b"unlisten",
-    b"temp",
-    b"temporary",
-    b"set_config",
-    b"pg_advisory_lock",
-    b"pg_advisory_lock_shared",
-    b"pg_try_advisory_lock",
-    b"pg_try_advisory_lock_shared",
+    b"create",
 ];
 
-/// One quick pass: does `text` contain any word of `WORTH_A_LOOK`?
+/// One quick pass (memchr for `;` and `_`) deciding whether the closer,
+/// slower looks are needed: true if a statement starts with one of
+/// `STATEMENT_STARTS`, or `set_config` or a session advisory lock function
+/// appears anywhere. Ordinary queries cost a few instructions per byte.
 pub fn may_matter(text: &[u8]) -> bool {
-    let is_word = |c: u8| c.is_ascii_alphanumeric() || c == b'_';
-    let mut i = 0;
-    while i < text.len() {
-        if !is_word(text[i]) {
-            i += 1;
-            continue;
-        }
-        let start = i;
-        while i < text.len() && is_word(text[i]) {
-            i += 1;
-        }
-        let w = &text[start..i];
-        if (3..=27).contains(&w.len())
-            && matches!(w[0] | 0x20, b's' | b'r' | b'd' | b'p' | b'l' | b'u' | b't')
-            && WORTH_A_LOOK.iter().any(|k| k.eq_ignore_ascii_case(w))
+    let mut start = 0;
+    loop {
+        let first = word(&text[start..]).0;
+        if (3..=10).contains(&first.len())
+            && STATEMENT_STARTS
+                .iter()
+                .any(|k| k.eq_ignore_ascii_case(first))
         {
             return true;
         }
+        match memchr::memchr(b';', &text[start..]) {
+            Some(p) => start += p + 1,
+            None => break,
+        }
     }
-    false
+    memchr::memchr_iter(b'_', text).any(|at| {
+        let before = &text[..at];
+        let after = &text[at + 1..];
+        let ends = |s: &[u8]| {
+            before.len() >= s.len() && before[before.len() - s.len()..].eq_ignore_ascii_case(s)
+        };
+        let starts = |s: &[u8]| after.len() >= s.len() && after[..s.len()].eq_ignore_ascii_case(s);
+        (ends(b"set") && starts(b"config")) || (ends(b"advisory") && starts(b"lock"))
+    })
 }
 
 /// Recognises a simple query that is exactly one special statement.
@@ -386,7 +385,11 @@ mod tests {
             b"select pg_catalog.set_config('a.b', '1', false)"
         ));
         assert!(may_matter(b"Listen x"));
-        assert!(!may_matter(b"UPDATE t SET_x = 1 OFFSET 2"));
+        assert!(!may_matter(b"UPDATE t SET x = 1 OFFSET 2"));
+        assert!(may_matter(b"select 1; SET search_path = a"));
+        assert!(may_matter(b"select PG_TRY_ADVISORY_LOCK(1)"));
+        assert!(!may_matter(b"select pg_advisory_xact_lock(1)"));
+        assert!(may_matter(b"create temp table t (x int)"));
     }
 
     #[test]
