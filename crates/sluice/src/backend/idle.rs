@@ -5,6 +5,10 @@
 //! the most recently used server of its own worker (LIFO, warm caches), and
 //! only then one of another worker.
 
+// Servers travel as `Box<ServerConn>` (idle stack, lease, hand-off to a
+// waiter), so each of those moves copies a pointer, not the connection.
+#![allow(clippy::vec_box)]
+
 use std::cell::Cell;
 
 use super::server::ServerConn;
@@ -26,7 +30,7 @@ pub fn current_worker() -> usize {
 /// Per-worker LIFO stacks of idle servers.
 #[derive(Debug, Default)]
 pub struct IdleServers {
-    stacks: Vec<Vec<ServerConn>>,
+    stacks: Vec<Vec<Box<ServerConn>>>,
     len: usize,
 }
 
@@ -36,7 +40,7 @@ impl IdleServers {
     }
 
     /// Puts a server on its home worker's stack.
-    pub fn push(&mut self, server: ServerConn) {
+    pub fn push(&mut self, server: Box<ServerConn>) {
         let home = server.home_worker;
         if self.stacks.len() <= home {
             self.stacks.resize_with(home + 1, Vec::new);
@@ -46,7 +50,7 @@ impl IdleServers {
     }
 
     /// The last server of `worker`'s stack, else of any other stack.
-    pub fn pop_for(&mut self, worker: usize) -> Option<ServerConn> {
+    pub fn pop_for(&mut self, worker: usize) -> Option<Box<ServerConn>> {
         let own = self.stacks.get_mut(worker).and_then(Vec::pop);
         let server = own.or_else(|| self.stacks.iter_mut().find_map(Vec::pop))?;
         self.len -= 1;
@@ -54,7 +58,7 @@ impl IdleServers {
     }
 
     /// The server idle the longest.
-    pub fn remove_oldest(&mut self) -> Option<ServerConn> {
+    pub fn remove_oldest(&mut self) -> Option<Box<ServerConn>> {
         let stack = self
             .stacks
             .iter_mut()
@@ -70,7 +74,7 @@ impl IdleServers {
         &mut self,
         keep: usize,
         expired: impl Fn(&ServerConn) -> bool,
-    ) -> Vec<ServerConn> {
+    ) -> Vec<Box<ServerConn>> {
         let mut out = Vec::new();
         for stack in &mut self.stacks {
             let mut i = 0;
@@ -88,11 +92,11 @@ impl IdleServers {
 
     /// Visits every idle server.
     pub fn for_each(&self, mut f: impl FnMut(&ServerConn)) {
-        self.stacks.iter().flatten().for_each(&mut f);
+        self.stacks.iter().flatten().for_each(|s| f(s));
     }
 
     /// Removes all.
-    pub fn drain(&mut self) -> Vec<ServerConn> {
+    pub fn drain(&mut self) -> Vec<Box<ServerConn>> {
         self.len = 0;
         self.stacks.iter_mut().flat_map(std::mem::take).collect()
     }

@@ -68,7 +68,7 @@ pub type Reported = Vec<(String, String)>;
 pub async fn open(
     target: &ServerTarget,
     credential: &ServerCredential,
-) -> Result<(ServerConn, Reported), LoginError> {
+) -> Result<(Box<ServerConn>, Reported), LoginError> {
     tokio::time::timeout(target.connect_timeout, open_inner(target, credential))
         .await
         .map_err(|_| LoginError::Timeout)?
@@ -98,7 +98,7 @@ async fn connect(
 async fn open_inner(
     target: &ServerTarget,
     credential: &ServerCredential,
-) -> Result<(ServerConn, Reported), LoginError> {
+) -> Result<(Box<ServerConn>, Reported), LoginError> {
     let mut stream = connect(&target.addr, &target.keepalive).await?;
     let mut out = BytesMut::with_capacity(256);
     let mut params = vec![
@@ -196,7 +196,7 @@ async fn open_inner(
             _ => {} // NoticeResponse, NegotiateProtocolVersion
         }
     }
-    let mut server = ServerConn::new(stream, key, tracked);
+    let mut server = Box::new(ServerConn::new(stream, key, tracked));
     server.buf = buf;
     if let Some(q) = &target.connect_query {
         run_query(&mut server, q).await?;

@@ -210,7 +210,7 @@ pub struct Lease {
     /// release.
     pub stats: TxStats,
     pool: Arc<Pool>,
-    server: Option<ServerConn>,
+    server: Option<Box<ServerConn>>,
     generation: u64,
     /// Settings as of the lease, read under the lock already taken to hand
     /// the server out.
@@ -544,7 +544,6 @@ impl Pool {
             };
             let mut lease = match grant {
                 Grant::Server(s) => {
-                    let s = *s;
                     let mut st = self.lock();
                     // The releaser counted it active and removed it from
                     // `lent`; it is lent again here.
@@ -600,7 +599,7 @@ impl Pool {
             .count()
     }
 
-    fn lease(self: &Arc<Self>, st: &mut PoolState, server: ServerConn) -> Lease {
+    fn lease(self: &Arc<Self>, st: &mut PoolState, server: Box<ServerConn>) -> Lease {
         let mut row = ServerRow::of(&server, true);
         row.generation = st.generation;
         st.lent.push(row);
@@ -686,7 +685,7 @@ impl Pool {
         }
     }
 
-    fn opened(self: &Arc<Self>, server: ServerConn, reported: Reported) -> Lease {
+    fn opened(self: &Arc<Self>, server: Box<ServerConn>, reported: Reported) -> Lease {
         let mut st = self.lock();
         st.last_login_failure = None;
         if st.welcome.is_none() {
@@ -701,7 +700,7 @@ impl Pool {
 
     /// Returns a server from a lease: to the first waiter, else to the idle
     /// stack.
-    fn put_back(&self, mut server: ServerConn, generation: u64, stats: &TxStats) {
+    fn put_back(&self, mut server: Box<ServerConn>, generation: u64, stats: &TxStats) {
         server.last_used = Instant::now();
         let mut st = self.lock();
         st.stats.add(stats);
@@ -717,12 +716,12 @@ impl Pool {
             return;
         }
         while let Some(w) = st.waiters.pop_front() {
-            match w.tx.send(Grant::Server(Box::new(server))) {
+            match w.tx.send(Grant::Server(server)) {
                 Ok(()) => {
                     st.active += 1;
                     return;
                 }
-                Err(Grant::Server(s)) => server = *s,
+                Err(Grant::Server(s)) => server = s,
                 Err(Grant::Slot) => unreachable!("sent a server"),
             }
         }
@@ -737,7 +736,7 @@ impl Pool {
         self.free_slot(&mut st, true);
     }
 
-    fn discard(&self, server: ServerConn, was_active: bool) {
+    fn discard(&self, server: Box<ServerConn>, was_active: bool) {
         let mut st = self.lock();
         forget_lent(&mut st, server.id);
         if was_active {
@@ -746,7 +745,7 @@ impl Pool {
         self.close_counted(&mut st, server);
     }
 
-    fn close_counted(&self, st: &mut PoolState, server: ServerConn) {
+    fn close_counted(&self, st: &mut PoolState, server: Box<ServerConn>) {
         let _ = server.stream.try_write(&[b'X', 0, 0, 0, 4]);
         drop(server);
         self.free_slot(st, true);

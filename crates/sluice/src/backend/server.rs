@@ -59,7 +59,7 @@ impl ServerConn {
 
     /// Makes the calling worker this server's home: a server used by a
     /// client on another worker would wake two threads per message.
-    pub fn move_to_current_worker(self) -> std::io::Result<Self> {
+    pub fn move_to_current_worker(self: Box<Self>) -> std::io::Result<Box<Self>> {
         let here = super::idle::current_worker();
         if self.home_worker == here {
             return Ok(self);
@@ -77,8 +77,8 @@ impl ServerConn {
             statements,
             session,
             ..
-        } = self;
-        Ok(Self {
+        } = *self;
+        Ok(Box::new(Self {
             created_wall,
             local_addr,
             id,
@@ -91,7 +91,7 @@ impl ServerConn {
             home_worker: here,
             statements,
             session,
-        })
+        }))
     }
 
     /// True when the server closed the socket or sent something while idle
