@@ -261,7 +261,7 @@ define_settings! {
              multi-threaded runtime).";
         workers: usize = 0 => "0", ThreadCount, fixed,
             "Worker threads; 0 means one per CPU.";
-        worker_busy_percent: u32 = 50 => "50", Count, reload,
+        worker_busy_percent: u32 = 80 => "80", Count, reload,
             "per_core layout: every worker is started, but only the first accepts clients at \
              first; the next starts accepting when those accepting are this busy (percent of one \
              CPU over 2 s). A lone worker batches more events per wakeup and so spends less CPU \
