@@ -719,7 +719,7 @@ def parse_pgbench(out: str, err: str, clients: int) -> dict:
     return res
 
 
-_RE_ABORTED = re.compile(r"client (\d+) aborted")
+_RE_ABORTED = re.compile(r"client (\d+) (?:script \d+ )?aborted")
 
 
 # --------------------------------------------------------------------------
