@@ -349,7 +349,6 @@ fn scan_client(
     cbuf: &BytesMut,
     limit: usize,
 ) -> Result<(), sluice_wire::WireError> {
-    use tags::frontend as f;
     let mut terminated = false;
     let end = cycle.client_scan.scan(
         cbuf,
@@ -357,31 +356,15 @@ fn scan_client(
         limit,
         |_| false,
         |tag, _| {
-            match tag {
-                f::QUERY | f::FUNCTION_CALL => {
-                    cycle.outstanding += 1;
-                    cycle.unsynced = false;
-                    cycle.syncs_since_start = 0;
-                }
-                f::SYNC => {
-                    cycle.outstanding += 1;
-                    cycle.unsynced = false;
-                    cycle.syncs_since_start += 1;
-                }
-                f::TERMINATE => {
-                    terminated = true;
-                    return Visit::StopBefore;
-                }
-                f::COPY_DATA => {}
-                f::COPY_DONE | f::COPY_FAIL => {
-                    cycle.outstanding -= cycle.syncs_since_start.min(cycle.outstanding);
-                    cycle.syncs_since_start = 0;
-                }
-                f::EXECUTE => {
-                    cycle.unsynced = true;
-                    cycle.syncs_since_start = 0;
-                }
-                _ => cycle.unsynced = true,
+            let counted = count_client_message(
+                &mut cycle.outstanding,
+                &mut cycle.unsynced,
+                &mut cycle.syncs_since_start,
+                tag,
+            );
+            if counted == Counted::Terminate {
+                terminated = true;
+                return Visit::StopBefore;
             }
             Visit::Forward
         },
@@ -392,6 +375,81 @@ fn scan_client(
     }
     Ok(())
 }
+
+/// What a client message passed on means for the request bookkeeping.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Counted {
+    /// Query or FunctionCall: a request answered up to ReadyForQuery.
+    Request,
+    Sync,
+    Execute,
+    /// CopyDone or CopyFail: the Syncs sent since the COPY started were
+    /// ignored by PostgreSQL.
+    CopyEnded {
+        ignored_syncs: u32,
+    },
+    Terminate,
+    Other,
+}
+
+/// Request bookkeeping for one client message, shared by both relays:
+/// Sync and Query open a request answered by ReadyForQuery; Syncs sent
+/// during a COPY FROM STDIN get none.
+pub(super) fn count_client_message(
+    outstanding: &mut u32,
+    unsynced: &mut bool,
+    syncs_since_start: &mut u32,
+    tag: u8,
+) -> Counted {
+    use tags::frontend as f;
+    match tag {
+        f::QUERY | f::FUNCTION_CALL => {
+            *outstanding += 1;
+            *unsynced = false;
+            *syncs_since_start = 0;
+            Counted::Request
+        }
+        f::SYNC => {
+            *outstanding += 1;
+            *unsynced = false;
+            *syncs_since_start += 1;
+            Counted::Sync
+        }
+        f::TERMINATE => Counted::Terminate,
+        f::COPY_DATA => Counted::Other,
+        f::COPY_DONE | f::COPY_FAIL => {
+            let ignored_syncs = *syncs_since_start;
+            *outstanding -= ignored_syncs.min(*outstanding);
+            *syncs_since_start = 0;
+            Counted::CopyEnded { ignored_syncs }
+        }
+        f::EXECUTE => {
+            *unsynced = true;
+            *syncs_since_start = 0;
+            Counted::Execute
+        }
+        _ => {
+            *unsynced = true;
+            Counted::Other
+        }
+    }
+}
+
+/// The bookkeeping fields of a `Cycle` for `on_server_message`, borrowed
+/// apart from its scanners (one of which is busy scanning).
+macro_rules! cycle_view {
+    ($cycle:expr) => {
+        CycleView {
+            outstanding: &mut $cycle.outstanding,
+            status: &mut $cycle.status,
+            cycles_done: &mut $cycle.cycles_done,
+            xacts_done: &mut $cycle.xacts_done,
+            refused_transaction: &mut $cycle.refused_transaction,
+            error_classes: &mut $cycle.error_classes,
+        }
+    };
+}
+pub(super) use cycle_view;
 
 /// Largest server message: PostgreSQL's own limit is 1 GB per field.
 pub(super) const SERVER_MESSAGE_LIMIT: usize = i32::MAX as usize;
@@ -411,14 +469,7 @@ fn scan_server(
         |tag, body| {
             on_server_message(
                 &mut seen,
-                CycleView {
-                    outstanding: &mut cycle.outstanding,
-                    status: &mut cycle.status,
-                    cycles_done: &mut cycle.cycles_done,
-                    xacts_done: &mut cycle.xacts_done,
-                    refused_transaction: &mut cycle.refused_transaction,
-                    error_classes: &mut cycle.error_classes,
-                },
+                cycle_view!(cycle),
                 tag,
                 body,
                 client_params,

@@ -9,7 +9,8 @@ use bytes::{Buf, BytesMut};
 use sluice_wire::{TransactionStatus, WireError, split_frame, tags};
 
 use super::relay::{
-    Cycle, CycleView, SERVER_MESSAGE_LIMIT, ServerSeen, on_server_message, server_needs_body,
+    Counted, Cycle, CycleView, SERVER_MESSAGE_LIMIT, ServerSeen, count_client_message, cycle_view,
+    on_server_message, server_needs_body,
 };
 use crate::prepared::client_names::ClientNames;
 use crate::prepared::expect::{Expect, Expected, Reply, Verdict};
@@ -124,7 +125,6 @@ pub(super) fn rewrite_client(
     st: &mut Statements<'_>,
     limit: usize,
 ) -> Result<(), WireError> {
-    use tags::frontend as f;
     loop {
         let mut terminated = false;
         let expected = &mut t.expected;
@@ -134,36 +134,26 @@ pub(super) fn rewrite_client(
                 if rewritten(tag) {
                     return Visit::StopBefore;
                 }
-                match tag {
-                    f::SYNC => {
-                        cycle.outstanding += 1;
-                        cycle.unsynced = false;
-                        cycle.syncs_since_start += 1;
-                        expected.push(pass(Reply::Sync));
+                let counted = count_client_message(
+                    &mut cycle.outstanding,
+                    &mut cycle.unsynced,
+                    &mut cycle.syncs_since_start,
+                    tag,
+                );
+                match counted {
+                    Counted::Sync => expected.push(pass(Reply::Sync)),
+                    // FunctionCall (Query is rewritten, so never here).
+                    Counted::Request => expected.push(pass(Reply::Query)),
+                    Counted::Execute => expected.push(pass(Reply::Execute)),
+                    Counted::CopyEnded { ignored_syncs } => {
+                        expected.forget_ignored_syncs(ignored_syncs)
                     }
-                    f::FUNCTION_CALL => {
-                        cycle.outstanding += 1;
-                        cycle.unsynced = false;
-                        cycle.syncs_since_start = 0;
-                        expected.push(pass(Reply::Query));
-                    }
-                    f::TERMINATE => {
+                    Counted::Terminate => {
                         terminated = true;
                         return Visit::StopBefore;
                     }
-                    f::COPY_DATA => {}
-                    f::COPY_DONE | f::COPY_FAIL => {
-                        cycle.outstanding -= cycle.syncs_since_start.min(cycle.outstanding);
-                        expected.forget_ignored_syncs(cycle.syncs_since_start);
-                        cycle.syncs_since_start = 0;
-                    }
-                    f::EXECUTE => {
-                        cycle.unsynced = true;
-                        cycle.syncs_since_start = 0;
-                        expected.push(pass(Reply::Execute));
-                    }
-                    // Flush and anything else: no reply of its own.
-                    _ => cycle.unsynced = true,
+                    // Flush, CopyData and the like: no reply of their own.
+                    Counted::Other => {}
                 }
                 Visit::Forward
             })?;
@@ -351,14 +341,7 @@ pub(super) fn scan_server(
             }
             on_server_message(
                 &mut seen,
-                CycleView {
-                    outstanding: &mut cycle.outstanding,
-                    status: &mut cycle.status,
-                    cycles_done: &mut cycle.cycles_done,
-                    xacts_done: &mut cycle.xacts_done,
-                    refused_transaction: &mut cycle.refused_transaction,
-                    error_classes: &mut cycle.error_classes,
-                },
+                cycle_view!(cycle),
                 tag,
                 body,
                 client_params,
