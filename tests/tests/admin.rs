@@ -503,3 +503,19 @@ async fn wait_close_returns_once_reconnect_marked_servers_are_gone() {
     let console = connect_as(p, "admin", "pgbouncer").await;
     expect_sqlstate(console.simple_query("SUSPEND").await, "0A000");
 }
+
+#[tokio::test]
+async fn show_servers_counts_prepared_statements() {
+    let cluster = app_cluster(ServerAuth::Trust);
+    let sluice = console(&cluster, 1);
+    let p = sluice.port();
+    let client = connect_as(p, APP_USER, "postgres").await;
+    for text in ["select 1", "select 2", "select 1"] {
+        let statement = client.prepare(text).await.expect("prepare");
+        client.query(&statement, &[]).await.expect("run");
+    }
+    let servers = show(p, "admin", "SHOW SERVERS").await;
+    assert_eq!(servers.len(), 1, "{servers:?}");
+    // Two distinct texts: two shared statements on the one server.
+    assert_eq!(field(&servers[0], "prepared_statements"), "2");
+}

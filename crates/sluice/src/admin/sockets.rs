@@ -148,7 +148,7 @@ pub fn servers(app: &App) -> ResultSet {
                 v(s.remote_pid),
                 v(""),
                 v(""),
-                v(0),
+                v(s.prepared_statements),
                 v(s.id),
             ]);
         }

@@ -151,6 +151,8 @@ pub struct ServerRow {
     pub created: std::time::SystemTime,
     pub local: Option<std::net::SocketAddr>,
     pub active: bool,
+    /// Shared statements prepared on it (as of the lease, when lent).
+    pub prepared_statements: usize,
     generation: u64,
 }
 
@@ -163,6 +165,7 @@ impl ServerRow {
             created: server.created_wall,
             local: server.local_addr,
             active,
+            prepared_statements: server.statements.len(),
             generation: 0,
         }
     }

@@ -325,16 +325,19 @@ mod tests {
 
     #[test]
     fn error_skips_to_sync_and_undoes_assumptions() {
+        let registry = super::super::registry::Registry::default();
+        let one = registry.intern(b"select 1\0\0\0");
+        let two = registry.intern(b"select 2\0\0\0");
         let mut server = ServerStatements::default();
-        server.insert(1, 0);
-        server.insert(2, 0);
+        server.insert(&one, 0);
+        server.insert(&two, 0);
         let mut e = Expected::default();
         e.push(Expect::Pass {
             reply: Reply::Bind,
-            statement: Some(1),
+            statement: Some(one.id),
         });
         e.push(Expect::Prepare {
-            id: 2,
+            id: two.id,
             from_client: false,
         });
         e.push(Expect::Local(Local::ParseComplete));
@@ -346,8 +349,12 @@ mod tests {
         let mut out = BytesMut::new();
         e.settle(&mut out, TransactionStatus::Idle, &mut server);
         assert!(out.is_empty(), "skipped local replies are not sent");
-        assert_eq!(server.to_close, vec![1], "stale statement closed later");
-        assert!(!server.touch(2), "skipped Parse did not prepare");
+        assert_eq!(
+            server.to_close,
+            vec![one.id],
+            "stale statement closed later"
+        );
+        assert!(!server.touch(two.id), "skipped Parse did not prepare");
         assert_eq!(e.verdict_for_test(b::READY_FOR_QUERY), Verdict::Forward);
         e.consume(b::READY_FOR_QUERY, &[], &mut server);
         assert!(e.is_empty());

@@ -231,8 +231,8 @@ impl Rewriter<'_> {
     /// Sends Parse of `statement` under its shared name, closing first
     /// what the server must drop (stale plans, and the least recently used
     /// statement when the server is full).
-    fn prepare(&mut self, statement: &Statement, from_client: bool) {
-        let evicted = self.server.insert(statement.id, self.capacity);
+    fn prepare(&mut self, statement: &Arc<Statement>, from_client: bool) {
+        let evicted = self.server.insert(statement, self.capacity);
         let mut closing = std::mem::take(&mut self.server.to_close);
         closing.extend(evicted);
         for id in closing {

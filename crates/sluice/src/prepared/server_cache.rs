@@ -3,12 +3,17 @@
 //! still has to close.
 
 use std::collections::HashMap;
+use std::sync::Arc;
+
+use super::registry::Statement;
 
 /// Statements prepared on one server.
 #[derive(Debug, Default)]
 pub struct ServerStatements {
-    /// Statement id → last use.
-    used: HashMap<u64, u64, super::fast_hash::BuildWordHasher>,
+    /// Statement id → last use, and the statement itself: held here so
+    /// that a client preparing the same text again (after closing it, or a
+    /// driver's DEALLOCATE ALL) gets the same id, which the server has.
+    used: HashMap<u64, (u64, Arc<Statement>), super::fast_hash::BuildWordHasher>,
     tick: u64,
     /// Statements the server still holds but must not be used again
     /// (evicted, or their plan went stale): closed before the next Parse.
@@ -20,7 +25,7 @@ impl ServerStatements {
     pub fn touch(&mut self, id: u64) -> bool {
         self.tick += 1;
         match self.used.get_mut(&id) {
-            Some(last) => {
+            Some((last, _)) => {
                 *last = self.tick;
                 true
             }
@@ -30,20 +35,21 @@ impl ServerStatements {
 
     /// Records that `id` is being prepared; returns the statement evicted
     /// to stay within `capacity` (0 = no limit), which the caller closes.
-    pub fn insert(&mut self, id: u64, capacity: usize) -> Option<u64> {
+    pub fn insert(&mut self, statement: &Arc<Statement>, capacity: usize) -> Option<u64> {
         self.tick += 1;
         let mut evicted = None;
         if capacity > 0 && self.used.len() >= capacity {
             evicted = self
                 .used
                 .iter()
-                .min_by_key(|(_, last)| **last)
+                .min_by_key(|(_, (last, _))| *last)
                 .map(|(id, _)| *id);
             if let Some(old) = evicted {
                 self.used.remove(&old);
             }
         }
-        self.used.insert(id, self.tick);
+        self.used
+            .insert(statement.id, (self.tick, statement.clone()));
         evicted
     }
 
@@ -59,6 +65,11 @@ impl ServerStatements {
         }
     }
 
+    /// Statements prepared on the server (SHOW SERVERS).
+    pub fn len(&self) -> usize {
+        self.used.len()
+    }
+
     /// The server dropped every prepared statement (DISCARD ALL, DEALLOCATE ALL).
     pub fn clear(&mut self) {
         self.used.clear();
@@ -72,15 +83,28 @@ mod tests {
 
     #[test]
     fn evicts_least_recently_used() {
+        let registry = super::super::registry::Registry::default();
+        let [a, b, c] = [b"1\0\0\0", b"2\0\0\0", b"3\0\0\0"].map(|t| registry.intern(t));
         let mut s = ServerStatements::default();
-        assert_eq!(s.insert(1, 2), None);
-        assert_eq!(s.insert(2, 2), None);
-        assert!(s.touch(1));
-        assert_eq!(s.insert(3, 2), Some(2));
-        assert!(!s.touch(2));
-        assert!(s.touch(1) && s.touch(3));
-        s.retire(3);
-        assert_eq!(s.to_close, vec![3]);
-        assert!(!s.touch(3));
+        assert_eq!(s.insert(&a, 2), None);
+        assert_eq!(s.insert(&b, 2), None);
+        assert!(s.touch(a.id));
+        assert_eq!(s.insert(&c, 2), Some(b.id));
+        assert!(!s.touch(b.id));
+        assert!(s.touch(a.id) && s.touch(c.id));
+        s.retire(c.id);
+        assert_eq!(s.to_close, vec![c.id]);
+        assert!(!s.touch(c.id));
+    }
+
+    #[test]
+    fn a_statement_on_a_server_keeps_its_id() {
+        let registry = super::super::registry::Registry::default();
+        let mut s = ServerStatements::default();
+        let first = registry.intern(b"select 1\0\0\0");
+        s.insert(&first, 10);
+        let id = first.id;
+        drop(first);
+        assert_eq!(registry.intern(b"select 1\0\0\0").id, id);
     }
 }
