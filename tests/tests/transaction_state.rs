@@ -512,3 +512,33 @@ async fn the_listening_connection_closes_when_the_last_listener_leaves() {
     let after = wait_for_backends(&cluster, "postgres", Duration::from_secs(10), |n| n == 1).await;
     assert_eq!(after, Ok(1), "the listening connection is closed");
 }
+
+#[tokio::test]
+async fn each_server_keeps_at_most_max_prepared_statements() {
+    let cluster = app_cluster(ServerAuth::Trust);
+    let sluice = ConfigBuilder::for_cluster(&cluster)
+        .set("pool_mode", "transaction")
+        .set("default_pool_size", "1")
+        .set("max_prepared_statements", "2")
+        .start();
+    let client = connect_as(sluice.port(), APP_USER, "postgres").await;
+    let statements = [
+        client.prepare("select 1").await.unwrap(),
+        client.prepare("select 2").await.unwrap(),
+        client.prepare("select 3").await.unwrap(),
+    ];
+    // Round and round: each use may evict another, which comes back on
+    // demand; results stay right.
+    for round in 0..3 {
+        for (i, statement) in statements.iter().enumerate() {
+            let value: i32 = client.query_one(statement, &[]).await.unwrap().get(0);
+            assert_eq!(value, i as i32 + 1, "round {round}");
+        }
+    }
+    let held = scalar_text(
+        &client,
+        "select count(*)::text from pg_prepared_statements where name like 'sluice_%'",
+    )
+    .await;
+    assert!(held == "1" || held == "2", "server holds {held} statements");
+}
