@@ -319,3 +319,24 @@ async fn connect_query_runs_once_on_each_new_server() {
         .unwrap();
     assert_eq!(logged, pids.join(","), "one connect_query per server");
 }
+
+#[tokio::test]
+async fn client_idle_timeout_also_ends_a_listening_client() {
+    let cluster = app_cluster(ServerAuth::Trust);
+    let sluice = transaction_pool(&cluster, "1")
+        .set("client_idle_timeout", "1")
+        .start();
+    let mut listening = connect_tracked(sluice.port(), APP_USER, "", "postgres")
+        .await
+        .unwrap();
+    listening
+        .client
+        .batch_execute("LISTEN quiet")
+        .await
+        .unwrap();
+    let (code, message) = ending(listening.ended(Duration::from_secs(5)).await);
+    assert_eq!(
+        (code.as_str(), message.as_str()),
+        ("08P01", "client_idle_timeout")
+    );
+}

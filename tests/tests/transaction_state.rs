@@ -362,6 +362,16 @@ async fn extended_protocol_replies_stay_in_step() {
         exchange(&mut first, &[parse("a", "select 1"), sync()], 2).await,
         "1Z"
     );
+    // A name in use is refused, as PostgreSQL does, and keeps its meaning.
+    assert_eq!(
+        exchange(
+            &mut first,
+            &[parse("a", "select 2"), bind("a"), execute(), sync()],
+            2
+        )
+        .await,
+        "E(42P05)Z"
+    );
     // The same text from another client: the server has it, sluice answers
     // ParseComplete itself, also before any Sync (Flush).
     assert_eq!(

@@ -178,14 +178,26 @@ impl Client {
         }
     }
 
-    /// Waits for the client's next bytes while passing on notifications.
-    async fn wait_readable_listening(&mut self) -> Result<(), SessionEnd> {
+    /// Waits for the client's next bytes while passing on notifications,
+    /// at most `idle_timeout` (zero: no limit) of client silence.
+    async fn wait_readable_listening(&mut self, idle_timeout: Duration) -> Result<(), SessionEnd> {
+        let deadline =
+            (!idle_timeout.is_zero()).then(|| tokio::time::Instant::now() + idle_timeout);
         loop {
             let Some(listening) = self.listen.as_mut() else {
                 return Ok(());
             };
             let mut batch = BytesMut::new();
+            let expired = async {
+                match deadline {
+                    Some(at) => tokio::time::sleep_until(at).await,
+                    None => std::future::pending().await,
+                }
+            };
             tokio::select! {
+                () = expired => {
+                    return Err(SessionEnd::Error(ClientError::new("08P01", "client_idle_timeout")));
+                }
                 ready = std::future::poll_fn(|cx| self.stream.poll_read_ready(cx)) => {
                     return ready.map_err(|_| SessionEnd::ClientLeft);
                 }
@@ -247,7 +259,7 @@ pub async fn run(client: &mut Client) -> SessionEnd {
                 .idle_timeout
                 .get_or_insert_with(|| client.pool.settings().client_idle_timeout);
             let ready = if client.listen.is_some() {
-                match Box::pin(client.wait_readable_listening()).await {
+                match Box::pin(client.wait_readable_listening(idle_timeout)).await {
                     Ok(()) => Ok(()),
                     Err(end) => return end,
                 }

@@ -23,9 +23,10 @@ impl ClientNames {
         self.names.get(name)
     }
 
-    /// Names `statement`; false when the client has too many already.
+    /// Names `statement` (a name not in use); false when the client has
+    /// too many already.
     pub fn insert(&mut self, name: &[u8], statement: Arc<Statement>) -> bool {
-        if self.names.len() >= MAX_CLIENT_STATEMENTS && !self.names.contains_key(name) {
+        if self.names.len() >= MAX_CLIENT_STATEMENTS {
             return false;
         }
         self.names.insert(name.into(), statement);

@@ -57,10 +57,32 @@ impl Rewriter<'_> {
             });
             return Ok(());
         }
+        if self.names.get(name).is_some() {
+            // PostgreSQL refuses a name in use (42P05, and the rest of the
+            // pipeline is skipped): let the server say so, by parsing again
+            // under the name the existing statement has there.
+            let existing = self.lookup(name);
+            if let Some(existing) = existing {
+                MessageBuilder::new(self.out, tags::frontend::PARSE)
+                    .cstr(&existing.name)
+                    .bytes(text)
+                    .finish();
+            }
+            self.expected.push(Expect::Pass {
+                reply: Reply::Parse,
+                statement: None,
+            });
+            return Ok(());
+        }
         let statement = self.registry.intern(text);
         if !self.names.insert(name, statement.clone()) {
-            // Too many names: the server refuses it by its own rules.
-            self.out.extend_from_slice(message);
+            // Too many names: parsed as the unnamed statement, which leaves
+            // nothing behind on the server; a later Bind of the name gets
+            // PostgreSQL's 26000.
+            MessageBuilder::new(self.out, tags::frontend::PARSE)
+                .u8(0)
+                .bytes(text)
+                .finish();
             self.expected.push(Expect::Pass {
                 reply: Reply::Parse,
                 statement: None,
