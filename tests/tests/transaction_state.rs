@@ -402,6 +402,40 @@ async fn extended_protocol_replies_stay_in_step() {
         .await,
         "2DCE(42703)Z2DCZ"
     );
+    // A named Parse that fails leaves no statement behind: the name can be
+    // parsed again. One skipped after an earlier error does not exist either.
+    assert_eq!(
+        exchange(
+            &mut first,
+            &[parse("broken", "select from from"), sync()],
+            2
+        )
+        .await,
+        "E(42601)Z"
+    );
+    assert_eq!(
+        exchange(&mut first, &[parse("broken", "select 8"), sync()], 2).await,
+        "1Z"
+    );
+    assert_eq!(
+        exchange(
+            &mut first,
+            &[
+                parse("x", "select 1/0"),
+                bind("x"),
+                execute(),
+                parse("later", "select 9"),
+                sync()
+            ],
+            3
+        )
+        .await,
+        "1E(22012)Z"
+    );
+    assert_eq!(
+        exchange(&mut first, &[bind("later"), execute(), sync()], 2).await,
+        "E(26000)Z"
+    );
     // Describe of a named statement, then Close and DEALLOCATE by name.
     assert_eq!(
         exchange(&mut first, &[describe_statement("a"), sync()], 3).await,

@@ -198,6 +198,7 @@ pub async fn run(client: &mut Client, cbuf: &mut BytesMut, mut lease: Lease) -> 
                         }
                     }
                     Ok((changed, None)) => {
+                        tracked::forget_failed_parses(t, &mut client.statements);
                         tracked::settle(&cycle, t, &mut server.statements);
                         break Ok(changed);
                     }
@@ -326,7 +327,8 @@ pub async fn run(client: &mut Client, cbuf: &mut BytesMut, mut lease: Lease) -> 
             ))
         }
     };
-    if let Some(t) = tracking {
+    if let Some(mut t) = tracking {
+        tracked::forget_failed_parses(&mut t, &mut client.statements);
         t.give_back();
     }
     ended

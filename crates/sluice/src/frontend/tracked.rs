@@ -380,6 +380,22 @@ pub(super) fn release_held(
     true
 }
 
+/// Forgets the client's names whose Parse failed or was skipped by the
+/// server: on PostgreSQL those statements do not exist.
+pub(super) fn forget_failed_parses(t: &mut Tracking, names: &mut Option<Box<ClientNames>>) {
+    if !t.expected.has_failed_parses() {
+        return;
+    }
+    let failed = t.expected.take_failed_parses();
+    if let Some(names) = names {
+        for (name, id) in failed {
+            if names.get(&name).is_some_and(|s| s.id == id) {
+                names.remove(&name);
+            }
+        }
+    }
+}
+
 /// Writes sluice's own replies that are due now that the server's are out.
 pub(super) fn settle(cycle: &Cycle, t: &mut Tracking, server: &mut ServerStatements) {
     if cycle.to_client == 0 && cycle.server_scan.at_boundary() {

@@ -55,9 +55,13 @@ pub enum Expect {
         reply: Reply,
         statement: Option<u64>,
     },
-    /// A Parse of shared statement `id`; the client sent it (its
-    /// ParseComplete passes) or sluice did (dropped).
-    Prepare { id: u64, from_client: bool },
+    /// A Parse of shared statement `id`; the client sent it under
+    /// `client_name` (its ParseComplete passes) or sluice did (`None`:
+    /// dropped).
+    Prepare {
+        id: u64,
+        client_name: Option<Box<[u8]>>,
+    },
     /// A Close of shared statement `id` injected by sluice (dropped).
     Unprepare { id: u64 },
     /// Answered by sluice when its turn comes.
@@ -80,6 +84,9 @@ pub struct Expected {
     /// An extended-protocol message failed: the server ignores what
     /// follows up to the next Sync.
     skipping: bool,
+    /// Client statement names whose Parse failed or was skipped: they do
+    /// not exist, as on PostgreSQL (name, shared statement id).
+    failed_parses: Vec<(Box<[u8]>, u64)>,
 }
 
 /// SQLSTATE of "cached plan must not change result type".
@@ -92,6 +99,17 @@ impl Expected {
     pub fn clear(&mut self) {
         self.queue.clear();
         self.skipping = false;
+        self.failed_parses.clear();
+    }
+
+    /// Takes the client names whose Parse failed or was skipped.
+    pub fn take_failed_parses(&mut self) -> Vec<(Box<[u8]>, u64)> {
+        std::mem::take(&mut self.failed_parses)
+    }
+
+    /// Whether a Parse failed or was skipped since the last take.
+    pub fn has_failed_parses(&self) -> bool {
+        !self.failed_parses.is_empty()
     }
 
     pub fn push(&mut self, expect: Expect) {
@@ -129,7 +147,7 @@ impl Expected {
         match self.queue.front() {
             Some(Expect::Local(_)) => Verdict::LocalFirst,
             Some(Expect::Prepare {
-                from_client: false, ..
+                client_name: None, ..
             }) if tag == b::PARSE_COMPLETE => Verdict::Drop,
             Some(Expect::Unprepare { .. }) if tag == b::CLOSE_COMPLETE => Verdict::Drop,
             _ => Verdict::Forward,
@@ -170,7 +188,11 @@ impl Expected {
                 ..
             }
             | Expect::Local(_) => return,
-            Expect::Prepare { id, .. } => server.forget(id),
+            Expect::Prepare { id, client_name } => {
+                server.forget(id);
+                self.failed_parses
+                    .extend(client_name.map(|name| (name, id)));
+            }
             Expect::Unprepare { id } => server.forget(id),
             Expect::Pass {
                 statement: Some(id),
@@ -223,7 +245,13 @@ impl Expected {
                 }) => self.skipping = false,
                 Some(Expect::Prepare { id, .. }) => {
                     server.forget(*id);
-                    self.queue.pop_front();
+                    if let Some(Expect::Prepare {
+                        id,
+                        client_name: Some(name),
+                    }) = self.queue.pop_front()
+                    {
+                        self.failed_parses.push((name, id));
+                    }
                 }
                 Some(Expect::Unprepare { id }) => {
                     server.to_close.push(*id);
@@ -308,7 +336,7 @@ mod tests {
         e.push(Expect::Local(Local::ParseComplete));
         e.push(Expect::Prepare {
             id: 7,
-            from_client: false,
+            client_name: None,
         });
         let mut out = BytesMut::new();
         e.settle(&mut out, TransactionStatus::Idle, &mut server);
@@ -338,7 +366,7 @@ mod tests {
         });
         e.push(Expect::Prepare {
             id: two.id,
-            from_client: false,
+            client_name: None,
         });
         e.push(Expect::Local(Local::ParseComplete));
         e.push(Expect::Pass {

@@ -92,7 +92,7 @@ impl Rewriter<'_> {
         if self.server.touch(statement.id) {
             self.expected.push(Expect::Local(Local::ParseComplete));
         } else {
-            self.prepare(&statement, true);
+            self.prepare(&statement, Some(name.into()));
         }
         Ok(())
     }
@@ -245,7 +245,7 @@ impl Rewriter<'_> {
         }
         let statement = self.names.get(name)?.clone();
         if !self.server.touch(statement.id) {
-            self.prepare(&statement, false);
+            self.prepare(&statement, None);
         }
         Some(statement)
     }
@@ -253,7 +253,7 @@ impl Rewriter<'_> {
     /// Sends Parse of `statement` under its shared name, closing first
     /// what the server must drop (stale plans, and the least recently used
     /// statement when the server is full).
-    fn prepare(&mut self, statement: &Arc<Statement>, from_client: bool) {
+    fn prepare(&mut self, statement: &Arc<Statement>, client_name: Option<Box<[u8]>>) {
         let evicted = self.server.insert(statement, self.capacity);
         let mut closing = std::mem::take(&mut self.server.to_close);
         closing.extend(evicted);
@@ -270,7 +270,7 @@ impl Rewriter<'_> {
             .finish();
         self.expected.push(Expect::Prepare {
             id: statement.id,
-            from_client,
+            client_name,
         });
     }
 }
