@@ -145,7 +145,7 @@ pub async fn handle_connection(app: Arc<App>, stream: Stream) {
         None => return,
     };
     let end = session::run(&mut client).await;
-    Box::pin(say_goodbye(client, end)).await;
+    Box::pin(say_goodbye(*client, end)).await;
 }
 
 /// Login with `client_login_timeout`; errors are sent and logged here.

@@ -93,10 +93,11 @@ pub async fn run(client: &mut Client, cbuf: &mut BytesMut, mut lease: Lease) -> 
             }
             server.params = client.params.clone();
         }
-        if !crate::session_vars::same(&server.session, &client.session) {
-            if let Some(sql) =
-                crate::session_vars::apply_sql(server.session.as_deref(), client.session.as_deref())
-                && let Err(e) = Box::pin(run_query(server, &sql)).await
+        if !crate::session_vars::same(&server.session, client.session()) {
+            if let Some(sql) = crate::session_vars::apply_sql(
+                server.session.as_deref(),
+                client.session().as_deref(),
+            ) && let Err(e) = Box::pin(run_query(server, &sql)).await
             {
                 client.app.cancels.unlink(client.cancel);
                 let error = ClientError::new(e.sqlstate(), e.to_string());
@@ -108,7 +109,7 @@ pub async fn run(client: &mut Client, cbuf: &mut BytesMut, mut lease: Lease) -> 
                 }
                 return RelayEnd::Error(error);
             }
-            server.session = client.session.clone();
+            server.session = client.session().clone();
         }
     }
     let mut cycle = Cycle {
@@ -149,7 +150,7 @@ pub async fn run(client: &mut Client, cbuf: &mut BytesMut, mut lease: Lease) -> 
                 cbuf,
                 t,
                 &mut tracked::Statements {
-                    names: &mut client.statements,
+                    names: &mut client.carried().statements,
                     server: &mut server.statements,
                     registry: &app.statements,
                     capacity: settings.max_prepared_statements,
@@ -198,7 +199,7 @@ pub async fn run(client: &mut Client, cbuf: &mut BytesMut, mut lease: Lease) -> 
                         }
                     }
                     Ok((changed, None)) => {
-                        tracked::forget_failed_parses(t, &mut client.statements);
+                        tracked::forget_failed_parses(t, client.statements_if_any());
                         tracked::settle(&cycle, t, &mut server.statements);
                         break Ok(changed);
                     }
@@ -328,7 +329,7 @@ pub async fn run(client: &mut Client, cbuf: &mut BytesMut, mut lease: Lease) -> 
         }
     };
     if let Some(mut t) = tracking {
-        tracked::forget_failed_parses(&mut t, &mut client.statements);
+        tracked::forget_failed_parses(&mut t, client.statements_if_any());
         t.give_back();
     }
     ended

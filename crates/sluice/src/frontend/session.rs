@@ -28,16 +28,23 @@ pub struct Client {
     /// The login name, kept only when the pool logs in as a forced user
     /// (otherwise it is the pool's user).
     login_user: Option<Box<str>>,
-    /// Channels the client LISTENs to through the pool's hub.
-    pub listen: Option<Box<Listening>>,
-    /// Session settings that follow the client (transaction mode).
-    pub session: Option<Arc<crate::session_vars::SessionVars>>,
-    /// The client's named prepared statements (transaction and statement
-    /// mode), boxed once it has any.
-    pub statements: Option<Box<crate::prepared::client_names::ClientNames>>,
+    /// What the client carries from server to server; boxed once it has
+    /// any, so that an idle client without any costs one pointer.
+    carried: Option<Box<Carried>>,
     /// `client_idle_timeout` as of the last lease (zero = none; `None`
     /// before the first lease).
     idle_timeout: Option<Duration>,
+}
+
+/// What a transaction-mode client keeps of its session while it holds no
+/// server: its named statements, its settings, its LISTENs.
+#[derive(Default)]
+pub struct Carried {
+    pub statements: crate::prepared::client_names::ClientNames,
+    /// Session settings that follow the client.
+    pub session: Option<Arc<crate::session_vars::SessionVars>>,
+    /// Channels the client LISTENs to through the pool's hub.
+    pub listen: Option<Box<Listening>>,
 }
 
 /// A client's subscription to its pool's LISTEN hub; leaving unsubscribes.
@@ -96,11 +103,35 @@ impl Client {
             params,
             cancel,
             login_user,
-            statements: None,
-            session: None,
-            listen: None,
+            carried: None,
             idle_timeout: None,
         }
+    }
+
+    /// What the client carries, created on first use.
+    pub fn carried(&mut self) -> &mut Carried {
+        self.carried.get_or_insert_with(Box::default)
+    }
+
+    /// The client's named statements, if it has any state at all.
+    pub fn statements_if_any(&mut self) -> Option<&mut crate::prepared::client_names::ClientNames> {
+        self.carried.as_deref_mut().map(|c| &mut c.statements)
+    }
+
+    /// The client's session settings (`None`: nothing set).
+    pub fn session(&self) -> &Option<Arc<crate::session_vars::SessionVars>> {
+        const NOTHING: &Option<Arc<crate::session_vars::SessionVars>> = &None;
+        self.carried.as_ref().map_or(NOTHING, |c| &c.session)
+    }
+
+    pub fn set_session(&mut self, vars: Option<Arc<crate::session_vars::SessionVars>>) {
+        if vars.is_some() || self.carried.is_some() {
+            self.carried().session = vars;
+        }
+    }
+
+    fn is_listening(&self) -> bool {
+        self.carried.as_ref().is_some_and(|c| c.listen.is_some())
     }
 
     /// The name the client logged in with.
@@ -163,6 +194,7 @@ impl Client {
             Special::Listen(channel) => {
                 let pool = self.pool.clone();
                 let listening = self
+                    .carried()
                     .listen
                     .get_or_insert_with(|| Box::new(Listening::new(pool.clone())));
                 pool.notify
@@ -170,7 +202,7 @@ impl Client {
                     .await;
             }
             Special::Unlisten(channel) => {
-                if let Some(l) = &self.listen {
+                if let Some(l) = self.carried.as_ref().and_then(|c| c.listen.as_ref()) {
                     self.pool.notify.unsubscribe(l.id, channel.as_deref());
                 }
             }
@@ -184,7 +216,7 @@ impl Client {
         let deadline =
             (!idle_timeout.is_zero()).then(|| tokio::time::Instant::now() + idle_timeout);
         loop {
-            let Some(listening) = self.listen.as_mut() else {
+            let Some(listening) = self.carried.as_mut().and_then(|c| c.listen.as_mut()) else {
                 return Ok(());
             };
             let mut batch = BytesMut::new();
@@ -258,7 +290,7 @@ pub async fn run(client: &mut Client) -> SessionEnd {
             let idle_timeout = *client
                 .idle_timeout
                 .get_or_insert_with(|| client.pool.settings().client_idle_timeout);
-            let ready = if client.listen.is_some() {
+            let ready = if client.is_listening() {
                 match Box::pin(client.wait_readable_listening(idle_timeout)).await {
                     Ok(()) => Ok(()),
                     Err(end) => return end,

@@ -110,7 +110,7 @@ fn rewritten(tag: u8) -> bool {
 
 /// Where the rewriter's shared state lives.
 pub(super) struct Statements<'a> {
-    pub(super) names: &'a mut Option<Box<ClientNames>>,
+    pub(super) names: &'a mut ClientNames,
     pub(super) server: &'a mut ServerStatements,
     pub(super) registry: &'a Registry,
     pub(super) capacity: usize,
@@ -185,7 +185,7 @@ fn handle_message(
     st: &mut Statements<'_>,
 ) -> Result<(), WireError> {
     use tags::frontend as f;
-    let names = st.names.get_or_insert_with(Box::default);
+    let names = &mut *st.names;
     let mut rewriter = Rewriter {
         names,
         server: st.server,
@@ -382,7 +382,7 @@ pub(super) fn release_held(
 
 /// Forgets the client's names whose Parse failed or was skipped by the
 /// server: on PostgreSQL those statements do not exist.
-pub(super) fn forget_failed_parses(t: &mut Tracking, names: &mut Option<Box<ClientNames>>) {
+pub(super) fn forget_failed_parses(t: &mut Tracking, names: Option<&mut ClientNames>) {
     if !t.expected.has_failed_parses() {
         return;
     }
@@ -454,7 +454,7 @@ pub(super) async fn after_transaction(
     }
     if t.session_touched {
         let mut custom = t.custom_names.clone();
-        if let Some(vars) = &client.session {
+        if let Some(vars) = client.session() {
             for name in vars.custom_names() {
                 if !custom.iter().any(|c| c.eq_ignore_ascii_case(name)) {
                     custom.push(name.to_owned());
@@ -479,7 +479,7 @@ pub(super) async fn after_transaction(
             }));
         let vars = (!vars.is_empty()).then(|| std::sync::Arc::new(vars));
         lease.server().session = vars.clone();
-        client.session = vars;
+        client.set_session(vars);
     }
     true
 }
