@@ -114,6 +114,18 @@ named_choices! {
 }
 
 named_choices! {
+    /// What transaction and statement mode do with session objects a
+    /// client leaves on its server (temporary tables, WITH HOLD cursors,
+    /// session advisory locks).
+    SessionObjects {
+        /// The client keeps its server until the objects are gone.
+        Pin = "pin",
+        /// The objects are removed when the transaction ends.
+        Discard = "discard",
+    }
+}
+
+named_choices! {
     /// Which entry of a comma-separated `host` list a new server
     /// connection uses (`load_balance_hosts` in `[databases]`).
     LoadBalanceHosts {

@@ -28,7 +28,9 @@ mod user_entry;
 
 use std::path::Path;
 
-pub use choices::{AuthType, LoadBalanceHosts, PoolMode, RuntimeKind, UnknownChoice};
+pub use choices::{
+    AuthType, LoadBalanceHosts, PoolMode, RuntimeKind, SessionObjects, UnknownChoice,
+};
 pub use config::Config;
 pub use database::Database;
 pub use error::{ConfigError, MAX_INCLUDE_DEPTH, Warning};

@@ -6,7 +6,7 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use crate::choices::{AuthType, PoolMode, RuntimeKind};
+use crate::choices::{AuthType, PoolMode, RuntimeKind, SessionObjects};
 use crate::codecs::{
     Choice, Count, Flag, List, OctalMode, OptionalPath, OptionalText, PeerId, Port, PositiveCount,
     Seconds, SslMode, Text, ThreadCount,
@@ -259,6 +259,12 @@ define_settings! {
         runtime: RuntimeKind = RuntimeKind::PerCore => "per_core", Choice<RuntimeKind>, fixed,
             "Runtime layout: per_core (one single-threaded runtime per worker) or shared (one \
              multi-threaded runtime).";
+        track_session_objects: SessionObjects = SessionObjects::Pin => "pin",
+            Choice<SessionObjects>, reload,
+            "Transaction and statement mode: a client that leaves a temporary table, a WITH HOLD \
+             cursor or a session advisory lock on its server keeps that server until the object \
+             is gone (pin), or the object is removed when the transaction ends (discard). \
+             Pinned clients show in SHOW CLIENTS and /metrics.";
         workers: usize = 0 => "0", ThreadCount, fixed,
             "Worker threads; 0 means one per CPU.";
         worker_busy_percent: u32 = 80 => "80", Count, reload,

@@ -234,6 +234,7 @@ impl App {
             client_idle_timeout: s.client_idle_timeout,
             max_packet_size: s.max_packet_size as usize,
             max_prepared_statements: s.max_prepared_statements as usize,
+            session_objects: s.track_session_objects,
         };
         let mut startup_params = Vec::new();
         for (k, v) in [

@@ -29,12 +29,22 @@ pub struct ScanEnd {
 pub struct Scanner {
     /// Bytes of a passed-through message that have not arrived yet.
     pending: usize,
+    /// After the last scan: where in the buffer a message ends that must
+    /// be complete before it is visited and is not yet (0 when none). The
+    /// buffer must be allowed to hold that much.
+    wanted: usize,
 }
 
 impl Scanner {
     /// True between messages: nothing of a message is half forwarded.
     pub fn at_boundary(&self) -> bool {
         self.pending == 0
+    }
+
+    /// Buffer length at which the incomplete whole message the last scan
+    /// stopped at is complete (0: none).
+    pub fn wanted(&self) -> usize {
+        self.wanted
     }
 
     /// Scans `buf[start..]`. `needs_body(tag)` says which messages must be
@@ -49,6 +59,7 @@ impl Scanner {
         mut visit: impl FnMut(u8, &[u8]) -> Visit,
     ) -> Result<ScanEnd, WireError> {
         let mut pos = start;
+        self.wanted = 0;
         if self.pending > 0 {
             let n = self.pending.min(buf.len() - pos);
             pos += n;
@@ -65,6 +76,7 @@ impl Scanner {
             let whole = end <= buf.len();
             if needs_body(h.tag) {
                 if !whole {
+                    self.wanted = end;
                     break;
                 }
                 if visit(h.tag, &buf[pos + sluice_wire::HEADER_LEN..end]) == Visit::StopBefore {

@@ -32,7 +32,10 @@ pub fn capture_sql(custom: &[String]) -> String {
         "SELECT name, setting FROM pg_catalog.pg_settings \
          WHERE source = 'session' AND name NOT IN ({tracked}) \
          UNION ALL SELECT 'role', pg_catalog.current_setting('role') \
-         WHERE pg_catalog.current_setting('role') <> 'none'"
+         WHERE pg_catalog.current_setting('role') <> 'none' \
+         UNION ALL SELECT 'session_authorization', session_user::text \
+         WHERE session_user <> (SELECT usename FROM pg_catalog.pg_stat_activity \
+         WHERE pid = pg_catalog.pg_backend_pid())"
     );
     if !custom.is_empty() {
         let names = custom
@@ -108,7 +111,42 @@ pub fn apply_sql(server: Option<&SessionVars>, client: Option<&SessionVars>) -> 
     let server = server.unwrap_or(&empty);
     let client = client.unwrap_or(&empty);
     let mut sql = String::new();
+    // A new session authorization resets the role: it goes first, and the
+    // role is then applied as if the server had none.
+    const AUTH: &str = "session_authorization";
+    let auth_changed = server.get(AUTH) != client.get(AUTH);
+    let server = if auth_changed {
+        match client.get(AUTH) {
+            Some(user) => sql.push_str(&format!(
+                "SELECT pg_catalog.set_config('{AUTH}', {}, false);",
+                quote_literal(user)
+            )),
+            None => sql.push_str("RESET SESSION AUTHORIZATION;"),
+        }
+        &SessionVars {
+            vars: server
+                .vars
+                .iter()
+                .filter(|(n, _)| !n.eq_ignore_ascii_case(AUTH) && !n.eq_ignore_ascii_case("role"))
+                .cloned()
+                .collect(),
+        }
+    } else {
+        server
+    };
+    let client_rest = SessionVars {
+        vars: client
+            .vars
+            .iter()
+            .filter(|(n, _)| !n.eq_ignore_ascii_case(AUTH))
+            .cloned()
+            .collect(),
+    };
+    let client = &client_rest;
     for (name, _) in &server.vars {
+        if name.eq_ignore_ascii_case(AUTH) {
+            continue;
+        }
         if client.get(name).is_none() {
             sql.push_str(&format!("RESET {};", quote_ident(name)));
         }

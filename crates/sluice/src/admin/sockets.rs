@@ -34,6 +34,10 @@ const COLUMNS: [&str; 21] = [
     "id",
 ];
 const TYPES: &str = "ssssssisiTTiiississii";
+/// SHOW CLIENTS adds one column after PgBouncer's: the session objects that
+/// keep a transaction-mode client on its server (empty when none).
+const CLIENT_EXTRA: [&str; 1] = ["pinned"];
+const CLIENT_TYPES: &str = "ssssssisiTTiiississiis";
 
 /// `YYYY-MM-DD HH:MM:SS UTC`, as PgBouncer prints times.
 pub fn utc(t: SystemTime) -> String {
@@ -67,7 +71,8 @@ fn split(addr: Option<std::net::SocketAddr>) -> (Option<String>, Option<String>)
 }
 
 pub fn clients(app: &App) -> ResultSet {
-    let mut rs = ResultSet::new(&COLUMNS, TYPES);
+    let columns: Vec<&str> = COLUMNS.iter().chain(CLIENT_EXTRA.iter()).copied().collect();
+    let mut rs = ResultSet::new(&columns, CLIENT_TYPES);
     for c in app.cancels.clients() {
         let state = if c.waiting {
             "waiting"
@@ -101,6 +106,7 @@ pub fn clients(app: &App) -> ResultSet {
             v(&c.meta.application_name),
             v(0),
             v(c.pid),
+            v(c.meta.pinned.as_deref().unwrap_or("")),
         ]);
     }
     rs

@@ -48,6 +48,9 @@ pub struct ClientMeta {
     pub application_name: Box<str>,
     /// The client's socket, for KILL.
     pub fd: i32,
+    /// Session objects that keep the client on its server (transaction
+    /// mode), as "temp_tables,cursors"; None when not pinned.
+    pub pinned: Option<Box<str>>,
 }
 
 /// One row of SHOW CLIENTS.
@@ -130,6 +133,15 @@ impl CancelRegistry {
         slot.secret.store(key.secret_key, Ordering::Relaxed);
         slot.pid.store(key.process_id, Ordering::Release);
         Some(CancelHandle { key, index })
+    }
+
+    /// Records why the client keeps its server (None: it no longer does).
+    pub fn set_pinned(&self, handle: CancelHandle, reason: Option<Box<str>>) {
+        if let Some(slot) = self.slot(handle.index)
+            && let Some(meta) = slot.meta.lock().unwrap_or_else(|p| p.into_inner()).as_mut()
+        {
+            meta.pinned = reason;
+        }
     }
 
     pub fn unregister(&self, handle: CancelHandle) {

@@ -63,6 +63,9 @@ pub struct PoolSettings {
     /// Shared statements kept per server in transaction and statement mode
     /// (0: named statements pass through unchanged).
     pub max_prepared_statements: usize,
+    /// Temporary tables, WITH HOLD cursors and session advisory locks:
+    /// pin the client to its server, or remove them after the transaction.
+    pub session_objects: sluice_config::SessionObjects,
 }
 
 /// Greeting for new clients: the ParameterStatus values of the first server.

@@ -240,6 +240,7 @@ async fn login_inner(
             .unwrap_or_default()
             .into(),
         fd: stream.raw_fd(),
+        pinned: None,
     };
     let cancel = app.cancels.register(meta).ok_or_else(|| {
         ClientError::new(

@@ -8,5 +8,6 @@ pub mod listener;
 pub mod login;
 pub mod relay;
 pub mod relay_io;
+mod requests;
 pub mod session;
 mod tracked;

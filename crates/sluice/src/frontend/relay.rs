@@ -17,8 +17,9 @@ use sluice_wire::{ParameterStatus, TransactionStatus, tags};
 
 use super::error::ClientError;
 use super::relay_io::{IoEvent, Sides};
+use super::requests::{Counted, Requests};
 use super::session::{CLEANUP_TIMEOUT, Client};
-use super::tracked::{self, Tracking};
+use super::tracked::{self, AfterTx, Tracking};
 use crate::backend::login::run_query;
 use crate::backend::pool::Lease;
 use crate::params::{tracked_name, update_shared};
@@ -34,14 +35,8 @@ pub enum RelayEnd {
 
 /// Request-cycle bookkeeping of one linked period.
 pub(super) struct Cycle {
-    /// Sync and Query messages sent whose ReadyForQuery has not come.
-    pub(super) outstanding: u32,
-    /// Extended-protocol messages sent since the last Sync.
-    pub(super) unsynced: bool,
-    /// Syncs sent since the last Execute or Query. If CopyDone or CopyFail
-    /// follows, that Execute or Query started a COPY FROM STDIN, and
-    /// PostgreSQL ignored these Syncs: they get no ReadyForQuery.
-    pub(super) syncs_since_start: u32,
+    /// ReadyForQuery messages owed, counted from the server's replies.
+    pub(super) req: Requests,
     pub(super) status: TransactionStatus,
     pub(super) client_scan: Scanner,
     pub(super) server_scan: Scanner,
@@ -63,8 +58,7 @@ pub(super) struct Cycle {
 
 impl Cycle {
     fn clean(&self) -> bool {
-        self.outstanding == 0
-            && !self.unsynced
+        self.req.at_rest()
             && self.status == TransactionStatus::Idle
             && self.client_scan.at_boundary()
             && self.server_scan.at_boundary()
@@ -113,9 +107,7 @@ pub async fn run(client: &mut Client, cbuf: &mut BytesMut, mut lease: Lease) -> 
         }
     }
     let mut cycle = Cycle {
-        outstanding: 0,
-        unsynced: false,
-        syncs_since_start: 0,
+        req: Requests::default(),
         status: TransactionStatus::Idle,
         client_scan: Scanner::default(),
         server_scan: Scanner::default(),
@@ -135,7 +127,7 @@ pub async fn run(client: &mut Client, cbuf: &mut BytesMut, mut lease: Lease) -> 
         PoolMode::Statement => Some(true),
     };
     let idle_tx_timeout = settings.idle_transaction_timeout;
-    let mut idle_timer: Option<std::pin::Pin<Box<tokio::time::Sleep>>> = None;
+    let mut idle_timer: Option<(IdleKind, std::pin::Pin<Box<tokio::time::Sleep>>)> = None;
     // Transaction and statement mode: statements, session state and
     // LISTEN follow the client, so its messages are rewritten.
     let mut tracking = release_each.map(|_| Tracking::take());
@@ -160,6 +152,17 @@ pub async fn run(client: &mut Client, cbuf: &mut BytesMut, mut lease: Lease) -> 
         };
         if let Err(e) = scanned {
             break Err(End::Client(ClientError::protocol(e.to_string())));
+        }
+        let held = cycle.client_scan.wanted();
+        if held > CLIENT_HELD_LIMIT {
+            break Err(End::Client(ClientError::new(
+                "54000",
+                format!(
+                    "message of {held} bytes is larger than the {} MiB a transaction-pooling \
+                     connection holds whole (Parse, Bind, Describe, Close, Query)",
+                    CLIENT_HELD_LIMIT >> 20
+                ),
+            )));
         }
         if let Some(t) = tracking.as_deref_mut()
             && !t.listens.is_empty()
@@ -207,6 +210,13 @@ pub async fn run(client: &mut Client, cbuf: &mut BytesMut, mut lease: Lease) -> 
                 }
             },
         };
+        let held = cycle.server_scan.wanted().saturating_sub(cycle.to_client);
+        if held > SERVER_HELD_LIMIT {
+            break Err(End::Server(format!(
+                "server message of {held} bytes is larger than the {} MiB sluice holds whole",
+                SERVER_HELD_LIMIT >> 20
+            )));
+        }
         match scanned {
             Ok(false) => {}
             // The server reported a tracked parameter: both views follow.
@@ -222,21 +232,50 @@ pub async fn run(client: &mut Client, cbuf: &mut BytesMut, mut lease: Lease) -> 
         if cycle.client_terminated && cycle.to_server == 0 {
             break Ok(Outcome::ClientGone);
         }
-        if release_each.is_some()
+        let at_end = release_each.is_some()
             && cycle.clean()
             && cycle.flushed(&server.buf)
-            && tracking.as_deref().is_none_or(Tracking::settled)
-        {
-            break Ok(Outcome::Release);
+            && tracking.as_deref().is_none_or(Tracking::settled);
+        if at_end {
+            match tracking.as_deref_mut() {
+                Some(t) if t.needs_after() => {
+                    match Box::pin(tracked::after_transaction(&mut lease, client, t)).await {
+                        AfterTx::Release => break Ok(Outcome::Release),
+                        AfterTx::Close => break Ok(Outcome::Close),
+                        // Pinned: stay linked, wait for the client.
+                        AfterTx::Pinned => {}
+                    }
+                }
+                Some(t) if t.pinned.is_some() => {}
+                _ => break Ok(Outcome::Release),
+            }
         }
-        let idle_in_tx = !idle_tx_timeout.is_zero()
-            && cycle.outstanding == 0
-            && cycle.status != TransactionStatus::Idle;
-        if !idle_in_tx {
-            idle_timer = None;
-        } else if idle_timer.is_none() {
-            idle_timer = Some(Box::pin(tokio::time::sleep(idle_tx_timeout)));
+        let pinned_idle = at_end && tracking.as_deref().is_some_and(|t| t.pinned.is_some());
+        // A client halfway through a message that sluice is ready to read.
+        let mid_message = tracking.as_deref().is_some_and(|t| {
+            t.out.len() < super::relay_io::BUFFER_LIMIT
+                && t.extra.len() < super::relay_io::BUFFER_LIMIT
+        }) && (cycle.client_scan.wanted() > 0 || !cycle.client_scan.at_boundary());
+        let wanted = if mid_message {
+            Some((IdleKind::Message, MESSAGE_STALL_TIMEOUT))
+        } else if pinned_idle {
+            (!settings.client_idle_timeout.is_zero())
+                .then_some((IdleKind::Client, settings.client_idle_timeout))
+        } else {
+            (!idle_tx_timeout.is_zero()
+                && cycle.req.outstanding == 0
+                && cycle.status != TransactionStatus::Idle)
+                .then_some((IdleKind::Transaction, idle_tx_timeout))
+        };
+        match wanted {
+            None => idle_timer = None,
+            Some((kind, after)) => {
+                if idle_timer.as_ref().is_none_or(|(k, _)| *k != kind) {
+                    idle_timer = Some((kind, Box::pin(tokio::time::sleep(after))));
+                }
+            }
         }
+        let server = lease.server();
         let (server_out, client_extra) = match tracking.as_deref_mut() {
             Some(t) => (Some(&mut t.out), Some(&mut t.extra)),
             None => (None, None),
@@ -249,10 +288,12 @@ pub async fn run(client: &mut Client, cbuf: &mut BytesMut, mut lease: Lease) -> 
             sbuf: &mut server.buf,
             to_client: &mut cycle.to_client,
             read_client: !cycle.client_terminated,
-            idle_timer: idle_timer.as_mut().map(|t| t.as_mut()),
+            idle_timer: idle_timer.as_mut().map(|(_, t)| t.as_mut()),
             written: &mut cycle.written,
             server_out,
             client_extra,
+            sbuf_wanted: cycle.server_scan.wanted(),
+            cbuf_wanted: cycle.client_scan.wanted(),
         };
         match std::future::poll_fn(|cx| sides.poll(cx)).await {
             IoEvent::Progress { client_read } => {
@@ -269,10 +310,17 @@ pub async fn run(client: &mut Client, cbuf: &mut BytesMut, mut lease: Lease) -> 
             IoEvent::ServerFailed(e) => break Err(End::Server(e.to_string())),
             IoEvent::ClientGone => break Ok(Outcome::ClientGone),
             IoEvent::IdleTimeout => {
-                break Err(End::Client(ClientError::new(
-                    "25P03",
-                    "idle transaction timeout",
-                )));
+                break Err(End::Client(match idle_timer.as_ref().map(|(k, _)| *k) {
+                    Some(IdleKind::Client) => ClientError::new("08P01", "client_idle_timeout"),
+                    Some(IdleKind::Message) => ClientError::new(
+                        "08P01",
+                        format!(
+                            "incomplete message: no data for {} s while holding a server",
+                            MESSAGE_STALL_TIMEOUT.as_secs()
+                        ),
+                    ),
+                    _ => ClientError::new("25P03", "idle transaction timeout"),
+                }));
             }
         }
     };
@@ -284,13 +332,12 @@ pub async fn run(client: &mut Client, cbuf: &mut BytesMut, mut lease: Lease) -> 
     lease.stats.linked = linked_at.elapsed();
     lease.stats.error_classes = std::mem::take(&mut cycle.error_classes);
     let ended = match end {
+        Ok(Outcome::Close) => {
+            lease.close();
+            RelayEnd::Released
+        }
         Ok(Outcome::Release) => {
-            let kept = match tracking.as_deref() {
-                Some(t) if t.leaves_state() => {
-                    Box::pin(tracked::after_transaction(&mut lease, client, t)).await
-                }
-                _ => true,
-            };
+            let kept = true;
             let reset_query = (settings.server_reset_query_always
                 && !settings.server_reset_query.is_empty())
             .then_some(settings.server_reset_query.as_str());
@@ -337,8 +384,39 @@ pub async fn run(client: &mut Client, cbuf: &mut BytesMut, mut lease: Lease) -> 
 
 enum Outcome {
     Release,
+    /// The transaction ended but the server cannot be trusted.
+    Close,
     ClientGone,
 }
+
+/// Which idle clock runs while linked.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum IdleKind {
+    /// idle_transaction_timeout: idle inside a transaction.
+    Transaction,
+    /// client_idle_timeout: a pinned client idle between transactions.
+    Client,
+    /// A client stalled halfway through a message while holding a server.
+    Message,
+}
+
+/// How long a transaction-mode client may stall halfway through a message
+/// while it holds a server (other clients may be waiting for it).
+const MESSAGE_STALL_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
+
+/// Largest client message held whole in transaction and statement mode
+/// (Parse, Bind, Describe, Close, Query are rewritten, so they are read
+/// whole before anything of them is sent). PostgreSQL's own limit is
+/// 1 GB; 64 MiB is far above any statement text or Bind an application
+/// sends through a pooler and bounds what one client can make sluice hold.
+/// Session mode streams every message and is not limited by this.
+pub(super) const CLIENT_HELD_LIMIT: usize = 64 << 20;
+
+/// Largest server message held whole (ErrorResponse, ParameterStatus,
+/// ReadyForQuery and, in transaction mode, a few small replies). An error
+/// message repeats its input, so it may be large; past this the server is
+/// closed and the client told why.
+const SERVER_HELD_LIMIT: usize = 16 << 20;
 
 enum End {
     /// The client broke a rule; it gets this error.
@@ -359,13 +437,7 @@ fn scan_client(
         limit,
         |_| false,
         |tag, _| {
-            let counted = count_client_message(
-                &mut cycle.outstanding,
-                &mut cycle.unsynced,
-                &mut cycle.syncs_since_start,
-                tag,
-            );
-            if counted == Counted::Terminate {
+            if cycle.req.client(tag) == Counted::Terminate {
                 terminated = true;
                 return Visit::StopBefore;
             }
@@ -379,71 +451,12 @@ fn scan_client(
     Ok(())
 }
 
-/// What a client message passed on means for the request bookkeeping.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum Counted {
-    /// Query or FunctionCall: a request answered up to ReadyForQuery.
-    Request,
-    Sync,
-    Execute,
-    /// CopyDone or CopyFail: the Syncs sent since the COPY started were
-    /// ignored by PostgreSQL.
-    CopyEnded {
-        ignored_syncs: u32,
-    },
-    Terminate,
-    Other,
-}
-
-/// Request bookkeeping for one client message, shared by both relays:
-/// Sync and Query open a request answered by ReadyForQuery; Syncs sent
-/// during a COPY FROM STDIN get none.
-pub(super) fn count_client_message(
-    outstanding: &mut u32,
-    unsynced: &mut bool,
-    syncs_since_start: &mut u32,
-    tag: u8,
-) -> Counted {
-    use tags::frontend as f;
-    match tag {
-        f::QUERY | f::FUNCTION_CALL => {
-            *outstanding += 1;
-            *unsynced = false;
-            *syncs_since_start = 0;
-            Counted::Request
-        }
-        f::SYNC => {
-            *outstanding += 1;
-            *unsynced = false;
-            *syncs_since_start += 1;
-            Counted::Sync
-        }
-        f::TERMINATE => Counted::Terminate,
-        f::COPY_DATA => Counted::Other,
-        f::COPY_DONE | f::COPY_FAIL => {
-            let ignored_syncs = *syncs_since_start;
-            *outstanding -= ignored_syncs.min(*outstanding);
-            *syncs_since_start = 0;
-            Counted::CopyEnded { ignored_syncs }
-        }
-        f::EXECUTE => {
-            *unsynced = true;
-            *syncs_since_start = 0;
-            Counted::Execute
-        }
-        _ => {
-            *unsynced = true;
-            Counted::Other
-        }
-    }
-}
-
 /// The bookkeeping fields of a `Cycle` for `on_server_message`, borrowed
 /// apart from its scanners (one of which is busy scanning).
 macro_rules! cycle_view {
     ($cycle:expr) => {
         CycleView {
-            outstanding: &mut $cycle.outstanding,
+            req: &mut $cycle.req,
             status: &mut $cycle.status,
             cycles_done: &mut $cycle.cycles_done,
             xacts_done: &mut $cycle.xacts_done,
@@ -499,12 +512,17 @@ pub(super) fn server_needs_body(tag: u8) -> bool {
 pub(super) struct ServerSeen {
     pub(super) bad: Option<sluice_wire::WireError>,
     pub(super) params_changed: bool,
+    /// A CopyInResponse confirmed that this many Syncs were ignored.
+    pub(super) ignored_syncs: u32,
+    /// The server reported a new session_authorization or is_superuser:
+    /// something (a function, perhaps) changed the role.
+    pub(super) role_changed: bool,
 }
 
 /// The parts of a `Cycle` a server message updates (borrowed apart from
 /// its scanner, which is busy scanning).
 pub(super) struct CycleView<'a> {
-    pub(super) outstanding: &'a mut u32,
+    pub(super) req: &'a mut Requests,
     pub(super) status: &'a mut TransactionStatus,
     pub(super) cycles_done: &'a mut u64,
     pub(super) xacts_done: &'a mut u64,
@@ -527,7 +545,7 @@ pub(super) fn on_server_message(
     match tag {
         b::READY_FOR_QUERY => match TransactionStatus::decode(body) {
             Ok(s) => {
-                *cycle.outstanding = cycle.outstanding.saturating_sub(1);
+                cycle.req.server_ready();
                 *cycle.status = s;
                 *cycle.cycles_done += 1;
                 if s == TransactionStatus::Idle {
@@ -539,6 +557,7 @@ pub(super) fn on_server_message(
             }
             Err(e) => seen.bad = Some(e),
         },
+        b::COPY_IN_RESPONSE => seen.ignored_syncs += cycle.req.server_copy_in(),
         b::ERROR_RESPONSE => {
             if let Ok(f) = sluice_wire::ErrorFields::decode(body)
                 && let [a, b, ..] = f.code.as_bytes()
@@ -548,6 +567,9 @@ pub(super) fn on_server_message(
         }
         b::PARAMETER_STATUS => match ParameterStatus::decode(body) {
             Ok(p) => {
+                if p.name == "session_authorization" || p.name == "is_superuser" {
+                    seen.role_changed = true;
+                }
                 if let Some(name) = tracked_name(p.name) {
                     update_shared(client_params, name, p.value);
                     seen.params_changed = true;
@@ -581,10 +603,9 @@ async fn finish_abandoned(
     mut lease: Lease,
     cycle: &Cycle,
     settings: &crate::backend::pool::PoolSettings,
-    cleanup: Option<String>,
+    cleanup: Option<&'static str>,
 ) {
-    let at_rest = cycle.outstanding == 0
-        && !cycle.unsynced
+    let at_rest = cycle.req.at_rest()
         && cycle.client_scan.at_boundary()
         && cycle.server_scan.at_boundary()
         && cycle.to_server == 0;
@@ -599,11 +620,11 @@ async fn finish_abandoned(
         return;
     }
     if let Some(sql) = cleanup {
-        if !reset(&mut lease, &sql).await {
+        if !reset(&mut lease, sql).await {
             lease.close();
             return;
         }
-        lease.server().session = None;
+        forget_session(lease.server());
     }
     let reset_query = &settings.server_reset_query;
     if settings.mode == PoolMode::Session && !reset_query.is_empty() {

@@ -54,10 +54,18 @@ pub struct Sides<'a> {
     /// With statement tracking: replies sluice wrote itself, due to the
     /// client before anything more of `sbuf`.
     pub client_extra: Option<&'a mut BytesMut>,
+    /// Buffer lengths at which a message that must be held whole is
+    /// complete (0: none): reading goes on past `BUFFER_LIMIT` until then.
+    pub sbuf_wanted: usize,
+    pub cbuf_wanted: usize,
 }
 
-fn reserve(buf: &mut BytesMut) {
-    if buf.capacity() - buf.len() < 1024 {
+/// Room for the next read: a chunk, or exactly what a message held whole
+/// still needs (one allocation of its size, not a doubling).
+fn reserve(buf: &mut BytesMut, wanted: usize) {
+    if wanted > buf.len() + READ_CHUNK && buf.capacity() < wanted {
+        buf.reserve(wanted - buf.len());
+    } else if buf.capacity() - buf.len() < 1024 {
         buf.reserve(READ_CHUNK);
     }
 }
@@ -111,8 +119,8 @@ impl Sides<'_> {
                 Poll::Pending => {}
             }
         }
-        if self.sbuf.len() < BUFFER_LIMIT {
-            reserve(self.sbuf);
+        if self.sbuf.len() < BUFFER_LIMIT.max(self.sbuf_wanted) {
+            reserve(self.sbuf, self.sbuf_wanted);
             match poll_read_buf(Pin::new(&mut *self.server), cx, self.sbuf) {
                 Poll::Ready(Ok(0)) => return Poll::Ready(IoEvent::ServerClosed),
                 Poll::Ready(Ok(_)) => moved = true,
@@ -120,12 +128,18 @@ impl Sides<'_> {
                 Poll::Pending => {}
             }
         }
+        // Stop reading a client whose bytes the server has not taken yet,
+        // or that does not read sluice's own replies.
         let waiting_for_server = match self.server_out.as_deref() {
             Some(out) => out.len(),
             None => self.cbuf.len(),
         };
-        if self.read_client && waiting_for_server < BUFFER_LIMIT {
-            reserve(self.cbuf);
+        let unread_replies = self.client_extra.as_deref().map_or(0, BytesMut::len);
+        if self.read_client
+            && waiting_for_server < BUFFER_LIMIT
+            && unread_replies < BUFFER_LIMIT
+        {
+            reserve(self.cbuf, self.cbuf_wanted);
             match poll_read_buf(Pin::new(&mut *self.client), cx, self.cbuf) {
                 Poll::Ready(Ok(0)) | Poll::Ready(Err(_)) => {
                     return Poll::Ready(IoEvent::ClientGone);

@@ -124,6 +124,21 @@ impl Client {
         self.carried.as_ref().map_or(NOTHING, |c| &c.session)
     }
 
+    /// The client now keeps (Some) or no longer keeps its server for the
+    /// session objects it owns there; logged, and shown in SHOW CLIENTS.
+    pub fn set_pinned(&mut self, reason: Option<String>) {
+        match &reason {
+            Some(why) => tracing::info!(
+                user = %self.user(), db = %self.database(),
+                "client pinned to its server by its session objects ({why})"
+            ),
+            None => tracing::debug!(user = %self.user(), db = %self.database(), "client unpinned"),
+        }
+        self.app
+            .cancels
+            .set_pinned(self.cancel, reason.map(String::into_boxed_str));
+    }
+
     pub fn set_session(&mut self, vars: Option<Arc<crate::session_vars::SessionVars>>) {
         if vars.is_some() || self.carried.is_some() {
             self.carried().session = vars;

@@ -9,15 +9,17 @@ use bytes::{Buf, BytesMut};
 use sluice_wire::{TransactionStatus, WireError, split_frame, tags};
 
 use super::relay::{
-    Counted, Cycle, CycleView, SERVER_MESSAGE_LIMIT, ServerSeen, count_client_message, cycle_view,
-    on_server_message, server_needs_body,
+    Cycle, CycleView, SERVER_MESSAGE_LIMIT, ServerSeen, cycle_view, on_server_message,
+    server_needs_body,
 };
+use super::requests::Counted;
 use crate::prepared::client_names::ClientNames;
 use crate::prepared::expect::{Expect, Expected, Reply, Verdict};
 use crate::prepared::registry::Registry;
 use crate::prepared::rewrite::{QueryFate, Rewriter};
 use crate::prepared::server_cache::ServerStatements;
-use crate::prepared::sql::{self, Special};
+use crate::prepared::sql::{self, Effects, Special};
+use super::relay_io::BUFFER_LIMIT;
 use crate::scan::Visit;
 
 /// Per-link state of a tracked relay.
@@ -28,21 +30,44 @@ pub(super) struct Tracking {
     pub(super) out: BytesMut,
     /// sluice's own replies due to the client.
     pub(super) extra: BytesMut,
-    /// A statement that may change session state went to the server.
-    pub(super) session_touched: bool,
-    /// A PREPARE went to the server inside a transaction: its statement
-    /// must not outlive the link.
-    pub(super) sql_prepared: bool,
+    /// What the statements sent since the last transaction end may have
+    /// left on the server.
+    pub(super) effects: Effects,
     /// LISTEN / UNLISTEN statements sent, in order.
     pub(super) listens: Vec<Special>,
-    /// A LISTEN went to the server: it must not keep listening.
-    pub(super) listen_sent: bool,
     /// Custom settings the link may have set (read back by name).
     pub(super) custom_names: Vec<String>,
-    /// A CREATE TEMP… went to the server.
-    pub(super) temp_tables: bool,
-    /// A session-level advisory lock may have been taken.
-    pub(super) advisory_locks: bool,
+    /// Why the client keeps this server past its transaction, if it does.
+    pub(super) pinned: Option<PinReason>,
+}
+
+/// Session objects that keep a client on its server.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct PinReason {
+    pub temp_tables: bool,
+    pub cursors: bool,
+    pub advisory_locks: bool,
+}
+
+impl PinReason {
+    /// For SHOW CLIENTS and the log: "temp_tables,cursors".
+    pub fn describe(&self) -> String {
+        let mut parts = Vec::new();
+        if self.temp_tables {
+            parts.push("temp_tables");
+        }
+        if self.cursors {
+            parts.push("cursors");
+        }
+        if self.advisory_locks {
+            parts.push("advisory_locks");
+        }
+        parts.join(",")
+    }
+
+    fn any(&self) -> bool {
+        self.temp_tables || self.cursors || self.advisory_locks
+    }
 }
 
 thread_local! {
@@ -71,13 +96,10 @@ impl Tracking {
         self.expected.clear();
         self.out.clear();
         self.extra.clear();
-        self.session_touched = false;
-        self.sql_prepared = false;
+        self.effects = Effects::default();
         self.listens.clear();
-        self.listen_sent = false;
         self.custom_names.clear();
-        self.temp_tables = false;
-        self.advisory_locks = false;
+        self.pinned = None;
         SPARE.with(|s| {
             let mut spare = s.borrow_mut();
             if spare.len() < SPARES {
@@ -86,14 +108,11 @@ impl Tracking {
         });
     }
 
-    /// Whether the link may have left something on the server to clean or
-    /// read back (see `after_transaction`).
-    pub(super) fn leaves_state(&self) -> bool {
-        self.session_touched
-            || self.sql_prepared
-            || self.listen_sent
-            || self.temp_tables
-            || self.advisory_locks
+    /// At a transaction end: whether `after_transaction` has work to do
+    /// (something may have been left, or a pinned client may have removed
+    /// what pinned it).
+    pub(super) fn needs_after(&self) -> bool {
+        self.effects.any() || (self.pinned.is_some() && self.effects.removes)
     }
 
     /// Nothing owed either way.
@@ -134,13 +153,7 @@ pub(super) fn rewrite_client(
                 if rewritten(tag) {
                     return Visit::StopBefore;
                 }
-                let counted = count_client_message(
-                    &mut cycle.outstanding,
-                    &mut cycle.unsynced,
-                    &mut cycle.syncs_since_start,
-                    tag,
-                );
-                match counted {
+                match cycle.req.client(tag) {
                     Counted::Sync => expected.push(pass(Reply::Sync)),
                     // FunctionCall (Query is rewritten, so never here).
                     Counted::Request => expected.push(pass(Reply::Query)),
@@ -163,6 +176,11 @@ pub(super) fn rewrite_client(
             cycle.client_terminated = true;
         }
         if !end.stopped || terminated {
+            break;
+        }
+        // What the server or the client has not taken yet bounds what is
+        // rewritten now; the rest stays in `cbuf` (not read further).
+        if t.out.len() >= BUFFER_LIMIT || t.extra.len() >= BUFFER_LIMIT {
             break;
         }
         let Some(header) = split_frame(cbuf, limit)? else {
@@ -197,7 +215,7 @@ fn handle_message(
     match tag {
         f::PARSE => {
             rewriter.parse(message)?;
-            cycle.unsynced = true;
+            cycle.req.other_sent();
             let text = parse_query(message);
             if let Some(text) = text.filter(|text| sql::may_matter(text)) {
                 follow_listens(t, sql::specials(text));
@@ -206,22 +224,22 @@ fn handle_message(
         }
         f::BIND => {
             rewriter.bind(message)?;
-            cycle.unsynced = true;
+            cycle.req.other_sent();
         }
         f::DESCRIBE => {
             rewriter.describe(message)?;
-            cycle.unsynced = true;
+            cycle.req.other_sent();
         }
         f::CLOSE => {
             rewriter.close(message)?;
-            cycle.unsynced = true;
+            cycle.req.other_sent();
         }
         _ => {
-            let idle = cycle.status == TransactionStatus::Idle && cycle.outstanding == 0;
-            if let QueryFate::Sent { specials } = rewriter.query(message, idle, t.sql_prepared) {
-                cycle.outstanding += 1;
-                cycle.unsynced = false;
-                cycle.syncs_since_start = 0;
+            let idle = cycle.status == TransactionStatus::Idle && cycle.req.outstanding == 0;
+            if let QueryFate::Sent { specials } =
+                rewriter.query(message, idle, t.effects.statements)
+            {
+                cycle.req.request_sent();
                 follow_listens(t, specials);
                 let text = &message[sluice_wire::HEADER_LEN..];
                 if sql::may_matter(text) {
@@ -260,27 +278,22 @@ fn parse_query(message: &[u8]) -> Option<&[u8]> {
 
 /// Notes what a statement sent to the server may leave behind.
 fn note_text(t: &mut Tracking, text: &[u8]) {
-    if sql::touches_session(text) {
-        t.session_touched = true;
+    let effects = sql::effects(text);
+    if effects.settings {
         for name in sql::custom_names(text) {
+            if t.custom_names.len() >= MAX_CUSTOM_NAMES {
+                break;
+            }
             if !t.custom_names.contains(&name) {
                 t.custom_names.push(name);
             }
         }
     }
-    if sql::starts_statement(text, b"prepare") {
-        t.sql_prepared = true;
-    }
-    if sql::starts_statement(text, b"listen") {
-        t.listen_sent = true;
-    }
-    if sql::starts_statement(text, b"create") && sql::mentions(text, b"temp") {
-        t.temp_tables = true;
-    }
-    if sql::mentions(text, b"pg_advisory_lock") || sql::mentions(text, b"pg_try_advisory_lock") {
-        t.advisory_locks = true;
-    }
+    t.effects.merge(effects);
 }
+
+/// Custom setting names read back by name after one transaction.
+const MAX_CUSTOM_NAMES: usize = 1000;
 
 /// A server message that cannot be forwarded in place yet.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -347,12 +360,18 @@ pub(super) fn scan_server(
                 client_params,
                 refuse_transactions,
             );
+            if seen.ignored_syncs > 0 {
+                expected.forget_ignored_syncs(std::mem::take(&mut seen.ignored_syncs));
+            }
             expected.consume(tag, body, server);
             Visit::Forward
         },
     )?;
     if let Some(e) = seen.bad {
         return Err(e);
+    }
+    if seen.role_changed {
+        t.effects.settings = true;
     }
     cycle.to_client = end.forward_to;
     Ok((seen.params_changed, held))
@@ -404,82 +423,157 @@ pub(super) fn settle(cycle: &Cycle, t: &mut Tracking, server: &mut ServerStateme
 }
 
 impl Tracking {
-    /// SQL that removes what the link left on the server that must not
-    /// reach another client: LISTENs, SQL-level prepared statements,
-    /// temporary tables, session advisory locks.
-    fn cleanup_sql(&self) -> String {
+    /// SQL that removes what the transaction left on the server that must
+    /// not reach another client and cannot pin: LISTENs (notifications go
+    /// through the pool's hub) and SQL-level prepared statements (sluice's
+    /// shared statements go with them, so its view of the server is reset
+    /// too: a DEALLOCATE of a shared name, even inside a function, cannot
+    /// leave sluice believing a statement is there). With `discard`, or
+    /// when `pin` is off, session objects go too.
+    fn cleanup_sql(&self, discard_objects: bool) -> String {
+        let e = &self.effects;
         let mut sql = String::new();
-        if self.listen_sent {
+        if e.listen {
             sql.push_str("UNLISTEN *;");
         }
-        if self.sql_prepared {
+        if e.statements {
             sql.push_str("DEALLOCATE ALL;");
         }
-        if self.temp_tables {
-            sql.push_str("DISCARD TEMP;");
-        }
-        if self.advisory_locks {
-            sql.push_str("SELECT pg_catalog.pg_advisory_unlock_all();");
+        if discard_objects && e.objects() {
+            sql.push_str(
+                "CLOSE ALL;DISCARD TEMP;SELECT pg_catalog.pg_advisory_unlock_all();",
+            );
         }
         sql
     }
 
-    /// Cleanup for a server whose client left or was thrown out: also
-    /// RESET ALL when its settings may have changed (nobody to follow).
-    pub(super) fn abandon_sql(&self) -> Option<String> {
-        let mut sql = self.cleanup_sql();
-        if self.session_touched {
-            sql.push_str("RESET ALL;");
-        }
-        (!sql.is_empty()).then_some(sql)
+    /// Cleanup for a server whose client left or was thrown out: when the
+    /// link may have left anything, or the client was pinned, everything
+    /// goes (DISCARD ALL also resets the role and session authorization,
+    /// which RESET ALL keeps).
+    pub(super) fn abandon_sql(&self) -> Option<&'static str> {
+        (self.effects.any() || self.pinned.is_some()).then_some("DISCARD ALL")
     }
 }
 
-/// After a transaction, before the server goes back: clean what must not
-/// reach another client, and read back the client's session settings if
-/// it may have changed them. False: the server cannot be trusted (close it).
+/// What became of the server at a transaction end.
+pub(super) enum AfterTx {
+    /// Clean: it may go back to the pool.
+    Release,
+    /// The client owns session objects on it and keeps it.
+    Pinned,
+    /// It cannot be trusted: close it.
+    Close,
+}
+
+/// Counts the session objects of the server's own session that would
+/// reach another client: temporary relations, WITH HOLD cursors, session
+/// advisory locks (transaction-level ones end with the transaction).
+const OBJECTS_SQL: &str = "SELECT \
+    (SELECT count(*) FROM pg_catalog.pg_class \
+      WHERE relnamespace = pg_catalog.pg_my_temp_schema()), \
+    (SELECT count(*) FROM pg_catalog.pg_cursors WHERE is_holdable), \
+    (SELECT count(*) FROM pg_catalog.pg_locks \
+      WHERE locktype = 'advisory' AND pid = pg_catalog.pg_backend_pid())";
+
+/// After a transaction: clean what must not reach another client, read
+/// back the client's session settings if it may have changed them, and
+/// decide whether session objects pin the client to this server.
 pub(super) async fn after_transaction(
+    lease: &mut crate::backend::pool::Lease,
+    client: &mut super::session::Client,
+    t: &mut Tracking,
+) -> AfterTx {
+    let pin = lease.settings.session_objects == sluice_config::SessionObjects::Pin;
+    let effects = std::mem::take(&mut t.effects);
+    let cleanup = Tracking {
+        effects,
+        ..Default::default()
+    }
+    .cleanup_sql(!pin);
+    if !cleanup.is_empty() {
+        if !super::relay::reset(lease, &cleanup).await {
+            return AfterTx::Close;
+        }
+        if effects.statements || effects.opaque {
+            lease.server().statements.clear();
+        }
+    }
+    if effects.settings && !capture_settings(lease, client, t).await {
+        return AfterTx::Close;
+    }
+    t.custom_names.clear();
+    let check = pin && (effects.objects() || (t.pinned.is_some() && effects.removes));
+    if !check {
+        return if t.pinned.is_some() {
+            AfterTx::Pinned
+        } else {
+            AfterTx::Release
+        };
+    }
+    let read = tokio::time::timeout(
+        super::session::CLEANUP_TIMEOUT,
+        crate::backend::login::run_query_rows(lease.server(), OBJECTS_SQL),
+    )
+    .await;
+    let Ok(Ok(rows)) = read else {
+        return AfterTx::Close;
+    };
+    let count = |i: usize| {
+        rows.first()
+            .and_then(|r| r.get(i).cloned().flatten())
+            .and_then(|v| v.parse::<u64>().ok())
+    };
+    let (Some(temp), Some(cursors), Some(locks)) = (count(0), count(1), count(2)) else {
+        return AfterTx::Close;
+    };
+    let reason = PinReason {
+        temp_tables: temp > 0,
+        cursors: cursors > 0,
+        advisory_locks: locks > 0,
+    };
+    let was = t.pinned;
+    t.pinned = reason.any().then_some(reason);
+    if t.pinned != was {
+        client.set_pinned(t.pinned.map(|r| r.describe()));
+    }
+    match t.pinned {
+        Some(_) => AfterTx::Pinned,
+        None => AfterTx::Release,
+    }
+}
+
+/// Reads the session's settings back into the client's view.
+async fn capture_settings(
     lease: &mut crate::backend::pool::Lease,
     client: &mut super::session::Client,
     t: &Tracking,
 ) -> bool {
-    let cleanup = t.cleanup_sql();
-    if !cleanup.is_empty() {
-        if !super::relay::reset(lease, &cleanup).await {
-            return false;
-        }
-        if t.sql_prepared {
-            lease.server().statements.clear();
-        }
-    }
-    if t.session_touched {
-        let mut custom = t.custom_names.clone();
-        if let Some(vars) = client.session() {
-            for name in vars.custom_names() {
-                if !custom.iter().any(|c| c.eq_ignore_ascii_case(name)) {
-                    custom.push(name.to_owned());
-                }
+    let mut custom = t.custom_names.clone();
+    if let Some(vars) = client.session() {
+        for name in vars.custom_names() {
+            if !custom.iter().any(|c| c.eq_ignore_ascii_case(name)) {
+                custom.push(name.to_owned());
             }
         }
-        let capture = crate::session_vars::capture_sql(&custom);
-        let read = tokio::time::timeout(
-            super::session::CLEANUP_TIMEOUT,
-            crate::backend::login::run_query_rows(lease.server(), &capture),
-        )
-        .await;
-        let Ok(Ok(rows)) = read else {
-            return false;
-        };
-        let vars =
-            crate::session_vars::SessionVars::from_pairs(rows.into_iter().filter_map(|row| {
-                match row.as_slice() {
-                    [Some(name), Some(value)] => Some((name.clone(), value.clone())),
-                    _ => None,
-                }
-            }));
-        let vars = (!vars.is_empty()).then(|| std::sync::Arc::new(vars));
-        lease.server().session = vars.clone();
-        client.set_session(vars);
     }
+    let capture = crate::session_vars::capture_sql(&custom);
+    let read = tokio::time::timeout(
+        super::session::CLEANUP_TIMEOUT,
+        crate::backend::login::run_query_rows(lease.server(), &capture),
+    )
+    .await;
+    let Ok(Ok(rows)) = read else {
+        return false;
+    };
+    let vars = crate::session_vars::SessionVars::from_pairs(rows.into_iter().filter_map(|row| {
+        match row.as_slice() {
+            [Some(name), Some(value)] => Some((name.clone(), value.clone())),
+            _ => None,
+        }
+    }));
+    let vars = (!vars.is_empty()).then(|| std::sync::Arc::new(vars));
+    lease.server().session = vars.clone();
+    client.set_session(vars);
     true
 }

@@ -121,15 +121,17 @@ impl Expected {
         self.queue.is_empty()
     }
 
-    /// The client ended a COPY FROM STDIN: the `syncs` Syncs it sent after
-    /// starting it were ignored by PostgreSQL and get no ReadyForQuery.
+    /// `syncs` Syncs sent after the request at the head of the queue (a
+    /// COPY FROM STDIN, confirmed by the server) were ignored by
+    /// PostgreSQL and get no ReadyForQuery. They follow the head directly:
+    /// anything else in between would have ended the COPY.
     pub fn forget_ignored_syncs(&mut self, syncs: u32) {
         for _ in 0..syncs {
-            match self.queue.back() {
+            match self.queue.get(1) {
                 Some(Expect::Pass {
                     reply: Reply::Sync, ..
                 }) => {
-                    self.queue.pop_back();
+                    self.queue.remove(1);
                 }
                 _ => break,
             }

@@ -59,13 +59,15 @@ impl Rewriter<'_> {
         }
         if self.names.get(name).is_some() {
             // PostgreSQL refuses a name in use (42P05, and the rest of the
-            // pipeline is skipped): let the server say so, by parsing again
-            // under the name the existing statement has there.
+            // pipeline is skipped): let the server say so, by parsing the
+            // existing statement again under its shared name. Its own text,
+            // never the client's: were the server to lack it after all,
+            // the shared name would still mean what every client expects.
             let existing = self.lookup(name);
             if let Some(existing) = existing {
                 MessageBuilder::new(self.out, tags::frontend::PARSE)
                     .cstr(&existing.name)
-                    .bytes(text)
+                    .bytes(&existing.text)
                     .finish();
             }
             self.expected.push(Expect::Pass {

@@ -151,7 +151,8 @@ fn is_end(s: &[u8]) -> bool {
     skip_space(s).is_empty()
 }
 
-/// First words of a statement that may change what follows the client.
+/// First words of a statement that may change what follows the client,
+/// or remove a session object that pins it.
 const STATEMENT_STARTS: &[&[u8]] = &[
     b"set",
     b"reset",
@@ -161,6 +162,11 @@ const STATEMENT_STARTS: &[&[u8]] = &[
     b"listen",
     b"unlisten",
     b"create",
+    b"do",
+    b"call",
+    b"declare",
+    b"drop",
+    b"close",
 ];
 
 /// One quick pass (memchr for `;` and `_`) deciding whether the closer,
@@ -171,7 +177,7 @@ pub fn may_matter(text: &[u8]) -> bool {
     let mut start = 0;
     loop {
         let first = word(&text[start..]).0;
-        if (3..=10).contains(&first.len())
+        if (2..=10).contains(&first.len())
             && STATEMENT_STARTS
                 .iter()
                 .any(|k| k.eq_ignore_ascii_case(first))
@@ -183,6 +189,9 @@ pub fn may_matter(text: &[u8]) -> bool {
             None => break,
         }
     }
+    if contains_temp(text) {
+        return true;
+    }
     memchr::memchr_iter(b'_', text).any(|at| {
         let before = &text[..at];
         let after = &text[at + 1..];
@@ -190,8 +199,126 @@ pub fn may_matter(text: &[u8]) -> bool {
             before.len() >= s.len() && before[before.len() - s.len()..].eq_ignore_ascii_case(s)
         };
         let starts = |s: &[u8]| after.len() >= s.len() && after[..s.len()].eq_ignore_ascii_case(s);
-        (ends(b"set") && starts(b"config")) || (ends(b"advisory") && starts(b"lock"))
+        (ends(b"set") && starts(b"config")) || (ends(b"advisory") && (starts(b"lock") || starts(b"unlock")))
     })
+}
+
+/// Whether `text` contains "temp" in any case (`SELECT … INTO TEMP`).
+fn contains_temp(text: &[u8]) -> bool {
+    memchr::memchr2_iter(b't', b'T', text).any(|at| {
+        text.get(at..at + 4)
+            .is_some_and(|w| w.eq_ignore_ascii_case(b"temp"))
+    })
+}
+
+/// Whether `s` has the word TEMP or TEMPORARY (not "attempts").
+fn temp_keyword(s: &[u8]) -> bool {
+    let ident = |c: &u8| c.is_ascii_alphanumeric() || *c == b'_';
+    memchr::memchr2_iter(b't', b'T', s).any(|at| {
+        if !s.get(at..at + 4).is_some_and(|w| w.eq_ignore_ascii_case(b"temp")) {
+            return false;
+        }
+        if at > 0 && ident(&s[at - 1]) {
+            return false;
+        }
+        let mut end = at + 4;
+        if s.get(end..end + 5).is_some_and(|w| w.eq_ignore_ascii_case(b"orary")) {
+            end += 5;
+        }
+        !s.get(end).is_some_and(ident)
+    })
+}
+
+/// What statements may leave on their server beyond their transaction,
+/// judged from their text (any protocol, every statement of a string).
+/// What a function or trigger does is not in the text; `opaque` marks
+/// text that runs code of its own (DO, CALL), which may do anything.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Effects {
+    /// SET, RESET, DISCARD or set_config: session settings may differ.
+    pub settings: bool,
+    /// SQL-level PREPARE or DEALLOCATE: the server's statements may differ
+    /// from what sluice knows.
+    pub statements: bool,
+    pub listen: bool,
+    /// A temporary table may exist.
+    pub temp: bool,
+    /// A session advisory lock may be held.
+    pub locks: bool,
+    /// A WITH HOLD cursor may be open.
+    pub cursors: bool,
+    /// DO or CALL: code that may do any of the above.
+    pub opaque: bool,
+    /// DROP, CLOSE, DISCARD or an unlock: a pinning object may be gone.
+    pub removes: bool,
+}
+
+impl Effects {
+    /// Session objects that may pin a client or need removing.
+    pub fn objects(&self) -> bool {
+        self.temp || self.locks || self.cursors || self.opaque
+    }
+
+    pub fn any(&self) -> bool {
+        self.settings || self.statements || self.listen || self.objects()
+    }
+
+    pub fn merge(&mut self, other: Effects) {
+        self.settings |= other.settings;
+        self.statements |= other.statements;
+        self.listen |= other.listen;
+        self.temp |= other.temp;
+        self.locks |= other.locks;
+        self.cursors |= other.cursors;
+        self.opaque |= other.opaque;
+        self.removes |= other.removes;
+    }
+}
+
+/// The effects of `text` (call only where `may_matter` said yes).
+pub fn effects(text: &[u8]) -> Effects {
+    let mut e = Effects::default();
+    for s in statements(text) {
+        let (first, _) = word(s);
+        let is = |k: &[u8]| first.eq_ignore_ascii_case(k);
+        if is(b"set") || is(b"reset") {
+            e.settings = true;
+        } else if is(b"discard") {
+            e.settings = true;
+            e.removes = true;
+        } else if is(b"prepare") || is(b"deallocate") {
+            e.statements = true;
+        } else if is(b"listen") {
+            e.listen = true;
+        } else if is(b"do") || is(b"call") {
+            e.opaque = true;
+        } else if is(b"declare") {
+            e.cursors |= contains_ignore_case(s, b"hold");
+        } else if is(b"drop") || is(b"close") {
+            e.removes = true;
+        }
+        if temp_keyword(s) && (is(b"create") || contains_ignore_case(s, b"into")) {
+            e.temp = true;
+        }
+    }
+    if contains_ignore_case(text, b"set_config") {
+        e.settings = true;
+    }
+    if contains_ignore_case(text, b"advisory_lock") {
+        e.locks = true;
+    }
+    if contains_ignore_case(text, b"advisory_unlock") {
+        e.removes = true;
+    }
+    if contains_ignore_case(text, b"deallocate") {
+        e.statements = true;
+    }
+    if e.opaque {
+        e.settings = true;
+        e.statements = true;
+        e.listen = true;
+    }
+    e
 }
 
 /// Recognises a simple query that is exactly one special statement.
@@ -253,21 +380,6 @@ fn special_statement(one: &[u8]) -> Option<Special> {
     None
 }
 
-/// Whether `text` may change session state that must follow the client:
-/// a statement starting with SET, RESET or DISCARD, a `set_config` call,
-/// or anything mentioning LISTEN, PREPARE or a role.
-pub fn touches_session(text: &[u8]) -> bool {
-    if contains_ignore_case(text, b"set_config") {
-        return true;
-    }
-    statements(text).iter().any(|s| {
-        let (first, _) = word(s);
-        [&b"set"[..], b"reset", b"discard"]
-            .iter()
-            .any(|k| first.eq_ignore_ascii_case(k))
-    })
-}
-
 /// Names of custom (dotted) settings that `text` may set: the variable of
 /// a SET or RESET, and the first argument of set_config('…', …). Custom
 /// placeholders are missing from pg_settings, so sluice reads them back by
@@ -313,18 +425,6 @@ pub fn custom_names(text: &[u8]) -> Vec<String> {
         }
     }
     names
-}
-
-/// Whether any statement of `text` starts with `keyword`.
-pub fn starts_statement(text: &[u8], keyword: &[u8]) -> bool {
-    statements(text)
-        .iter()
-        .any(|s| word(s).0.eq_ignore_ascii_case(keyword))
-}
-
-/// Whether `text` contains `word`, ignoring case (also inside names).
-pub fn mentions(text: &[u8], word: &[u8]) -> bool {
-    contains_ignore_case(text, word)
 }
 
 fn contains_ignore_case(haystack: &[u8], needle: &[u8]) -> bool {
@@ -394,17 +494,44 @@ mod tests {
 
     #[test]
     fn finds_session_changes_at_statement_starts_only() {
-        assert!(touches_session(b"SET search_path TO x"));
-        assert!(touches_session(b"begin; set local x = 1; commit"));
-        assert!(touches_session(b"select set_config('a.b', '1', false)"));
-        assert!(touches_session(b"-- c\nRESET ALL"));
-        assert!(!touches_session(b"UPDATE t SET x = 1"));
-        assert!(!touches_session(b"select 'a; set x' from t offset 1"));
-        assert!(!touches_session(b"select $$;set$$"));
-        assert!(starts_statement(
-            b"begin; PREPARE p AS select 1",
-            b"prepare"
-        ));
+        let settings = |t: &[u8]| effects(t).settings;
+        assert!(settings(b"SET search_path TO x"));
+        assert!(settings(b"begin; set local x = 1; commit"));
+        assert!(settings(b"select set_config('a.b', '1', false)"));
+        assert!(settings(b"-- c\nRESET ALL"));
+        assert!(!settings(b"UPDATE t SET x = 1"));
+        assert!(!settings(b"select 'a; set x' from t offset 1"));
+        assert!(!settings(b"select $$;set$$"));
+        assert!(effects(b"begin; PREPARE p AS select 1").statements);
+    }
+
+    #[test]
+    fn finds_what_outlives_a_transaction() {
+        assert!(effects(b"DECLARE c CURSOR WITH HOLD FOR select 1").cursors);
+        assert!(!effects(b"DECLARE c CURSOR FOR select 1").cursors);
+        assert!(effects(b"select 1 as x into temp t").temp);
+        assert!(effects(b"create temporary table t (x int)").temp);
+        assert!(!effects(b"insert into attempts values (1)").temp);
+        assert!(effects(b"select pg_try_advisory_lock(1)").locks);
+        assert!(!effects(b"select pg_advisory_xact_lock(1)").locks);
+        assert!(effects(b"select pg_advisory_unlock(1)").removes);
+        assert!(effects(b"drop table t").removes);
+        // Any DEALLOCATE, even in a string run by a function.
+        assert!(effects(b"select f('DEALLOCATE sluice_1')").statements);
+        let opaque = effects(b"DO $$BEGIN SET ROLE r; END$$");
+        assert!(opaque.opaque && opaque.settings && opaque.statements && opaque.objects());
+        assert!(effects(b"call p()").opaque);
+        for text in [
+            &b"do $$ begin end $$"[..],
+            b"CALL p()",
+            b"declare c cursor with hold for select 1",
+            b"select 1 into temp t",
+            b"drop table t",
+            b"close c",
+            b"select pg_advisory_unlock_all()",
+        ] {
+            assert!(may_matter(text), "{}", String::from_utf8_lossy(text));
+        }
     }
 }
 

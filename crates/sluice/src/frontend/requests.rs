@@ -1,0 +1,279 @@
+//! How many ReadyForQuery messages a server still owes a linked client,
+//! counted from what the server says, never from what the client claims.
+//!
+//! Query, FunctionCall and Sync each earn one ReadyForQuery, except Syncs
+//! that arrive while the server is in COPY FROM STDIN: PostgreSQL ignores
+//! those. A client's CopyDone or CopyFail only *claims* that a COPY was
+//! running; PostgreSQL ignores a CopyDone outside COPY and still answers
+//! the Syncs before it. So the Syncs before a CopyDone are discounted only
+//! once the server's CopyInResponse for that very request has been read.
+//! Getting this wrong either way hurts: too few owed and the server goes
+//! back to the pool with a reply still coming (the next client gets it),
+//! too many and the client keeps its server. When in doubt this counts too
+//! many, which only ever costs the misbehaving client.
+
+use std::collections::VecDeque;
+
+use sluice_wire::tags;
+
+/// Unconfirmed COPY ends kept; past this a claim is dropped (its Syncs
+/// stay owed, which only keeps the claiming client on its server).
+const CLAIMS_LIMIT: usize = 64;
+
+/// What a client message passed on means for the request bookkeeping.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Counted {
+    /// Query or FunctionCall: a request answered up to ReadyForQuery.
+    Request,
+    Sync,
+    Execute,
+    /// CopyDone or CopyFail: `ignored_syncs` Syncs are now known to have
+    /// been ignored by PostgreSQL (0 until the server confirmed the COPY).
+    CopyEnded {
+        ignored_syncs: u32,
+    },
+    Terminate,
+    Other,
+}
+
+/// Request bookkeeping of one linked period.
+#[derive(Debug, Default)]
+pub(super) struct Requests {
+    /// ReadyForQuery messages owed.
+    pub(super) outstanding: u32,
+    /// Extended-protocol messages sent since the last Sync.
+    pub(super) unsynced: bool,
+    /// ReadyForQuery-earning messages sent, and ReadyForQuery seen (plus
+    /// Syncs known to be ignored): positions in the reply stream.
+    sent: u64,
+    seen: u64,
+    /// `sent` when the latest Execute, Query or FunctionCall went out: its
+    /// CopyInResponse, if any, comes when `seen` reaches this.
+    start: u64,
+    /// Syncs sent since that start with nothing else in between (anything
+    /// else would have ended a COPY with an error).
+    syncs: u32,
+    /// Client COPY ends not yet confirmed: (start, Syncs before the end).
+    claims: VecDeque<(u64, u32)>,
+    /// The server is in COPY FROM STDIN for the start at this position and
+    /// the client has not ended it yet.
+    server_copy: Option<u64>,
+}
+
+impl Requests {
+    /// Nothing owed and nothing half-sent.
+    pub(super) fn at_rest(&self) -> bool {
+        self.outstanding == 0 && !self.unsynced
+    }
+
+    /// Accounts for one client message sent on to the server.
+    pub(super) fn client(&mut self, tag: u8) -> Counted {
+        use tags::frontend as f;
+        match tag {
+            f::QUERY | f::FUNCTION_CALL => {
+                self.request_sent();
+                Counted::Request
+            }
+            f::SYNC => {
+                self.outstanding += 1;
+                self.unsynced = false;
+                self.sent += 1;
+                self.syncs += 1;
+                Counted::Sync
+            }
+            f::TERMINATE => Counted::Terminate,
+            f::COPY_DATA | f::FLUSH => Counted::Other,
+            f::COPY_DONE | f::COPY_FAIL => Counted::CopyEnded {
+                ignored_syncs: self.copy_ended(),
+            },
+            f::EXECUTE => {
+                self.unsynced = true;
+                self.start = self.sent;
+                self.syncs = 0;
+                Counted::Execute
+            }
+            _ => {
+                self.other_sent();
+                Counted::Other
+            }
+        }
+    }
+
+    /// A simple Query (or FunctionCall) went to the server.
+    pub(super) fn request_sent(&mut self) {
+        self.outstanding += 1;
+        self.unsynced = false;
+        self.start = self.sent;
+        self.sent += 1;
+        self.syncs = 0;
+    }
+
+    /// An extended-protocol message other than Execute, Sync and Flush
+    /// went to the server: it would end a COPY with an error, so Syncs
+    /// before it are not discounted by a later CopyDone.
+    pub(super) fn other_sent(&mut self) {
+        self.unsynced = true;
+        self.syncs = 0;
+    }
+
+    /// CopyDone or CopyFail: returns the Syncs now known to be ignored.
+    fn copy_ended(&mut self) -> u32 {
+        let syncs = std::mem::take(&mut self.syncs);
+        let confirmed = self.server_copy == Some(self.start);
+        if confirmed {
+            self.server_copy = None;
+        }
+        if syncs == 0 {
+            return 0;
+        }
+        if confirmed {
+            self.discount(syncs);
+            return syncs;
+        }
+        if self.claims.len() < CLAIMS_LIMIT {
+            self.claims.push_back((self.start, syncs));
+        }
+        0
+    }
+
+    fn discount(&mut self, syncs: u32) {
+        self.outstanding = self.outstanding.saturating_sub(syncs);
+        self.seen += u64::from(syncs);
+    }
+
+    fn drop_stale_claims(&mut self) {
+        while self.claims.front().is_some_and(|&(at, _)| at < self.seen) {
+            self.claims.pop_front();
+        }
+    }
+
+    /// The server sent ReadyForQuery.
+    pub(super) fn server_ready(&mut self) {
+        self.outstanding = self.outstanding.saturating_sub(1);
+        self.seen += 1;
+        self.server_copy = None;
+        self.drop_stale_claims();
+    }
+
+    /// The server sent CopyInResponse: returns the Syncs now known to be
+    /// ignored (the client already ended this COPY).
+    pub(super) fn server_copy_in(&mut self) -> u32 {
+        self.drop_stale_claims();
+        match self.claims.front() {
+            Some(&(at, syncs)) if at == self.seen => {
+                self.claims.pop_front();
+                self.discount(syncs);
+                syncs
+            }
+            _ => {
+                self.server_copy = Some(self.seen);
+                0
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tags::frontend as f;
+
+    fn send(r: &mut Requests, tags: &[u8]) -> u32 {
+        let mut ignored = 0;
+        for &t in tags {
+            if let Counted::CopyEnded { ignored_syncs } = r.client(t) {
+                ignored += ignored_syncs;
+            }
+        }
+        ignored
+    }
+
+    #[test]
+    fn copy_done_without_copy_discounts_nothing() {
+        let mut r = Requests::default();
+        // Sync then CopyDone with no COPY: PostgreSQL answers the Sync.
+        assert_eq!(send(&mut r, &[f::SYNC, f::COPY_DONE]), 0);
+        assert_eq!(r.outstanding, 1);
+        r.server_ready();
+        assert!(r.at_rest());
+        // Execute, Sync, CopyDone, where the Execute was no COPY.
+        send(&mut r, &[f::BIND, f::EXECUTE, f::SYNC, f::COPY_DONE]);
+        assert_eq!(r.outstanding, 1);
+        r.server_ready();
+        assert!(r.at_rest());
+        assert!(r.claims.is_empty());
+    }
+
+    #[test]
+    fn extended_copy_discounts_once_the_server_confirms() {
+        // libpq: Execute, Sync; CopyInResponse; data, CopyDone, Sync.
+        let mut r = Requests::default();
+        send(&mut r, &[f::PARSE, f::BIND, f::EXECUTE, f::SYNC]);
+        assert_eq!(r.server_copy_in(), 0);
+        assert_eq!(
+            send(&mut r, &[f::COPY_DATA, f::COPY_DONE, f::SYNC]),
+            1,
+            "the Sync after Execute was ignored"
+        );
+        assert_eq!(r.outstanding, 1);
+        r.server_ready();
+        assert!(r.at_rest());
+    }
+
+    #[test]
+    fn pipelined_copy_end_waits_for_copy_in_response() {
+        let mut r = Requests::default();
+        send(
+            &mut r,
+            &[f::BIND, f::EXECUTE, f::SYNC, f::COPY_DONE, f::SYNC],
+        );
+        assert_eq!(r.outstanding, 2, "not discounted on the client's word");
+        assert_eq!(r.server_copy_in(), 1);
+        assert_eq!(r.outstanding, 1);
+        r.server_ready();
+        assert!(r.at_rest());
+    }
+
+    #[test]
+    fn simple_query_copy_and_a_later_request() {
+        let mut r = Requests::default();
+        send(&mut r, &[f::QUERY, f::SYNC, f::COPY_DONE, f::QUERY]);
+        assert_eq!(r.outstanding, 3);
+        assert_eq!(r.server_copy_in(), 1);
+        r.server_ready();
+        assert_eq!(r.outstanding, 1);
+        r.server_ready();
+        assert!(r.at_rest());
+    }
+
+    #[test]
+    fn a_message_between_ends_the_claim() {
+        // Execute, Sync, Parse (would abort a COPY), CopyDone: no discount.
+        let mut r = Requests::default();
+        send(&mut r, &[f::EXECUTE, f::SYNC, f::PARSE, f::COPY_DONE]);
+        assert_eq!(r.server_copy_in(), 0);
+        assert_eq!(r.outstanding, 1);
+    }
+
+    #[test]
+    fn an_earlier_reply_does_not_confirm_a_later_copy() {
+        // Sync, Execute, Sync, CopyDone: the first ReadyForQuery belongs to
+        // the first Sync; the COPY is confirmed after it.
+        let mut r = Requests::default();
+        send(&mut r, &[f::SYNC, f::EXECUTE, f::SYNC, f::COPY_DONE]);
+        r.server_ready();
+        assert_eq!(r.outstanding, 1);
+        assert_eq!(r.server_copy_in(), 1);
+        assert!(r.at_rest());
+    }
+
+    #[test]
+    fn claims_are_bounded() {
+        let mut r = Requests::default();
+        for _ in 0..1000 {
+            send(&mut r, &[f::EXECUTE, f::SYNC, f::COPY_DONE]);
+        }
+        assert!(r.claims.len() <= CLAIMS_LIMIT);
+        assert_eq!(r.outstanding, 1000);
+    }
+}

@@ -1,0 +1,1038 @@
+//! Isolation between clients that share a server, tried as a hostile or
+//! merely unusual client would (issue 9, "Confirmed defects" 1–9): replies
+//! that shift between clients, shared statements replaced or dropped by
+//! another client, roles, settings and session objects (cursors, temporary
+//! tables, advisory locks, SQL-prepared statements) left behind for the next
+//! client, a large error message that hangs, trust logins for users missing
+//! from the auth file, memory and servers held by a client that does not
+//! read or trickles, SCRAM answers that tell unknown users apart, and a
+//! statement name long enough to make a worker spin.
+//!
+//! Each test failed against sluice at `b91bd08`. Most run on a pool of one
+//! server in transaction mode, so that the clients take turns on the same
+//! PostgreSQL backend, which is exactly where a leak shows. Every wait is
+//! bounded: a hang shows as a failed assertion, not a stuck suite.
+
+use std::time::{Duration, Instant};
+
+use sluice_tests::*;
+use tokio_postgres::Client;
+
+/// How long any single answer may take in a passing run.
+const WAIT: Duration = Duration::from_secs(10);
+
+// ---------------------------------------------------------------------------
+// Protocol messages and a raw client that reads whole replies.
+// ---------------------------------------------------------------------------
+
+fn message(kind: u8, body: &[u8]) -> Vec<u8> {
+    let mut out = vec![kind];
+    out.extend_from_slice(&length_prefixed(body));
+    out
+}
+
+fn cstr(out: &mut Vec<u8>, text: &str) {
+    out.extend_from_slice(text.as_bytes());
+    out.push(0);
+}
+
+fn query(sql: &str) -> Vec<u8> {
+    let mut body = Vec::new();
+    cstr(&mut body, sql);
+    message(b'Q', &body)
+}
+
+/// Parse with no declared parameter types.
+fn parse(name: &str, sql: &str) -> Vec<u8> {
+    let mut body = Vec::new();
+    cstr(&mut body, name);
+    cstr(&mut body, sql);
+    body.extend_from_slice(&0i16.to_be_bytes());
+    message(b'P', &body)
+}
+
+/// Bind of `statement` to the unnamed portal, no parameters, text results.
+fn bind(statement: &str) -> Vec<u8> {
+    let mut body = Vec::new();
+    cstr(&mut body, "");
+    cstr(&mut body, statement);
+    body.extend_from_slice(&0i16.to_be_bytes());
+    body.extend_from_slice(&0i16.to_be_bytes());
+    body.extend_from_slice(&0i16.to_be_bytes());
+    message(b'B', &body)
+}
+
+/// Describe of a statement (`S`) or portal (`P`).
+fn describe(kind: u8, name: &str) -> Vec<u8> {
+    let mut body = vec![kind];
+    cstr(&mut body, name);
+    message(b'D', &body)
+}
+
+/// Execute of the unnamed portal, all rows.
+fn execute() -> Vec<u8> {
+    let mut body = Vec::new();
+    cstr(&mut body, "");
+    body.extend_from_slice(&0i32.to_be_bytes());
+    message(b'E', &body)
+}
+
+fn sync() -> Vec<u8> {
+    message(b'S', &[])
+}
+
+fn copy_done() -> Vec<u8> {
+    message(b'c', &[])
+}
+
+fn terminate() -> Vec<u8> {
+    message(b'X', &[])
+}
+
+/// Everything a client received up to (and including) one ReadyForQuery.
+#[derive(Debug, Default)]
+struct Reply {
+    /// First column of each DataRow.
+    rows: Vec<Option<String>>,
+    /// SQLSTATE of each ErrorResponse.
+    errors: Vec<String>,
+    /// Message types in order of arrival.
+    kinds: String,
+}
+
+fn first_column(data_row: &[u8]) -> Option<String> {
+    let len = i32::from_be_bytes(data_row.get(2..6)?.try_into().ok()?);
+    let len = usize::try_from(len).ok()?;
+    Some(String::from_utf8_lossy(data_row.get(6..6 + len)?).into_owned())
+}
+
+/// Reads until ReadyForQuery; `Err` says what happened instead (silence for
+/// `timeout`, or a close).
+async fn read_reply(client: &mut RawClient, timeout: Duration) -> Result<Reply, String> {
+    let mut reply = Reply::default();
+    loop {
+        match client.read_message(timeout).await {
+            RawReply::Message(kind, body) => {
+                reply.kinds.push(char::from(kind));
+                match kind {
+                    b'D' => reply.rows.push(first_column(&body)),
+                    b'E' => reply.errors.push(
+                        error_field(&error_fields(&body), b'C')
+                            .unwrap_or("")
+                            .to_owned(),
+                    ),
+                    b'Z' => return Ok(reply),
+                    _ => {}
+                }
+            }
+            RawReply::TimedOut => {
+                return Err(format!(
+                    "no ReadyForQuery within {timeout:?} (got {:?} so far)",
+                    reply.kinds
+                ));
+            }
+            RawReply::Closed => {
+                return Err(format!("connection closed (got {:?} so far)", reply.kinds));
+            }
+        }
+    }
+}
+
+/// Sends `bytes` and reads one whole reply, panicking with `what` on silence.
+async fn exchange(client: &mut RawClient, bytes: &[u8], what: &str) -> Reply {
+    client.send(bytes).await.expect("send to sluice");
+    read_reply(client, WAIT)
+        .await
+        .unwrap_or_else(|e| panic!("{what}: {e}"))
+}
+
+/// A raw client logged in (trust) as `user` to database `postgres`.
+async fn raw_login(sluice: &SluiceProcess, user: &str) -> RawClient {
+    let mut client = RawClient::connect(sluice.port()).await;
+    client.startup(user, "postgres").await;
+    client.read_until_ready(WAIT).await;
+    client
+}
+
+// ---------------------------------------------------------------------------
+// Setup shared by the tests.
+// ---------------------------------------------------------------------------
+
+/// Transaction mode, one server: every client takes turns on one backend.
+fn one_server(cluster: &Cluster) -> SluiceProcess {
+    ConfigBuilder::for_cluster(cluster)
+        .set("pool_mode", "transaction")
+        .set("default_pool_size", "1")
+        .set("query_wait_timeout", "30")
+        .start()
+}
+
+async fn app_client(sluice: &SluiceProcess) -> Client {
+    connect_as(sluice.port(), APP_USER, "postgres").await
+}
+
+/// A client whose connection is dropped without a Terminate message, as
+/// when a process is killed: sluice sees the socket close.
+async fn kill(client: Tracked) {
+    client.connection.abort();
+    let _ = client.connection.await;
+    drop(client.client);
+}
+
+/// `scalar_text` bounded by [`WAIT`], so a client stuck waiting for a
+/// server fails with `what` instead of hanging.
+async fn bounded_scalar(client: &Client, sql: &str, what: &str) -> String {
+    tokio::time::timeout(WAIT, scalar_text(client, sql))
+        .await
+        .unwrap_or_else(|_| panic!("{what}: no answer to {sql:?} within {WAIT:?}"))
+}
+
+/// Another client's view of its server, as a fresh PostgreSQL session sees
+/// it.
+async fn assert_fresh_session(client: &Client, context: &str) {
+    assert_eq!(
+        bounded_scalar(client, "select current_user::text", context).await,
+        APP_USER,
+        "{context}: current_user"
+    );
+    assert_eq!(
+        bounded_scalar(client, "select count(*)::text from pg_cursors", context).await,
+        "0",
+        "{context}: another client's cursor is visible"
+    );
+    assert_eq!(
+        bounded_scalar(
+            client,
+            "select count(*)::text from pg_class c join pg_namespace n \
+             on n.oid = c.relnamespace where n.oid = pg_my_temp_schema()",
+            context
+        )
+        .await,
+        "0",
+        "{context}: another client's temporary table is visible"
+    );
+    assert_eq!(
+        bounded_scalar(
+            client,
+            "select count(*)::text from pg_locks \
+             where locktype = 'advisory' and pid = pg_backend_pid()",
+            context
+        )
+        .await,
+        "0",
+        "{context}: the server holds another client's advisory lock"
+    );
+}
+
+// ---------------------------------------------------------------------------
+// 1. Replies shift between clients.
+// ---------------------------------------------------------------------------
+
+/// A Sync followed by a CopyDone with no COPY running: PostgreSQL ignores
+/// the CopyDone and answers the Sync. That answer must reach the client
+/// that sent the Sync, never a client waiting for the server.
+#[tokio::test]
+async fn stray_copy_done_after_sync_does_not_shift_replies() {
+    let cluster = app_cluster(ServerAuth::Trust);
+    let sluice = one_server(&cluster);
+    // The holder keeps the only server in a transaction, so that the
+    // others queue behind it in a known order.
+    let mut holder = raw_login(&sluice, APP_USER).await;
+    let mut sender = raw_login(&sluice, APP_USER).await;
+    let mut victim = raw_login(&sluice, APP_USER).await;
+    exchange(&mut holder, &query("BEGIN"), "holder BEGIN").await;
+
+    sender
+        .send(&[sync(), copy_done()].concat())
+        .await
+        .expect("send Sync + CopyDone");
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    victim
+        .send(&query("select 'victim-r0'"))
+        .await
+        .expect("send victim query");
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    exchange(&mut holder, &query("COMMIT"), "holder COMMIT").await;
+
+    let first = read_reply(&mut victim, WAIT)
+        .await
+        .unwrap_or_else(|e| panic!("victim's first query: {e}"));
+    assert_eq!(
+        first.rows,
+        [Some("victim-r0".to_owned())],
+        "the victim's first query got someone else's reply ({first:?})"
+    );
+    for round in 1..4 {
+        let token = format!("victim-r{round}");
+        let reply = exchange(
+            &mut victim,
+            &query(&format!("select '{token}'")),
+            "victim query",
+        )
+        .await;
+        assert_eq!(
+            reply.rows,
+            [Some(token.clone())],
+            "the victim's query {round} got another request's reply ({reply:?})"
+        );
+    }
+    let own = read_reply(&mut sender, WAIT)
+        .await
+        .unwrap_or_else(|e| panic!("the sender's Sync got no ReadyForQuery: {e}"));
+    assert_eq!(
+        own.kinds, "Z",
+        "the sender's Sync is answered by one ReadyForQuery"
+    );
+}
+
+/// The same trick at disconnect in session mode: the reset query
+/// (`DISCARD ALL`) must not take the Sync's ReadyForQuery for its own and
+/// leave its real reply to the next session.
+#[tokio::test]
+async fn stray_copy_done_at_disconnect_does_not_shift_replies_session_mode() {
+    let cluster = app_cluster(ServerAuth::Trust);
+    let sluice = ConfigBuilder::for_cluster(&cluster)
+        .set("pool_mode", "session")
+        .set("default_pool_size", "1")
+        .set("query_wait_timeout", "30")
+        .start();
+    let mut sender = raw_login(&sluice, APP_USER).await;
+    exchange(&mut sender, &query("select 1"), "sender query").await;
+    // The next session is already waiting when the sender leaves, so the
+    // server goes straight to it.
+    let mut victim = RawClient::connect(sluice.port()).await;
+    victim.startup(APP_USER, "postgres").await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    sender
+        .send(&[sync(), copy_done(), terminate()].concat())
+        .await
+        .expect("send Sync + CopyDone + Terminate");
+    drop(sender);
+    victim.read_until_ready(WAIT).await;
+    for round in 0..4 {
+        let token = format!("session-r{round}");
+        let reply = exchange(
+            &mut victim,
+            &query(&format!("select '{token}'")),
+            "next session's query",
+        )
+        .await;
+        assert_eq!(
+            reply.rows,
+            [Some(token.clone())],
+            "the next session's query {round} got another request's reply ({reply:?})"
+        );
+    }
+}
+
+// ---------------------------------------------------------------------------
+// 2. Shared server statements replaced or dropped by another client.
+// ---------------------------------------------------------------------------
+
+/// The victim's statement, and the shared server-side name that sluice
+/// gave it (read from `pg_prepared_statements`, as any client can).
+async fn victim_statement(
+    victim: &Client,
+    attacker: &mut RawClient,
+) -> (tokio_postgres::Statement, String) {
+    let statement = victim
+        .prepare("select 1 as x")
+        .await
+        .expect("victim prepares");
+    let row = victim
+        .query_one(&statement, &[])
+        .await
+        .expect("victim runs");
+    assert_eq!(row.get::<_, i32>(0), 1);
+    let names = exchange(
+        attacker,
+        &query("select name from pg_prepared_statements where statement = 'select 1 as x'"),
+        "attacker reads pg_prepared_statements",
+    )
+    .await;
+    let shared = names
+        .rows
+        .first()
+        .cloned()
+        .flatten()
+        .expect("the victim's statement is prepared on the shared server");
+    (statement, shared)
+}
+
+/// What the victim gets when it runs its statement again: its own answer.
+async fn assert_victim_still_gets_one(victim: &Client, statement: &tokio_postgres::Statement) {
+    for _ in 0..2 {
+        let row = tokio::time::timeout(WAIT, victim.query_one(statement, &[]))
+            .await
+            .expect("the victim's statement got no answer")
+            .unwrap_or_else(|e| panic!("the victim's own statement failed: {e:?}"));
+        assert_eq!(
+            row.get::<_, i32>(0),
+            1,
+            "the victim's statement now runs another client's SQL"
+        );
+    }
+}
+
+#[tokio::test]
+async fn a_client_cannot_replace_a_shared_statement() {
+    let cluster = app_cluster(ServerAuth::Trust);
+    let sluice = one_server(&cluster);
+    let victim = app_client(&sluice).await;
+    let mut attacker = raw_login(&sluice, APP_USER).await;
+    let (statement, shared) = victim_statement(&victim, &mut attacker).await;
+
+    // All on one server, in one transaction. The attacker's errors (if
+    // sluice refuses a step) do not matter: only the victim's view does.
+    exchange(&mut attacker, &query("BEGIN"), "BEGIN").await;
+    exchange(
+        &mut attacker,
+        &[parse("x", "select 1 as x"), sync()].concat(),
+        "Parse x with the victim's text",
+    )
+    .await;
+    exchange(
+        &mut attacker,
+        &query(&format!("DEALLOCATE {shared}")),
+        "DEALLOCATE the shared name",
+    )
+    .await;
+    exchange(
+        &mut attacker,
+        &[parse("x", "select 2 as x"), sync()].concat(),
+        "Parse x again with new text",
+    )
+    .await;
+    exchange(&mut attacker, &query("COMMIT"), "COMMIT").await;
+
+    assert_victim_still_gets_one(&victim, &statement).await;
+}
+
+/// Runs `how` (a whole request: messages up to a Sync or a Query) on the
+/// attacker's connection, then checks the victim's statement still works.
+async fn deallocate_shared_by_another_client(how: impl Fn(&str) -> Vec<u8>) {
+    let cluster = app_cluster(ServerAuth::Trust);
+    let sluice = one_server(&cluster);
+    let victim = app_client(&sluice).await;
+    let mut attacker = raw_login(&sluice, APP_USER).await;
+    let (statement, shared) = victim_statement(&victim, &mut attacker).await;
+    exchange(&mut attacker, &how(&shared), "attacker deallocates").await;
+    assert_victim_still_gets_one(&victim, &statement).await;
+}
+
+#[tokio::test]
+async fn deallocate_of_a_shared_name_does_not_break_its_users() {
+    deallocate_shared_by_another_client(|name| query(&format!("DEALLOCATE {name}"))).await;
+}
+
+#[tokio::test]
+async fn deallocate_in_a_multi_statement_query_does_not_break_others() {
+    deallocate_shared_by_another_client(|name| {
+        query(&format!("select 1; DEALLOCATE PREPARE {name}; select 2"))
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn deallocate_through_the_extended_protocol_does_not_break_others() {
+    deallocate_shared_by_another_client(|name| {
+        [
+            parse("", &format!("DEALLOCATE {name}")),
+            bind(""),
+            execute(),
+            sync(),
+        ]
+        .concat()
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn deallocate_all_in_a_do_block_does_not_break_others() {
+    deallocate_shared_by_another_client(|_| query("DO $$BEGIN EXECUTE 'DEALLOCATE ALL'; END$$"))
+        .await;
+}
+
+// ---------------------------------------------------------------------------
+// 3. Roles and settings left behind.
+// ---------------------------------------------------------------------------
+
+fn create_other_role(cluster: &Cluster) {
+    cluster
+        .psql(
+            "postgres",
+            &format!("create role other; grant other to {APP_USER}"),
+        )
+        .expect("create role other");
+}
+
+#[tokio::test]
+async fn role_does_not_survive_an_abandoned_transaction() {
+    let cluster = app_cluster(ServerAuth::Trust);
+    create_other_role(&cluster);
+    let sluice = one_server(&cluster);
+    let leaver = connect_tracked(sluice.port(), APP_USER, "", "postgres")
+        .await
+        .expect("leaver logs in");
+    leaver
+        .client
+        .batch_execute("SET ROLE other")
+        .await
+        .expect("SET ROLE");
+    leaver
+        .client
+        .batch_execute("BEGIN; SET LOCAL statement_timeout = 1000")
+        .await
+        .expect("BEGIN; SET LOCAL");
+    kill(leaver).await;
+
+    let next = app_client(&sluice).await;
+    assert_eq!(
+        bounded_scalar(&next, "select current_user::text", "next client").await,
+        APP_USER,
+        "the next client runs as the role of a client that left mid-transaction"
+    );
+}
+
+#[tokio::test]
+async fn session_authorization_does_not_leak() {
+    let cluster = app_cluster(ServerAuth::Trust);
+    let sluice = one_server(&cluster);
+    let superuser = cluster.superuser().to_owned();
+    let first = connect_as(sluice.port(), &superuser, "postgres").await;
+    let second = connect_as(sluice.port(), &superuser, "postgres").await;
+    first
+        .batch_execute(&format!("SET SESSION AUTHORIZATION {APP_USER}"))
+        .await
+        .expect("SET SESSION AUTHORIZATION");
+    let who = "select session_user::text || '/' || current_user::text";
+    for _ in 0..2 {
+        assert_eq!(
+            bounded_scalar(&second, who, "second superuser client").await,
+            format!("{superuser}/{superuser}"),
+            "another client's SET SESSION AUTHORIZATION leaked"
+        );
+    }
+}
+
+#[tokio::test]
+async fn session_authorization_does_not_survive_an_abandoned_transaction() {
+    let cluster = app_cluster(ServerAuth::Trust);
+    let sluice = one_server(&cluster);
+    let superuser = cluster.superuser().to_owned();
+    let leaver = connect_tracked(sluice.port(), &superuser, "", "postgres")
+        .await
+        .expect("leaver logs in");
+    leaver
+        .client
+        .batch_execute(&format!(
+            "BEGIN; SET SESSION AUTHORIZATION {APP_USER}; COMMIT; BEGIN; SET LOCAL work_mem = '7MB'"
+        ))
+        .await
+        .expect("SET SESSION AUTHORIZATION, then BEGIN");
+    kill(leaver).await;
+    let next = connect_as(sluice.port(), &superuser, "postgres").await;
+    assert_eq!(
+        bounded_scalar(
+            &next,
+            "select session_user::text || '/' || current_user::text",
+            "next client"
+        )
+        .await,
+        format!("{superuser}/{superuser}"),
+        "the next client runs under another client's session authorization"
+    );
+}
+
+#[tokio::test]
+async fn settings_changed_in_a_do_block_do_not_leak() {
+    let cluster = app_cluster(ServerAuth::Trust);
+    let sluice = one_server(&cluster);
+    let changer = app_client(&sluice).await;
+    let other = app_client(&sluice).await;
+    let default = bounded_scalar(&other, "show search_path", "before").await;
+    changer
+        .batch_execute("DO $$BEGIN PERFORM set_config('search_path', 'evil', false); END$$")
+        .await
+        .expect("DO set_config");
+    assert_eq!(
+        bounded_scalar(&other, "show search_path", "other client").await,
+        default,
+        "a search_path set inside a DO block leaked to another client"
+    );
+}
+
+#[tokio::test]
+async fn role_set_in_a_do_block_does_not_leak() {
+    let cluster = app_cluster(ServerAuth::Trust);
+    create_other_role(&cluster);
+    let sluice = one_server(&cluster);
+    let changer = app_client(&sluice).await;
+    let other = app_client(&sluice).await;
+    changer
+        .batch_execute("DO $$BEGIN SET ROLE other; END$$")
+        .await
+        .expect("DO SET ROLE");
+    assert_eq!(
+        bounded_scalar(&other, "select current_user::text", "other client").await,
+        APP_USER,
+        "a role set inside a DO block leaked to another client"
+    );
+}
+
+// ---------------------------------------------------------------------------
+// 4. Session objects that outlive their owner.
+// ---------------------------------------------------------------------------
+
+/// `owner` runs `sql` and disconnects; the next client must see the server
+/// as a fresh session would.
+async fn left_behind_by_a_leaving_client(sql: &str) {
+    let cluster = app_cluster(ServerAuth::Trust);
+    let sluice = one_server(&cluster);
+    let owner = app_client(&sluice).await;
+    owner
+        .batch_execute(sql)
+        .await
+        .unwrap_or_else(|e| panic!("{sql:?} failed: {e:?}"));
+    drop(owner);
+    let next = app_client(&sluice).await;
+    assert_fresh_session(&next, &format!("after another client ran {sql:?} and left")).await;
+}
+
+#[tokio::test]
+async fn with_hold_cursor_is_not_readable_by_the_next_client() {
+    let cluster = app_cluster(ServerAuth::Trust);
+    let sluice = one_server(&cluster);
+    let owner = app_client(&sluice).await;
+    owner
+        .batch_execute("BEGIN; DECLARE c CURSOR WITH HOLD FOR select 42; COMMIT")
+        .await
+        .expect("DECLARE WITH HOLD");
+    drop(owner);
+    let next = app_client(&sluice).await;
+    assert_eq!(
+        bounded_scalar(
+            &next,
+            "select count(*)::text from pg_cursors",
+            "next client"
+        )
+        .await,
+        "0",
+        "another client's WITH HOLD cursor is listed in pg_cursors"
+    );
+    let fetched = tokio::time::timeout(WAIT, next.simple_query("FETCH ALL FROM c"))
+        .await
+        .expect("FETCH got no answer");
+    expect_sqlstate(fetched, "34000");
+}
+
+#[tokio::test]
+async fn select_into_temp_is_not_seen_by_the_next_client() {
+    left_behind_by_a_leaving_client("SELECT 1 AS x INTO TEMP t").await;
+}
+
+#[tokio::test]
+async fn temp_table_created_in_a_do_block_is_not_seen_by_the_next_client() {
+    left_behind_by_a_leaving_client("DO $$BEGIN CREATE TEMP TABLE dt (x int); END$$").await;
+}
+
+#[tokio::test]
+async fn advisory_lock_taken_in_a_do_block_is_not_kept_for_the_next_client() {
+    left_behind_by_a_leaving_client("DO $$BEGIN PERFORM pg_advisory_lock(7); END$$").await;
+}
+
+#[tokio::test]
+async fn advisory_lock_taken_in_a_function_is_not_kept_for_the_next_client() {
+    let cluster = app_cluster(ServerAuth::Trust);
+    cluster
+        .psql(
+            "postgres",
+            "create function take_lock() returns void language plpgsql \
+             as $$BEGIN PERFORM pg_advisory_lock(8); END$$",
+        )
+        .expect("create function");
+    let sluice = one_server(&cluster);
+    let owner = app_client(&sluice).await;
+    owner
+        .batch_execute("select take_lock()")
+        .await
+        .expect("take_lock()");
+    drop(owner);
+    let next = app_client(&sluice).await;
+    assert_fresh_session(&next, "after a function took an advisory lock").await;
+    // Another session must be able to take the same lock at once.
+    let direct = superuser_connect(&cluster, "postgres").await;
+    assert_eq!(
+        bounded_scalar(
+            &direct,
+            "select pg_try_advisory_lock(8)::text",
+            "direct session"
+        )
+        .await,
+        "true",
+        "the lock taken by a client that left is still held on its server"
+    );
+}
+
+#[tokio::test]
+async fn sql_prepare_then_abandon_does_not_break_others_statements() {
+    let cluster = app_cluster(ServerAuth::Trust);
+    let sluice = one_server(&cluster);
+    let victim = app_client(&sluice).await;
+    let statement = victim
+        .prepare("select 1 as x")
+        .await
+        .expect("victim prepares");
+    assert_eq!(
+        victim
+            .query_one(&statement, &[])
+            .await
+            .expect("victim runs")
+            .get::<_, i32>(0),
+        1
+    );
+    let leaver = connect_tracked(sluice.port(), APP_USER, "", "postgres")
+        .await
+        .expect("leaver logs in");
+    leaver
+        .client
+        .batch_execute("BEGIN; PREPARE p AS select 1")
+        .await
+        .expect("BEGIN; PREPARE");
+    kill(leaver).await;
+    // The leaver's cleanup runs before the server is lent again.
+    assert_victim_still_gets_one(&victim, &statement).await;
+}
+
+/// The owner keeps its temporary table from one transaction to the next
+/// (the pinning feature: session objects keep working for their owner).
+#[tokio::test]
+async fn temp_table_keeps_working_for_its_owner() {
+    let cluster = app_cluster(ServerAuth::Trust);
+    let sluice = one_server(&cluster);
+    let owner = app_client(&sluice).await;
+    owner
+        .batch_execute("create temp table t (x int)")
+        .await
+        .expect("create temp table");
+    let inserted = tokio::time::timeout(WAIT, owner.batch_execute("insert into t values (1)"))
+        .await
+        .expect("insert got no answer");
+    inserted.unwrap_or_else(|e| panic!("the owner lost its temporary table: {e:?}"));
+    assert_eq!(
+        bounded_scalar(&owner, "select count(*)::text from t", "owner").await,
+        "1"
+    );
+    owner
+        .batch_execute("drop table t")
+        .await
+        .expect("drop the temp table");
+    // Once the object is gone, the server is shared again.
+    let other = app_client(&sluice).await;
+    assert_fresh_session(&other, "after the owner dropped its temp table").await;
+}
+
+// ---------------------------------------------------------------------------
+// 5. A large error message.
+// ---------------------------------------------------------------------------
+
+#[tokio::test]
+async fn large_error_message_is_delivered_every_time() {
+    let cluster = app_cluster(ServerAuth::Trust);
+    let sluice = one_server(&cluster);
+    let client = app_client(&sluice).await;
+    for attempt in 1..=3 {
+        let result =
+            tokio::time::timeout(WAIT, client.simple_query("SELECT repeat('x', 300000)::int"))
+                .await
+                .unwrap_or_else(|_| {
+                    panic!(
+                        "attempt {attempt}: a 300 kB error message got no answer within {WAIT:?}"
+                    )
+                });
+        expect_sqlstate(result, "22P02");
+    }
+    assert_eq!(
+        bounded_scalar(&client, "select 'after'", "after").await,
+        "after"
+    );
+    let other = app_client(&sluice).await;
+    assert_eq!(
+        bounded_scalar(&other, "select 'other'", "other").await,
+        "other"
+    );
+}
+
+// ---------------------------------------------------------------------------
+// 6. auth_type = trust and the auth file.
+// ---------------------------------------------------------------------------
+
+#[tokio::test]
+async fn trust_admits_only_users_of_the_auth_file() {
+    let cluster = app_cluster(ServerAuth::Trust);
+    let sluice = ConfigBuilder::for_cluster(&cluster)
+        .set("auth_type", "trust")
+        .userlist(&[(APP_USER, APP_PASSWORD)])
+        .start();
+    let app = app_client(&sluice).await;
+    assert_eq!(bounded_scalar(&app, "select 1::text", "app").await, "1");
+    for user in [cluster.superuser(), "nobody"] {
+        match connect(sluice.port(), user, "", "postgres").await {
+            Ok(client) => {
+                let who = client
+                    .simple_query("select current_user")
+                    .await
+                    .map(|_| "and ran a query")
+                    .unwrap_or("");
+                panic!("trust let {user:?} in although the auth file lists only {APP_USER} {who}")
+            }
+            Err(error) => {
+                let code = sqlstate(&error).unwrap_or("");
+                assert!(
+                    code.starts_with("28"),
+                    "{user:?} must be refused with an authentication error, got {error:?}"
+                );
+            }
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------
+// 7. Memory and servers held by a client.
+// ---------------------------------------------------------------------------
+
+fn rss_kib(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("read status");
+    status
+        .lines()
+        .find_map(|line| line.strip_prefix("VmRSS:"))
+        .and_then(|rest| rest.split_whitespace().next())
+        .and_then(|kib| kib.parse().ok())
+        .expect("VmRSS in /proc/<pid>/status")
+}
+
+/// A client that never reads and pipelines requests sluice answers itself
+/// (SQL PREPARE outside a transaction is refused locally, ~11 bytes out
+/// per byte in) must not make sluice buffer the answers without bound.
+#[tokio::test]
+async fn unread_local_answers_do_not_grow_memory_without_bound() {
+    const SENT_LIMIT: usize = 40 << 20;
+    const RSS_LIMIT_KIB: u64 = 200 << 10;
+    let cluster = app_cluster(ServerAuth::Trust);
+    let sluice = one_server(&cluster);
+    let mut flooder = raw_login(&sluice, APP_USER).await;
+    let chunk: Vec<u8> = std::iter::repeat_n(query("PREPARE a AS SELECT 1"), 4096)
+        .flatten()
+        .collect();
+    let before = rss_kib(sluice.pid());
+    let started = Instant::now();
+    let mut sent = 0;
+    let mut stopped_reading = false;
+    while sent < SENT_LIMIT && started.elapsed() < Duration::from_secs(30) {
+        match tokio::time::timeout(Duration::from_secs(3), flooder.send(&chunk)).await {
+            Ok(Ok(())) => {
+                sent += chunk.len();
+                eprintln!("DEBUG {:?} sent {} KiB rss {} MiB cpu {}", started.elapsed(), sent >> 10, rss_kib(sluice.pid()) >> 10, cpu_ticks(sluice.pid()));
+            }
+            Ok(Err(_)) => break,
+            Err(_) => {
+                stopped_reading = true;
+                break;
+            }
+        }
+    }
+    // Let sluice work through what it has read.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let after = rss_kib(sluice.pid());
+    eprintln!(
+        "sent {} MiB in {:?} (sluice stopped reading: {stopped_reading}); RSS {} -> {} MiB",
+        sent >> 20,
+        started.elapsed(),
+        before >> 10,
+        after >> 10
+    );
+    assert!(
+        after < RSS_LIMIT_KIB,
+        "sluice RSS grew to {} MiB while a client that does not read sent {} MiB of \
+         locally answered requests (limit {} MiB)",
+        after >> 10,
+        sent >> 20,
+        RSS_LIMIT_KIB >> 10
+    );
+    // Others are still served.
+    let other = app_client(&sluice).await;
+    assert_eq!(
+        bounded_scalar(&other, "select 'other'", "other").await,
+        "other"
+    );
+}
+
+/// A Query whose header announces 100 MiB, then one byte a second: the
+/// trickler must not hold the only server forever. Bound: another client
+/// is served within 40 s (or the trickler is refused at once).
+#[tokio::test]
+async fn trickled_message_does_not_hold_the_server() {
+    const SERVED_WITHIN: Duration = Duration::from_secs(40);
+    let cluster = app_cluster(ServerAuth::Trust);
+    let sluice = ConfigBuilder::for_cluster(&cluster)
+        .set("pool_mode", "transaction")
+        .set("default_pool_size", "1")
+        .set("query_wait_timeout", "120")
+        .start();
+    let other = app_client(&sluice).await;
+    let mut trickler = raw_login(&sluice, APP_USER).await;
+    let announced: i32 = 100 << 20;
+    let mut header = vec![b'Q'];
+    header.extend_from_slice(&announced.to_be_bytes());
+    header.extend_from_slice(b"select '");
+    trickler.send(&header).await.expect("send the header");
+    let trickle = tokio::spawn(async move {
+        for _ in 0..60 {
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            if trickler.send(b"x").await.is_err() {
+                return;
+            }
+        }
+    });
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let started = Instant::now();
+    let served = tokio::time::timeout(SERVED_WITHIN, scalar_text(&other, "select 'other'")).await;
+    trickle.abort();
+    let served = served.unwrap_or_else(|_| {
+        panic!(
+            "a client trickling a 100 MiB Query held the only server: another client \
+             was not served within {SERVED_WITHIN:?}"
+        )
+    });
+    assert_eq!(served, "other");
+    eprintln!("the other client was served after {:?}", started.elapsed());
+}
+
+// ---------------------------------------------------------------------------
+// 8. SCRAM for users that do not exist.
+// ---------------------------------------------------------------------------
+
+/// The salt and iteration count sluice offers `user` in a SCRAM exchange.
+async fn scram_salt(sluice: &SluiceProcess, user: &str) -> (String, String) {
+    let mut client = RawClient::connect(sluice.port()).await;
+    client.startup(user, "postgres").await;
+    match client.read_message(WAIT).await {
+        RawReply::Message(b'R', body) => assert_eq!(
+            body.get(..4),
+            Some(&10i32.to_be_bytes()[..]),
+            "expected AuthenticationSASL for {user:?}, got {body:?}"
+        ),
+        other => panic!("expected AuthenticationSASL for {user:?}, got {other:?}"),
+    }
+    let first = "n,,n=,r=abcdefghijklmnopqrstuvwx";
+    let mut body = Vec::new();
+    cstr(&mut body, "SCRAM-SHA-256");
+    body.extend_from_slice(&i32::try_from(first.len()).expect("small").to_be_bytes());
+    body.extend_from_slice(first.as_bytes());
+    client
+        .send(&message(b'p', &body))
+        .await
+        .expect("send SASLInitialResponse");
+    let server_first = match client.read_message(WAIT).await {
+        RawReply::Message(b'R', body) if body.get(..4) == Some(&11i32.to_be_bytes()[..]) => {
+            String::from_utf8_lossy(&body[4..]).into_owned()
+        }
+        other => panic!("expected AuthenticationSASLContinue for {user:?}, got {other:?}"),
+    };
+    let field = |key: &str| {
+        server_first
+            .split(',')
+            .find_map(|part| part.strip_prefix(key))
+            .unwrap_or_else(|| panic!("no {key} in {server_first:?}"))
+            .to_owned()
+    };
+    (field("s="), field("i="))
+}
+
+#[tokio::test]
+async fn scram_salt_does_not_tell_unknown_users_apart() {
+    let cluster = app_cluster(ServerAuth::ScramSha256);
+    let sluice = ConfigBuilder::for_cluster(&cluster)
+        .set("auth_type", "scram-sha-256")
+        .userlist(&[(APP_USER, APP_PASSWORD)])
+        .start();
+    let known = (
+        scram_salt(&sluice, APP_USER).await,
+        scram_salt(&sluice, APP_USER).await,
+    );
+    let unknown = (
+        scram_salt(&sluice, "nobody").await,
+        scram_salt(&sluice, "nobody").await,
+    );
+    assert_eq!(
+        known.0, known.1,
+        "a known user's salt is stable (test premise)"
+    );
+    assert_eq!(
+        unknown.0, unknown.1,
+        "an unknown user gets a different salt each time, unlike a real user: \
+         it tells which users exist"
+    );
+    assert_eq!(
+        unknown.0.1, known.0.1,
+        "an unknown user gets another iteration count than a real one"
+    );
+}
+
+// ---------------------------------------------------------------------------
+// 9. A statement name of 16 KiB.
+// ---------------------------------------------------------------------------
+
+/// CPU time (user + system) of `pid`, in clock ticks.
+fn cpu_ticks(pid: u32) -> u64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).expect("read stat");
+    // Fields after the command name (which ends with ')'): state is the
+    // first, utime the 12th, stime the 13th.
+    let after = stat.rsplit_once(')').expect("stat has a command name").1;
+    let fields: Vec<&str> = after.split_whitespace().collect();
+    let field = |i: usize| -> u64 { fields[i].parse().expect("a number of ticks") };
+    field(11) + field(12)
+}
+
+#[tokio::test]
+async fn long_statement_name_does_not_pin_a_core() {
+    let cluster = app_cluster(ServerAuth::Trust);
+    let sluice = one_server(&cluster);
+    let mut client = raw_login(&sluice, APP_USER).await;
+    let name = "n".repeat(16 * 1024);
+    let reply = exchange(
+        &mut client,
+        &[
+            parse(&name, "select 1"),
+            describe(b'S', &name),
+            bind(&name),
+            execute(),
+            sync(),
+        ]
+        .concat(),
+        "Parse/Describe/Bind/Execute of a 16 KiB name",
+    )
+    .await;
+    assert!(
+        reply.errors.is_empty() && reply.rows == [Some("1".to_owned())],
+        "a 16 KiB statement name is used as PostgreSQL does: {reply:?}"
+    );
+    let again = exchange(&mut client, &query("select 'again'"), "same client").await;
+    assert_eq!(again.rows, [Some("again".to_owned())]);
+    let other = app_client(&sluice).await;
+    assert_eq!(
+        bounded_scalar(&other, "select 'other'", "other").await,
+        "other"
+    );
+
+    // USER_HZ: /proc counts CPU time in hundredths of a second on Linux.
+    let ticks_per_second = 100;
+    let start = cpu_ticks(sluice.pid());
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let used = cpu_ticks(sluice.pid()) - start;
+    assert!(
+        used < ticks_per_second,
+        "sluice used {used} ticks of CPU ({ticks_per_second}/s) in 2 s while idle: \
+         a worker is spinning"
+    );
+}
