@@ -378,13 +378,21 @@ async fn show_clients_and_servers_list_connections_that_link_up() {
     let cluster = app_cluster(ServerAuth::Trust);
     let sluice = console(&cluster, 5);
     let p = sluice.port();
-    for command in ["SHOW CLIENTS", "SHOW SERVERS"] {
-        expect_header(
-            &header(p, command).await,
-            SOCKET_COLUMNS,
+    // SHOW CLIENTS adds `pinned` after PgBouncer's columns (session
+    // objects that keep a transaction-mode client on its server).
+    for (command, names, types) in [
+        (
+            "SHOW CLIENTS",
+            format!("{SOCKET_COLUMNS}, pinned"),
+            "ssssssisiTTiiississiis",
+        ),
+        (
+            "SHOW SERVERS",
+            SOCKET_COLUMNS.to_owned(),
             "ssssssisiTTiiississii",
-            command,
-        );
+        ),
+    ] {
+        expect_header(&header(p, command).await, &names, types, command);
     }
     let busy = connect(p, APP_USER, APP_PASSWORD, "postgres")
         .await

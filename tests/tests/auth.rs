@@ -101,7 +101,9 @@ async fn server_login_works_with(auth: ServerAuth) {
             "via_auth_file",
             &format!("host=127.0.0.1 port={} dbname=postgres", cluster.port()),
         )
-        .userlist(&[(APP_USER, APP_PASSWORD)])
+        // Under trust the user must still be in the auth file (PgBouncer's
+        // rule); its password there is not asked for.
+        .userlist(&[(APP_USER, APP_PASSWORD), ("someone", "unused")])
         .start();
 
     let forced = connect(sluice.port(), "someone", "", "via_entry")

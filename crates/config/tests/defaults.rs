@@ -238,6 +238,12 @@ fn sluice_section_keys() {
         .collect();
     assert_eq!(
         sluice,
-        ["metrics_addr", "runtime", "worker_busy_percent", "workers"]
+        [
+            "metrics_addr",
+            "runtime",
+            "track_session_objects",
+            "worker_busy_percent",
+            "workers"
+        ]
     );
 }

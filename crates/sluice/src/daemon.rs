@@ -26,6 +26,12 @@ pub fn check_supported(s: &Settings) -> Result<(), Unsupported> {
             )));
         }
     }
+    if s.auth_type == AuthType::Trust && s.auth_file.is_none() {
+        tracing::warn!(
+            "auth_type = trust without an auth_file admits any user name; set auth_file to \
+             admit only the users listed there (PgBouncer's rule)"
+        );
+    }
     for (key, value) in [
         ("client_tls_sslmode", &s.client_tls_sslmode),
         ("server_tls_sslmode", &s.server_tls_sslmode),

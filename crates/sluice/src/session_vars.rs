@@ -202,4 +202,21 @@ mod tests {
         );
         assert!(same(&None, &Some(Arc::new(SessionVars::default()))));
     }
+
+    #[test]
+    fn session_authorization_goes_first_and_the_role_follows() {
+        let server = SessionVars::from_pairs([("role", "r")]);
+        let client = SessionVars::from_pairs([("role", "r"), ("session_authorization", "bob")]);
+        assert_eq!(
+            apply_sql(Some(&server), Some(&client)).unwrap(),
+            "SELECT pg_catalog.set_config('session_authorization', 'bob', false);\
+             SELECT pg_catalog.set_config('role', 'r', false)"
+        );
+        // Back to the login user: RESET SESSION AUTHORIZATION (resets the
+        // role too), then nothing else to undo.
+        assert_eq!(
+            apply_sql(Some(&client), None).unwrap(),
+            "RESET SESSION AUTHORIZATION;"
+        );
+    }
 }

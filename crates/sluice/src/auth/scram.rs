@@ -75,6 +75,32 @@ impl ScramSecret {
         Self::from_salted(&salted, salt, DEFAULT_ITERATIONS)
     }
 
+    /// The secret of a user who cannot log in with SCRAM (unknown, or only
+    /// an md5 hash): the exchange runs and fails like a wrong password.
+    /// As PostgreSQL's mock salt, the salt is stable per user name (a hash
+    /// of it under a key random per process), so two tries do not tell an
+    /// unknown user from a known one; the keys are random and no PBKDF2
+    /// runs, so an unknown name costs no hashing.
+    pub fn mock(user: &str) -> Self {
+        static KEY: std::sync::OnceLock<[u8; KEY_LEN]> = std::sync::OnceLock::new();
+        let key = KEY.get_or_init(|| {
+            let mut k = [0u8; KEY_LEN];
+            fill_random(&mut k);
+            k
+        });
+        let salt = hmac(key, &[b"mock salt", user.as_bytes()])[..16].to_vec();
+        let mut stored_key = [0u8; KEY_LEN];
+        let mut server_key = [0u8; KEY_LEN];
+        fill_random(&mut stored_key);
+        fill_random(&mut server_key);
+        Self {
+            iterations: DEFAULT_ITERATIONS,
+            salt,
+            stored_key,
+            server_key,
+        }
+    }
+
     fn from_salted(salted: &[u8; KEY_LEN], salt: Vec<u8>, iterations: u32) -> Self {
         let client_key = hmac(salted, &[b"Client Key"]);
         Self {
@@ -123,7 +149,17 @@ pub enum ScramError {
     ServerSignature,
     #[error("channel binding is not supported")]
     ChannelBinding,
+    #[error(
+        "the server asks for {0} SCRAM iterations, more than the {MAX_ITERATIONS} sluice computes"
+    )]
+    TooManyIterations(u32),
 }
+
+/// Most PBKDF2 iterations sluice computes for a server's SCRAM challenge:
+/// the hash runs on a worker thread, and a server (or anyone on the path to
+/// it) must not be able to freeze that worker. PostgreSQL's default is
+/// 4,096; a million takes about a second.
+pub const MAX_ITERATIONS: u32 = 1_000_000;
 
 fn attribute(msg: &str, name: char) -> Option<&str> {
     msg.split(',').find_map(|part| {
@@ -262,6 +298,9 @@ impl ClientExchange {
             .and_then(|i| i.parse().ok())
             .filter(|&i| i > 0)
             .ok_or(ScramError::Malformed("iterations"))?;
+        if iterations > MAX_ITERATIONS {
+            return Err(ScramError::TooManyIterations(iterations));
+        }
         let (client_key, server_key) = match &self.credential {
             ClientCredential::Password(p) => {
                 let salted = salted_password(p, &salt, iterations);

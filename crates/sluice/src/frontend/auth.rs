@@ -67,8 +67,8 @@ pub async fn authenticate(
                 Some(Secret::Scram(s)) => (s.clone(), true),
                 Some(Secret::Plain(p)) => (userlist.scram_for_plain(user, p), false),
                 // An md5 hash cannot answer SCRAM; run the exchange against a
-                // throwaway secret so that the failure looks the same.
-                Some(Secret::Md5(_)) | None => (ScramSecret::from_password(""), false),
+                // mock secret so that the failure looks the same.
+                Some(Secret::Md5(_)) | None => (ScramSecret::mock(user), false),
             };
             let known = matches!(
                 userlist.get(user),

@@ -183,6 +183,19 @@ async fn login_inner(
             out.clear();
         }
         let userlist = app.userlist();
+        // PgBouncer's rule for trust: no password, but the user must still
+        // be known (auth_file or [users]). Without an auth_file, sluice's
+        // trust admits any name (warned about at startup).
+        if config.settings.auth_type == sluice_config::AuthType::Trust
+            && config.settings.auth_file.is_some()
+            && userlist.get(&user).is_none()
+            && config.user(&user).is_none()
+        {
+            return Err(ClientError::new(
+                "28000",
+                format!("no such user: \"{user}\" is not in auth_file"),
+            ));
+        }
         authenticate(
             stream,
             &mut buf,

@@ -232,7 +232,10 @@ pub async fn run(client: &mut Client, cbuf: &mut BytesMut, mut lease: Lease) -> 
         if cycle.client_terminated && cycle.to_server == 0 {
             break Ok(Outcome::ClientGone);
         }
+        // A part of the client's next message still in `cbuf` keeps the
+        // server: released now, the session would lend it again at once.
         let at_end = release_each.is_some()
+            && cbuf.is_empty()
             && cycle.clean()
             && cycle.flushed(&server.buf)
             && tracking.as_deref().is_none_or(Tracking::settled);
@@ -255,7 +258,8 @@ pub async fn run(client: &mut Client, cbuf: &mut BytesMut, mut lease: Lease) -> 
         let mid_message = tracking.as_deref().is_some_and(|t| {
             t.out.len() < super::relay_io::BUFFER_LIMIT
                 && t.extra.len() < super::relay_io::BUFFER_LIMIT
-        }) && (cycle.client_scan.wanted() > 0 || !cycle.client_scan.at_boundary());
+        }) && (cycle.client_scan.wanted() > 0
+            || !cycle.client_scan.at_boundary());
         let wanted = if mid_message {
             Some((IdleKind::Message, MESSAGE_STALL_TIMEOUT))
         } else if pinned_idle {

@@ -135,10 +135,7 @@ impl Sides<'_> {
             None => self.cbuf.len(),
         };
         let unread_replies = self.client_extra.as_deref().map_or(0, BytesMut::len);
-        if self.read_client
-            && waiting_for_server < BUFFER_LIMIT
-            && unread_replies < BUFFER_LIMIT
-        {
+        if self.read_client && waiting_for_server < BUFFER_LIMIT && unread_replies < BUFFER_LIMIT {
             reserve(self.cbuf, self.cbuf_wanted);
             match poll_read_buf(Pin::new(&mut *self.client), cx, self.cbuf) {
                 Poll::Ready(Ok(0)) | Poll::Ready(Err(_)) => {

@@ -12,6 +12,7 @@ use super::relay::{
     Cycle, CycleView, SERVER_MESSAGE_LIMIT, ServerSeen, cycle_view, on_server_message,
     server_needs_body,
 };
+use super::relay_io::BUFFER_LIMIT;
 use super::requests::Counted;
 use crate::prepared::client_names::ClientNames;
 use crate::prepared::expect::{Expect, Expected, Reply, Verdict};
@@ -19,7 +20,6 @@ use crate::prepared::registry::Registry;
 use crate::prepared::rewrite::{QueryFate, Rewriter};
 use crate::prepared::server_cache::ServerStatements;
 use crate::prepared::sql::{self, Effects, Special};
-use super::relay_io::BUFFER_LIMIT;
 use crate::scan::Visit;
 
 /// Per-link state of a tracked relay.
@@ -223,8 +223,15 @@ fn handle_message(
             }
         }
         f::BIND => {
-            rewriter.bind(message)?;
+            let bound = rewriter.bind(message)?;
             cycle.req.other_sent();
+            // Running a statement whose text may leave something counts
+            // like sending that text again.
+            if let Some(statement) = bound
+                && statement.effects != Effects::default()
+            {
+                note_text(t, statement.query());
+            }
         }
         f::DESCRIBE => {
             rewriter.describe(message)?;
@@ -440,9 +447,7 @@ impl Tracking {
             sql.push_str("DEALLOCATE ALL;");
         }
         if discard_objects && e.objects() {
-            sql.push_str(
-                "CLOSE ALL;DISCARD TEMP;SELECT pg_catalog.pg_advisory_unlock_all();",
-            );
+            sql.push_str("CLOSE ALL;DISCARD TEMP;SELECT pg_catalog.pg_advisory_unlock_all();");
         }
         sql
     }

@@ -17,6 +17,16 @@ pub struct Statement {
     /// The Parse body after the statement name: query, NUL, parameter count
     /// and type OIDs, exactly as the client sent them.
     pub text: Bytes,
+    /// What running it may leave on a server (see `sql::effects`): a Bind
+    /// of it counts as sending its text again.
+    pub effects: super::sql::Effects,
+}
+
+impl Statement {
+    /// The query text, without the parameter types.
+    pub fn query(&self) -> &[u8] {
+        self.text.split(|&b| b == 0).next().unwrap_or(&[])
+    }
 }
 
 /// Statements in use by at least one client.
@@ -50,10 +60,17 @@ impl Registry {
         }
         let id = self.next_id.fetch_add(1, Ordering::Relaxed) + 1;
         let text = Bytes::copy_from_slice(text);
+        let query = text.split(|&b| b == 0).next().unwrap_or(&[]);
+        let effects = if super::sql::may_matter(query) {
+            super::sql::effects(query)
+        } else {
+            super::sql::Effects::default()
+        };
         let statement = Arc::new(Statement {
             id,
             name: super::server_name(id).into_boxed_str(),
             text: text.clone(),
+            effects,
         });
         map.by_text.insert(text, Arc::downgrade(&statement));
         statement

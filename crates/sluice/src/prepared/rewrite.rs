@@ -101,7 +101,8 @@ impl Rewriter<'_> {
 
     /// Bind: a named statement is renamed, and prepared first if needed.
     /// An unknown name goes on unchanged so that PostgreSQL reports it.
-    pub fn bind(&mut self, message: &[u8]) -> Result<(), WireError> {
+    /// Returns the shared statement bound, if any.
+    pub fn bind(&mut self, message: &[u8]) -> Result<Option<Arc<Statement>>, WireError> {
         let mut r = Reader::new(body(message));
         let portal = r.cstr_bytes()?;
         let name = r.cstr_bytes()?;
@@ -112,7 +113,7 @@ impl Rewriter<'_> {
                 reply: Reply::Bind,
                 statement: None,
             });
-            return Ok(());
+            return Ok(None);
         };
         MessageBuilder::new(self.out, tags::frontend::BIND)
             .bytes(portal)
@@ -124,7 +125,7 @@ impl Rewriter<'_> {
             reply: Reply::Bind,
             statement: Some(statement.id),
         });
-        Ok(())
+        Ok(Some(statement))
     }
 
     /// Describe: a named statement is renamed, and prepared first if needed.

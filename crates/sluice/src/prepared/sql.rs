@@ -199,7 +199,8 @@ pub fn may_matter(text: &[u8]) -> bool {
             before.len() >= s.len() && before[before.len() - s.len()..].eq_ignore_ascii_case(s)
         };
         let starts = |s: &[u8]| after.len() >= s.len() && after[..s.len()].eq_ignore_ascii_case(s);
-        (ends(b"set") && starts(b"config")) || (ends(b"advisory") && (starts(b"lock") || starts(b"unlock")))
+        (ends(b"set") && starts(b"config"))
+            || (ends(b"advisory") && (starts(b"lock") || starts(b"unlock")))
     })
 }
 
@@ -215,14 +216,19 @@ fn contains_temp(text: &[u8]) -> bool {
 fn temp_keyword(s: &[u8]) -> bool {
     let ident = |c: &u8| c.is_ascii_alphanumeric() || *c == b'_';
     memchr::memchr2_iter(b't', b'T', s).any(|at| {
-        if !s.get(at..at + 4).is_some_and(|w| w.eq_ignore_ascii_case(b"temp")) {
+        if !s
+            .get(at..at + 4)
+            .is_some_and(|w| w.eq_ignore_ascii_case(b"temp"))
+        {
             return false;
         }
         if at > 0 && ident(&s[at - 1]) {
             return false;
         }
         let mut end = at + 4;
-        if s.get(end..end + 5).is_some_and(|w| w.eq_ignore_ascii_case(b"orary")) {
+        if s.get(end..end + 5)
+            .is_some_and(|w| w.eq_ignore_ascii_case(b"orary"))
+        {
             end += 5;
         }
         !s.get(end).is_some_and(ident)

@@ -262,6 +262,39 @@ impl prometheus_client::collector::Collector for SluiceCollector {
             "Client connections open, logging in or logged in",
             &[(vec![], clients)],
         )?;
+        let mut pinned: std::collections::BTreeMap<(String, String, String), f64> =
+            std::collections::BTreeMap::new();
+        for c in app.cancels.clients() {
+            if let Some(reason) = c.meta.pinned.as_deref() {
+                *pinned
+                    .entry((
+                        c.meta.pool.database.clone(),
+                        c.meta.pool.user.clone(),
+                        reason.to_owned(),
+                    ))
+                    .or_default() += 1.0;
+            }
+        }
+        let series: Vec<(Labels, f64)> = pinned
+            .iter()
+            .map(|((db, user, reason), n)| {
+                (
+                    vec![
+                        ("database", db.as_str()),
+                        ("user", user.as_str()),
+                        ("reason", reason.as_str()),
+                    ],
+                    *n,
+                )
+            })
+            .collect();
+        gauge(
+            &mut encoder,
+            "sluice_pinned_clients",
+            "Transaction-mode clients kept on their server by session objects (temp tables, \
+             WITH HOLD cursors, session advisory locks), by reason",
+            &series,
+        )?;
         gauge(
             &mut encoder,
             "sluice_paused",
