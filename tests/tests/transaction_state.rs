@@ -160,10 +160,16 @@ async fn set_role_does_not_leak() {
     );
 }
 
+/// `track_session_objects = discard`: temporary tables and session
+/// advisory locks are removed when the transaction ends.
 #[tokio::test]
 async fn temp_tables_and_advisory_locks_do_not_leak() {
     let cluster = app_cluster(ServerAuth::Trust);
-    let sluice = one_server(&cluster);
+    let sluice = ConfigBuilder::for_cluster(&cluster)
+        .set("pool_mode", "transaction")
+        .set("default_pool_size", "1")
+        .sluice("track_session_objects", "discard")
+        .start();
     let (alice, bob) = two_clients(&sluice).await;
     alice
         .batch_execute("create temp table scratch (x int); insert into scratch values (1)")
@@ -171,20 +177,89 @@ async fn temp_tables_and_advisory_locks_do_not_leak() {
         .unwrap();
     scalar_text(&alice, "select pg_advisory_lock(42)::text").await;
     assert_eq!(pid(&alice).await, pid(&bob).await, "one shared server");
+    assert_no_objects(&bob).await;
+}
+
+/// The non-empty `pinned` column of SHOW CLIENTS.
+async fn pinned_reasons(sluice: &SluiceProcess) -> Vec<String> {
+    let console = connect_as(sluice.port(), "stats", "pgbouncer").await;
+    let mut reasons = Vec::new();
+    for message in console.simple_query("SHOW CLIENTS").await.unwrap() {
+        if let tokio_postgres::SimpleQueryMessage::Row(row) = message
+            && let Some(reason) = row.get("pinned").filter(|r| !r.is_empty())
+        {
+            reasons.push(reason.to_owned());
+        }
+    }
+    reasons
+}
+
+async fn assert_no_objects(bob: &Client) {
     assert_eq!(
-        scalar(&bob, "select to_regclass('pg_temp.scratch')::text").await,
+        scalar(bob, "select to_regclass('pg_temp.scratch')::text").await,
         None,
         "bob must not see alice's temp table"
     );
     assert_eq!(
         scalar_text(
-            &bob,
+            bob,
             "select count(*)::text from pg_locks where locktype = 'advisory' and pid = pg_backend_pid()"
         )
         .await,
         "0",
         "bob's server must not hold alice's advisory lock"
     );
+}
+
+/// `track_session_objects = pin` (the default): the owner keeps its server,
+/// and with it its temporary table and lock, until they are gone; then the
+/// server is shared again, clean.
+#[tokio::test]
+async fn session_objects_pin_their_owner_until_gone() {
+    let cluster = app_cluster(ServerAuth::Trust);
+    let sluice = ConfigBuilder::for_cluster(&cluster)
+        .set("pool_mode", "transaction")
+        .set("default_pool_size", "1")
+        .set("query_wait_timeout", "20")
+        .set("stats_users", "stats")
+        .start();
+    let (alice, bob) = two_clients(&sluice).await;
+    let before = pid(&alice).await;
+    alice
+        .batch_execute("create temp table scratch (x int)")
+        .await
+        .unwrap();
+    scalar_text(&alice, "select pg_advisory_lock(42)::text").await;
+    // Bob waits for the one server while alice is pinned.
+    let waiting = tokio::spawn(async move {
+        let pid = scalar_text(&bob, "select pg_backend_pid()::text").await;
+        (bob, pid)
+    });
+    // The table lives on in alice's next transactions.
+    alice
+        .batch_execute("insert into scratch values (1)")
+        .await
+        .unwrap();
+    assert_eq!(
+        scalar_text(&alice, "select count(*)::text from scratch").await,
+        "1"
+    );
+    assert_eq!(pid(&alice).await, before, "alice keeps her server");
+    assert!(!waiting.is_finished(), "bob waits while alice is pinned");
+    assert_eq!(
+        pinned_reasons(&sluice).await,
+        ["temp_tables,advisory_locks"],
+        "SHOW CLIENTS tells who is pinned and why"
+    );
+    alice.batch_execute("drop table scratch").await.unwrap();
+    assert!(!waiting.is_finished(), "the lock still pins alice");
+    scalar_text(&alice, "select pg_advisory_unlock(42)::text").await;
+    let (bob, bob_pid) = tokio::time::timeout(Duration::from_secs(10), waiting)
+        .await
+        .expect("bob gets the server once alice holds nothing")
+        .expect("bob's task");
+    assert_eq!(bob_pid, before, "the same server, now clean");
+    assert_no_objects(&bob).await;
 }
 
 #[tokio::test]
