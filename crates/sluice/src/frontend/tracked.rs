@@ -471,15 +471,54 @@ pub(super) enum AfterTx {
     Close,
 }
 
-/// Counts the session objects of the server's own session that would
-/// reach another client: temporary relations, WITH HOLD cursors, session
-/// advisory locks (transaction-level ones end with the transaction).
-const OBJECTS_SQL: &str = "SELECT \
+/// Counts what the server's own session holds that would reach another
+/// client: temporary relations, WITH HOLD cursors, session advisory locks
+/// (transaction-level ones end with the transaction), SQL-level prepared
+/// statements, statements prepared by the protocol (sluice's shared ones),
+/// and channels listened to.
+const CHECK_SQL: &str = "SELECT \
     (SELECT count(*) FROM pg_catalog.pg_class \
       WHERE relnamespace = pg_catalog.pg_my_temp_schema()), \
     (SELECT count(*) FROM pg_catalog.pg_cursors WHERE is_holdable), \
     (SELECT count(*) FROM pg_catalog.pg_locks \
-      WHERE locktype = 'advisory' AND pid = pg_catalog.pg_backend_pid())";
+      WHERE locktype = 'advisory' AND pid = pg_catalog.pg_backend_pid()), \
+    (SELECT count(*) FILTER (WHERE from_sql) FROM pg_catalog.pg_prepared_statements), \
+    (SELECT count(*) FILTER (WHERE NOT from_sql) FROM pg_catalog.pg_prepared_statements), \
+    (SELECT count(*) FROM pg_catalog.pg_listening_channels())";
+
+/// What `CHECK_SQL` found.
+struct Found {
+    temp: u64,
+    cursors: u64,
+    locks: u64,
+    sql_statements: u64,
+    shared_statements: u64,
+    listening: u64,
+}
+
+async fn check_server(lease: &mut crate::backend::pool::Lease) -> Option<Found> {
+    let read = tokio::time::timeout(
+        super::session::CLEANUP_TIMEOUT,
+        crate::backend::login::run_query_rows(lease.server(), CHECK_SQL),
+    )
+    .await;
+    let Ok(Ok(rows)) = read else {
+        return None;
+    };
+    let count = |i: usize| {
+        rows.first()
+            .and_then(|r| r.get(i).cloned().flatten())
+            .and_then(|v| v.parse::<u64>().ok())
+    };
+    Some(Found {
+        temp: count(0)?,
+        cursors: count(1)?,
+        locks: count(2)?,
+        sql_statements: count(3)?,
+        shared_statements: count(4)?,
+        listening: count(5)?,
+    })
+}
 
 /// After a transaction: clean what must not reach another client, read
 /// back the client's session settings if it may have changed them, and
@@ -491,52 +530,53 @@ pub(super) async fn after_transaction(
 ) -> AfterTx {
     let pin = lease.settings.session_objects == sluice_config::SessionObjects::Pin;
     let effects = std::mem::take(&mut t.effects);
-    let cleanup = Tracking {
+    let known = Tracking {
         effects,
         ..Default::default()
-    }
-    .cleanup_sql(!pin);
-    if !cleanup.is_empty() {
-        if !super::relay::reset(lease, &cleanup).await {
+    };
+    // What the text says was left: removed without looking (session
+    // objects only with `discard`, and not for opaque code, which is
+    // checked below instead).
+    let mut cleanup = known.cleanup_sql(!pin && !effects.opaque);
+    let mut statements_gone = effects.statements;
+    let check =
+        effects.opaque || (pin && effects.objects()) || (t.pinned.is_some() && effects.removes);
+    let mut reason = t.pinned.unwrap_or_default();
+    if check {
+        let Some(found) = check_server(lease).await else {
             return AfterTx::Close;
+        };
+        let on_server = lease.server().statements.len() + lease.server().statements.to_close.len();
+        if found.sql_statements > 0 || found.shared_statements != on_server as u64 {
+            // Something prepared or deallocated behind sluice's back.
+            if !cleanup.contains("DEALLOCATE ALL") {
+                cleanup.push_str("DEALLOCATE ALL;");
+            }
+            statements_gone = true;
         }
-        if effects.statements || effects.opaque {
-            lease.server().statements.clear();
+        if found.listening > 0 && !cleanup.contains("UNLISTEN") {
+            cleanup.push_str("UNLISTEN *;");
         }
+        reason = PinReason {
+            temp_tables: found.temp > 0,
+            cursors: found.cursors > 0,
+            advisory_locks: found.locks > 0,
+        };
+        if !pin && reason.any() {
+            cleanup.push_str("CLOSE ALL;DISCARD TEMP;SELECT pg_catalog.pg_advisory_unlock_all();");
+            reason = PinReason::default();
+        }
+    }
+    if !cleanup.is_empty() && !super::relay::reset(lease, &cleanup).await {
+        return AfterTx::Close;
+    }
+    if statements_gone {
+        lease.server().statements.clear();
     }
     if effects.settings && !capture_settings(lease, client, t).await {
         return AfterTx::Close;
     }
     t.custom_names.clear();
-    let check = pin && (effects.objects() || (t.pinned.is_some() && effects.removes));
-    if !check {
-        return if t.pinned.is_some() {
-            AfterTx::Pinned
-        } else {
-            AfterTx::Release
-        };
-    }
-    let read = tokio::time::timeout(
-        super::session::CLEANUP_TIMEOUT,
-        crate::backend::login::run_query_rows(lease.server(), OBJECTS_SQL),
-    )
-    .await;
-    let Ok(Ok(rows)) = read else {
-        return AfterTx::Close;
-    };
-    let count = |i: usize| {
-        rows.first()
-            .and_then(|r| r.get(i).cloned().flatten())
-            .and_then(|v| v.parse::<u64>().ok())
-    };
-    let (Some(temp), Some(cursors), Some(locks)) = (count(0), count(1), count(2)) else {
-        return AfterTx::Close;
-    };
-    let reason = PinReason {
-        temp_tables: temp > 0,
-        cursors: cursors > 0,
-        advisory_locks: locks > 0,
-    };
     let was = t.pinned;
     t.pinned = reason.any().then_some(reason);
     if t.pinned != was {

@@ -189,7 +189,7 @@ pub fn may_matter(text: &[u8]) -> bool {
             None => break,
         }
     }
-    if contains_temp(text) {
+    if contains_temp(text) || calls_unknown_function(text) {
         return true;
     }
     memchr::memchr_iter(b'_', text).any(|at| {
@@ -202,6 +202,322 @@ pub fn may_matter(text: &[u8]) -> bool {
         (ends(b"set") && starts(b"config"))
             || (ends(b"advisory") && (starts(b"lock") || starts(b"unlock")))
     })
+}
+
+/// Built-in functions that leave nothing in a session: a call of any other
+/// function (user-defined, or one that takes locks, sets settings, creates
+/// or prepares) makes a text opaque, and the session is checked after its
+/// transaction. Sorted, lower case.
+const HARMLESS_CALLS: &[&[u8]] = &[
+    b"abs",
+    b"age",
+    b"array_agg",
+    b"array_append",
+    b"array_cat",
+    b"array_fill",
+    b"array_length",
+    b"array_position",
+    b"array_remove",
+    b"array_to_string",
+    b"ascii",
+    b"avg",
+    b"bit_length",
+    b"bool_and",
+    b"bool_or",
+    b"btrim",
+    b"cardinality",
+    b"ceil",
+    b"ceiling",
+    b"char_length",
+    b"character_length",
+    b"chr",
+    b"clock_timestamp",
+    b"coalesce",
+    b"concat",
+    b"concat_ws",
+    b"count",
+    b"current_database",
+    b"current_schema",
+    b"current_setting",
+    b"currval",
+    b"date",
+    b"date_part",
+    b"date_trunc",
+    b"decode",
+    b"dense_rank",
+    b"encode",
+    b"every",
+    b"exp",
+    b"extract",
+    b"first_value",
+    b"floor",
+    b"format",
+    b"gen_random_uuid",
+    b"generate_series",
+    b"greatest",
+    b"hashtext",
+    b"initcap",
+    b"int4",
+    b"int8",
+    b"isfinite",
+    b"json_agg",
+    b"json_array_length",
+    b"json_build_array",
+    b"json_build_object",
+    b"json_extract_path",
+    b"json_extract_path_text",
+    b"json_object_agg",
+    b"jsonb_agg",
+    b"jsonb_array_elements",
+    b"jsonb_array_length",
+    b"jsonb_build_array",
+    b"jsonb_build_object",
+    b"jsonb_each",
+    b"jsonb_extract_path",
+    b"jsonb_extract_path_text",
+    b"jsonb_object_agg",
+    b"jsonb_path_query",
+    b"jsonb_set",
+    b"jsonb_strip_nulls",
+    b"jsonb_typeof",
+    b"justify_interval",
+    b"lag",
+    b"last_value",
+    b"lastval",
+    b"lead",
+    b"least",
+    b"left",
+    b"length",
+    b"ln",
+    b"log",
+    b"lower",
+    b"lpad",
+    b"ltrim",
+    b"make_date",
+    b"make_interval",
+    b"make_timestamp",
+    b"max",
+    b"md5",
+    b"min",
+    b"mod",
+    b"nextval",
+    b"now",
+    b"ntile",
+    b"nullif",
+    b"num_nonnulls",
+    b"num_nulls",
+    b"octet_length",
+    b"overlay",
+    b"percentile_cont",
+    b"percentile_disc",
+    b"pg_advisory_xact_lock",
+    b"pg_advisory_xact_lock_shared",
+    b"pg_backend_pid",
+    b"pg_column_size",
+    b"pg_current_xact_id",
+    b"pg_notify",
+    b"pg_relation_size",
+    b"pg_size_pretty",
+    b"pg_sleep",
+    b"pg_total_relation_size",
+    b"pg_try_advisory_xact_lock",
+    b"pg_try_advisory_xact_lock_shared",
+    b"plainto_tsquery",
+    b"position",
+    b"power",
+    b"quote_ident",
+    b"quote_literal",
+    b"quote_nullable",
+    b"random",
+    b"rank",
+    b"regexp_match",
+    b"regexp_matches",
+    b"regexp_replace",
+    b"regexp_split_to_array",
+    b"repeat",
+    b"replace",
+    b"reverse",
+    b"right",
+    b"round",
+    b"row_number",
+    b"row_to_json",
+    b"rpad",
+    b"rtrim",
+    b"setval",
+    b"sign",
+    b"split_part",
+    b"sqrt",
+    b"starts_with",
+    b"statement_timestamp",
+    b"stddev",
+    b"string_agg",
+    b"strpos",
+    b"substr",
+    b"substring",
+    b"sum",
+    b"text",
+    b"timeofday",
+    b"to_char",
+    b"to_date",
+    b"to_json",
+    b"to_jsonb",
+    b"to_number",
+    b"to_timestamp",
+    b"to_tsquery",
+    b"to_tsvector",
+    b"transaction_timestamp",
+    b"translate",
+    b"trim",
+    b"trunc",
+    b"ts_rank",
+    b"txid_current",
+    b"unnest",
+    b"upper",
+    b"uuid_generate_v4",
+    b"variance",
+    b"version",
+    b"websearch_to_tsquery",
+];
+
+/// Words after which `(` opens no function call (clauses, operators, types).
+const NOT_CALLS: &[&[u8]] = &[
+    b"all",
+    b"and",
+    b"any",
+    b"array",
+    b"as",
+    b"between",
+    b"bit",
+    b"by",
+    b"case",
+    b"cast",
+    b"char",
+    b"character",
+    b"conflict",
+    b"cube",
+    b"decimal",
+    b"distinct",
+    b"else",
+    b"except",
+    b"exists",
+    b"filter",
+    b"float",
+    b"from",
+    b"group",
+    b"grouping",
+    b"having",
+    b"in",
+    b"intersect",
+    b"interval",
+    b"is",
+    b"join",
+    b"lateral",
+    b"like",
+    b"limit",
+    b"not",
+    b"numeric",
+    b"offset",
+    b"on",
+    b"or",
+    b"over",
+    b"partition",
+    b"returning",
+    b"rollup",
+    b"row",
+    b"select",
+    b"set",
+    b"sets",
+    b"some",
+    b"then",
+    b"time",
+    b"timestamp",
+    b"union",
+    b"using",
+    b"values",
+    b"varchar",
+    b"when",
+    b"where",
+    b"with",
+    b"within",
+];
+
+/// Words after which the next word names a table, so that `word (` is a
+/// column list, not a call.
+const TABLE_BEFORE: &[&[u8]] = &[b"into", b"references", b"table"];
+
+fn is_ident(c: u8) -> bool {
+    c.is_ascii_alphanumeric() || c == b'_' || c >= 0x80
+}
+
+/// The word that ends at `end` (exclusive) and where it starts.
+fn word_before(text: &[u8], end: usize) -> (usize, &[u8]) {
+    let mut start = end;
+    while start > 0 && is_ident(text[start - 1]) {
+        start -= 1;
+    }
+    (start, &text[start..end])
+}
+
+fn in_list(list: &[&[u8]], word: &[u8]) -> bool {
+    let mut lower = [0u8; 32];
+    if word.len() > lower.len() {
+        return false;
+    }
+    for (l, c) in lower.iter_mut().zip(word) {
+        *l = c.to_ascii_lowercase();
+    }
+    list.binary_search(&&lower[..word.len()]).is_ok()
+}
+
+/// Whether `text` calls a function that is not one of `HARMLESS_CALLS`
+/// (what a function does is not in the text: such a text is opaque).
+/// Quotes are not skipped: a `(` in a literal may make a text opaque for
+/// nothing, which costs a check, never a leak.
+pub fn calls_unknown_function(text: &[u8]) -> bool {
+    memchr::memchr_iter(b'(', text).any(|at| {
+        let mut end = at;
+        while end > 0 && text[end - 1].is_ascii_whitespace() {
+            end -= 1;
+        }
+        if end > 0 && text[end - 1] == b'"' {
+            // A quoted name: a call unless it follows INTO or TABLE.
+            let open = text[..end - 1]
+                .iter()
+                .rposition(|&c| c == b'"')
+                .unwrap_or(0);
+            return !follows_table_keyword(text, open);
+        }
+        let (start, word) = word_before(text, end);
+        if word.is_empty() || word[0].is_ascii_digit() {
+            return false;
+        }
+        if in_list(NOT_CALLS, word) {
+            return false;
+        }
+        if follows_table_keyword(text, start) {
+            return false;
+        }
+        if start > 0 && text[start - 1] == b'.' {
+            // Schema-qualified: only pg_catalog's harmless functions.
+            let (_, schema) = word_before(text, start - 1);
+            return !(schema.eq_ignore_ascii_case(b"pg_catalog") && in_list(HARMLESS_CALLS, word));
+        }
+        !in_list(HARMLESS_CALLS, word)
+    })
+}
+
+/// Whether the word before `start` (skipping white space and one
+/// `schema.` qualification) is INTO, REFERENCES or TABLE.
+fn follows_table_keyword(text: &[u8], start: usize) -> bool {
+    let mut end = start;
+    if end > 0 && text[end - 1] == b'.' {
+        end = word_before(text, end - 1).0;
+    }
+    while end > 0 && text[end - 1].is_ascii_whitespace() {
+        end -= 1;
+    }
+    let (_, word) = word_before(text, end);
+    in_list(TABLE_BEFORE, word)
 }
 
 /// Whether `text` contains "temp" in any case (`SELECT … INTO TEMP`).
@@ -253,7 +569,8 @@ pub struct Effects {
     pub locks: bool,
     /// A WITH HOLD cursor may be open.
     pub cursors: bool,
-    /// DO or CALL: code that may do any of the above.
+    /// DO, CALL or a call of a function not known to be harmless: code
+    /// that may do any of the above, so the server is checked afterwards.
     pub opaque: bool,
     /// DROP, CLOSE, DISCARD or an unlock: a pinning object may be gone.
     pub removes: bool,
@@ -310,6 +627,9 @@ pub fn effects(text: &[u8]) -> Effects {
     if contains_ignore_case(text, b"set_config") {
         e.settings = true;
     }
+    if calls_unknown_function(text) {
+        e.opaque = true;
+    }
     if contains_ignore_case(text, b"advisory_lock") {
         e.locks = true;
     }
@@ -320,9 +640,9 @@ pub fn effects(text: &[u8]) -> Effects {
         e.statements = true;
     }
     if e.opaque {
+        // Read the settings back; statements, LISTENs and objects are
+        // checked on the server (see `tracked::after_transaction`).
         e.settings = true;
-        e.statements = true;
-        e.listen = true;
     }
     e
 }
@@ -512,6 +832,47 @@ mod tests {
     }
 
     #[test]
+    fn calls_of_unknown_functions_are_opaque() {
+        for harmless in [
+            &b"SELECT abalance FROM pgbench_accounts WHERE aid = $1"[..],
+            b"INSERT INTO pgbench_history (tid, bid, aid, delta, mtime) VALUES ($3, $2, $1, $4, CURRENT_TIMESTAMP)",
+            b"select count(*), max(x), COALESCE(a, b) from t where x in (1, 2)",
+            b"select pg_catalog.now(), x::numeric(10, 2) from t",
+            b"insert into s.t (a) values (1)",
+            b"create table t (x int)",
+            b"select exists (select 1) and not (true)",
+        ] {
+            assert!(
+                !calls_unknown_function(harmless),
+                "{}",
+                String::from_utf8_lossy(harmless)
+            );
+        }
+        for opaque in [
+            &b"select take_lock()"[..],
+            b"SELECT * FROM my_func(1)",
+            b"select public.lower(1)",
+            b"select \"Weird\"(1)",
+            b"select pg_advisory_lock(1)",
+            b"select x from t where f (x)",
+        ] {
+            assert!(
+                calls_unknown_function(opaque),
+                "{}",
+                String::from_utf8_lossy(opaque)
+            );
+            assert!(may_matter(opaque) && effects(opaque).opaque);
+        }
+    }
+
+    #[test]
+    fn harmless_lists_are_sorted() {
+        for list in [HARMLESS_CALLS, NOT_CALLS, TABLE_BEFORE] {
+            assert!(list.windows(2).all(|w| w[0] < w[1]), "{list:?}");
+        }
+    }
+
+    #[test]
     fn finds_what_outlives_a_transaction() {
         assert!(effects(b"DECLARE c CURSOR WITH HOLD FOR select 1").cursors);
         assert!(!effects(b"DECLARE c CURSOR FOR select 1").cursors);
@@ -525,7 +886,7 @@ mod tests {
         // Any DEALLOCATE, even in a string run by a function.
         assert!(effects(b"select f('DEALLOCATE sluice_1')").statements);
         let opaque = effects(b"DO $$BEGIN SET ROLE r; END$$");
-        assert!(opaque.opaque && opaque.settings && opaque.statements && opaque.objects());
+        assert!(opaque.opaque && opaque.settings && opaque.objects());
         assert!(effects(b"call p()").opaque);
         for text in [
             &b"do $$ begin end $$"[..],
