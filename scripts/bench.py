@@ -1,16 +1,29 @@
 #!/usr/bin/env python3
-"""make bench: pgbench -S against PostgreSQL directly, through sluice and through PgBouncer.
+"""make bench: pgbench against PostgreSQL directly, through sluice and through PgBouncer.
 
 One throwaway PostgreSQL 15 (max_connections=100, 3 reserved, pgbench scale 10), one sluice
 and one PgBouncer running the whole time with the same generated pgbouncer.ini (only
-listen_port differs: transaction pooling, default_pool_size=20).  For every query mode x
-client count the targets run interleaved (A B C A B C ...) and the median over rounds is
-reported: TPS, average and p99 latency, failed clients, the proxy's CPU microseconds per
-transaction, then the proxies' peak RSS and RSS per idle client over 10,000 idle
-connections.  Table on the terminal, JSON in bench-results/.
+listen_port differs: transaction pooling, default_pool_size=20).  For every pgbench script x
+query mode x client count the targets run interleaved (A B C A B C ...) and the median over
+rounds is reported: TPS, average and p99 latency, failed clients, the proxy's CPU
+microseconds per transaction, then the proxies' peak RSS and RSS per idle client over 10,000
+idle connections.  Table on the terminal (one per script), JSON in bench-results/.
 
-Environment: SLUICE_BIN (default target/release/sluice), SLUICE_TESTKIT (default
-target/release/sluice-testkit), PGBOUNCER_BIN (default: pgbouncer on PATH), PG_BINDIR.
+Scripts (--script, a comma list; each runs its whole matrix, in the order given):
+  select  pgbench -S -n, the built-in select-only script: one SELECT (the default);
+  tpcb    pgbench -n, the built-in TPC-B-like script: BEGIN, three UPDATEs, a SELECT,
+          an INSERT, END.  It writes to pgbench's tables, never vacuumed here (-n).
+
+Targets (--targets): direct, sluice, sluice-base, pgbouncer, sluice-metrics.  sluice-base is
+sluice started from $SLUICE_BASE_BIN with the same ini as sluice, to compare a change to
+sluice before (sluice-base) and after (sluice) in the same run on the same database; the
+report gives cpu/tx and tps of sluice / sluice-base per cell.  It is among the default
+targets when SLUICE_BASE_BIN is set, and skipped with a warning when it names no file.
+sluice-metrics is sluice with /metrics scraped every second.
+
+Environment: SLUICE_BIN (default target/release/sluice), SLUICE_BASE_BIN (the "before" sluice
+binary for sluice-base; no default), SLUICE_TESTKIT (default target/release/sluice-testkit),
+PGBOUNCER_BIN (default: pgbouncer on PATH), PG_BINDIR.
 """
 
 from __future__ import annotations
@@ -19,6 +32,8 @@ import argparse
 import datetime as dt
 import hashlib
 import json
+import math
+import os
 import statistics
 import subprocess
 import sys
@@ -37,7 +52,15 @@ SCALE = 10
 IDLE_CLIENTS = 10_000
 # sluice-metrics: sluice with metrics_addr set and /metrics scraped every
 # second during its runs, to show what the metrics cost (issue #3: within 3 %).
-PROXIES = ("sluice", "pgbouncer", "sluice-metrics")
+# sluice-base: sluice from $SLUICE_BASE_BIN, the "before" of a before/after comparison.
+PROXIES = ("sluice", "sluice-base", "pgbouncer", "sluice-metrics")
+# pgbench's built-in scripts: what --script accepts.
+SCRIPTS = {
+    "select": {"select_only": True, "pgbench": "-S (select-only), -n",
+               "title": "pgbench -S (built-in select-only), -n"},
+    "tpcb": {"select_only": False, "pgbench": "built-in tpcb-like (no -S), -n",
+             "title": "pgbench TPC-B-like (built-in tpcb-like), -n"},
+}
 
 
 def parse_args(argv=None):
@@ -50,8 +73,13 @@ def parse_args(argv=None):
     ap.add_argument("--clients", help="comma list (default 1,10,150,1000)")
     ap.add_argument("--modes", default="simple,extended,prepared",
                     help="comma list of simple,extended,prepared (pgbench -M)")
-    ap.add_argument("--targets", default="direct,sluice,pgbouncer,sluice-metrics",
-                    help="comma list")
+    ap.add_argument("--script", dest="scripts", default="select", metavar="SCRIPT",
+                    help="comma list of select (pgbench -S, the default), tpcb (pgbench's "
+                         "TPC-B-like script); several run one after the other")
+    ap.add_argument("--targets",
+                    help="comma list of direct,sluice,sluice-base,pgbouncer,sluice-metrics "
+                         "(default all but sluice-base, and sluice-base too when "
+                         "SLUICE_BASE_BIN is set)")
     ap.add_argument("--skip-idle", action="store_true", help="skip the 10,000 idle clients test")
     ap.add_argument("--idle-clients", type=int, default=IDLE_CLIENTS, help=argparse.SUPPRESS)
     ap.add_argument("--jobs", type=int, default=2, help="pgbench -j (default 2)")
@@ -63,6 +91,10 @@ def parse_args(argv=None):
     a.rounds = a.rounds or (1 if a.quick else 2)
     a.clients = [int(c) for c in (a.clients or ("1,10,150" if a.quick else "1,10,150,1000")).split(",") if c]
     a.modes = [m.strip() for m in a.modes.split(",") if m.strip()]
+    a.scripts = list(dict.fromkeys(x.strip() for x in a.scripts.split(",") if x.strip()))
+    if a.targets is None:
+        a.targets = ("direct,sluice,sluice-base,pgbouncer,sluice-metrics"
+                     if os.environ.get("SLUICE_BASE_BIN") else "direct,sluice,pgbouncer,sluice-metrics")
     a.targets = [t.strip() for t in a.targets.split(",") if t.strip()]
     for t in a.targets:
         if t not in ("direct",) + PROXIES:
@@ -70,7 +102,11 @@ def parse_args(argv=None):
     for m in a.modes:
         if m not in ("simple", "extended", "prepared"):
             ap.error(f"unknown mode {m!r}")
-    if a.duration < 1 or a.rounds < 1 or not a.clients or not a.targets or not a.modes:
+    for x in a.scripts:
+        if x not in SCRIPTS:
+            ap.error(f"unknown script {x!r} (select or tpcb)")
+    if (a.duration < 1 or a.rounds < 1 or not a.clients or not a.targets or not a.modes
+            or not a.scripts):
         ap.error("empty matrix")
     return a
 
@@ -83,22 +119,27 @@ def versions() -> dict:
         "sluice": None,
         "sluice_bin": pglab.sluice_bin(),
         "sluice_sha256": None,
+        "sluice_base": None,
+        "sluice_base_bin": os.environ.get("SLUICE_BASE_BIN"),
+        "sluice_base_sha256": None,
         "git_head": pglab.git_head(),
     }
     pgb = pglab.pgbouncer_bin()
     if pgb:
         out = pglab.cmd_output([pgb, "--version"])
         v["pgbouncer"] = out.splitlines()[0] if out else None
-    sb = Path(pglab.sluice_bin())
-    if sb.exists():
+    for key, path in (("sluice", pglab.sluice_bin()), ("sluice_base", pglab.sluice_base_bin())):
+        sb = Path(path) if path else None
+        if sb is None or not sb.exists():
+            continue
         try:
-            v["sluice_sha256"] = hashlib.sha256(sb.read_bytes()).hexdigest()
-            v["sluice_mtime_utc"] = dt.datetime.fromtimestamp(
+            v[f"{key}_sha256"] = hashlib.sha256(sb.read_bytes()).hexdigest()
+            v[f"{key}_mtime_utc"] = dt.datetime.fromtimestamp(
                 sb.stat().st_mtime, dt.timezone.utc).isoformat(timespec="seconds")
         except OSError:
             pass
         out = pglab.cmd_output([str(sb), "--version"], timeout=5)
-        v["sluice"] = out.splitlines()[0] if out else None
+        v[key] = out.splitlines()[0] if out else None
     return v
 
 
@@ -148,7 +189,7 @@ def main(argv=None) -> int:
     t_start = time.monotonic()
     started = dt.datetime.now(dt.timezone.utc)
     result = {
-        "schema": 1,
+        "schema": 2,  # 2: runs and summary rows carry "script"
         "started_utc": started.isoformat(timespec="seconds"),
         "args": {k: v for k, v in vars(a).items()},
         "rlimit_nofile": list(nofile),
@@ -157,7 +198,10 @@ def main(argv=None) -> int:
         "versions": versions(),
         "settings": {"max_connections": MAX_CONNECTIONS, "superuser_reserved_connections": RESERVED,
                      "pgbench_scale": SCALE, "pool_mode": "transaction",
-                     "default_pool_size": POOL_SIZE, "pgbench": "-S (select-only), -n"},
+                     "default_pool_size": POOL_SIZE,
+                     "pgbench": ("; ".join(f"{x}: {SCRIPTS[x]['pgbench']}" for x in a.scripts)
+                                 if len(a.scripts) > 1 else SCRIPTS[a.scripts[0]]["pgbench"]),
+                     "pgbench_scripts": list(a.scripts)},
         "targets": {},
         "runs": [],
         "summary": [],
@@ -191,6 +235,13 @@ def main(argv=None) -> int:
                 warn(msg)
                 result["targets"][kind] = {"skipped": msg}
                 continue
+            if kind == "sluice-base" and not pglab.sluice_base_bin():
+                env = os.environ.get("SLUICE_BASE_BIN")
+                msg = (f"SLUICE_BASE_BIN={env} not found: skipped" if env else
+                       "SLUICE_BASE_BIN is not set (path of the sluice to compare with): skipped")
+                warn(msg)
+                result["targets"][kind] = {"skipped": msg}
+                continue
 
             metrics_port = pglab.free_port() if kind == "sluice-metrics" else None
 
@@ -204,8 +255,8 @@ def main(argv=None) -> int:
             try:
                 proxy = lab.start_proxy(kind, ini)
             except LabError as e:
-                if kind == "pgbouncer":
-                    warn(f"pgbouncer did not start, skipped: {e}")
+                if kind in ("pgbouncer", "sluice-base"):
+                    warn(f"{kind} did not start, skipped: {e}")
                     result["targets"][kind] = {"skipped": str(e)}
                     continue
                 raise
@@ -253,29 +304,34 @@ def main(argv=None) -> int:
                               mode="simple")
             check_alive(t)
 
-        total = len(a.modes) * len(a.clients) * a.rounds * len(targets)
+        total = len(a.scripts) * len(a.modes) * len(a.clients) * a.rounds * len(targets)
         i = 0
-        for mode in a.modes:
-            for clients in a.clients:
-                for rnd in range(1, a.rounds + 1):
-                    for t in targets:
-                        i += 1
-                        log(f"[{i}/{total}] {mode} c={clients} {t} round {rnd} ...")
-                        run = {"mode": mode, "clients": clients, "target": t, "round": rnd}
-                        if not check_alive(t):
-                            run.update(error=dead[t], skipped=True)
+        for script in a.scripts:
+            for mode in a.modes:
+                for clients in a.clients:
+                    for rnd in range(1, a.rounds + 1):
+                        for t in targets:
+                            i += 1
+                            log(f"[{i}/{total}] {script} {mode} c={clients} {t} round {rnd} ...")
+                            run = {"script": script, "mode": mode, "clients": clients, "target": t,
+                                   "round": rnd}
+                            if not check_alive(t):
+                                run.update(error=dead[t], skipped=True)
+                                result["runs"].append(run)
+                                continue
+                            run.update(one_run(lab, a, endpoints[t], user, password, script,
+                                               mode, clients))
+                            check_alive(t)
                             result["runs"].append(run)
-                            continue
-                        run.update(one_run(lab, a, endpoints[t], user, password, mode, clients))
-                        check_alive(t)
-                        result["runs"].append(run)
-                        short = (f"      tps={fmt(run.get('tps'))} avg={fmt(run.get('lat_avg_ms'), 3)}ms "
-                                 f"p99={fmt(run.get('p99_ms'), 3)}ms failed={run.get('failed_clients')}")
-                        if run.get("cpu_us_per_tx") is not None:
-                            short += f" cpu/tx={run['cpu_us_per_tx']:.1f}us"
-                        if run.get("error"):
-                            short += f"  [{run['error'][:110]}]"
-                        log(short)
+                            short = (f"      tps={fmt(run.get('tps'))} "
+                                     f"avg={fmt(run.get('lat_avg_ms'), 3)}ms "
+                                     f"p99={fmt(run.get('p99_ms'), 3)}ms "
+                                     f"failed={run.get('failed_clients')}")
+                            if run.get("cpu_us_per_tx") is not None:
+                                short += f" cpu/tx={run['cpu_us_per_tx']:.1f}us"
+                            if run.get("error"):
+                                short += f"  [{run['error'][:110]}]"
+                            log(short)
 
         for t in targets:
             p = endpoints[t]["proxy"]
@@ -318,7 +374,8 @@ def scrape_metrics_while(ep: dict, stop: threading.Event, counter: list) -> None
             pass
 
 
-def one_run(lab: Lab, a, ep: dict, user: str, password, mode: str, clients: int) -> dict:
+def one_run(lab: Lab, a, ep: dict, user: str, password, script: str, mode: str,
+            clients: int) -> dict:
     stop = threading.Event()
     scrapes = [0]
     scraper = None
@@ -327,7 +384,7 @@ def one_run(lab: Lab, a, ep: dict, user: str, password, mode: str, clients: int)
                                    daemon=True)
         scraper.start()
     try:
-        res = one_run_inner(lab, a, ep, user, password, mode, clients)
+        res = one_run_inner(lab, a, ep, user, password, script, mode, clients)
     finally:
         stop.set()
         if scraper:
@@ -337,14 +394,16 @@ def one_run(lab: Lab, a, ep: dict, user: str, password, mode: str, clients: int)
     return res
 
 
-def one_run_inner(lab: Lab, a, ep: dict, user: str, password, mode: str, clients: int) -> dict:
+def one_run_inner(lab: Lab, a, ep: dict, user: str, password, script: str, mode: str,
+                  clients: int) -> dict:
     proxy = ep["proxy"]
     backends_before = count_backends(lab)
     cpu0 = pglab.proc_cpu_seconds(proxy.pid) if proxy else None
     res = pglab.run_pgbench(host="127.0.0.1", port=ep["port"], dbname=ep["dbname"], user=user,
                             password=password, clients=clients, jobs=a.jobs,
                             duration=a.duration, mode=mode, log_dir=lab.tmp / "pgbench-log",
-                            sampling_rate=a.sampling_rate)
+                            sampling_rate=a.sampling_rate,
+                            select_only=SCRIPTS[script]["select_only"])
     cpu1 = pglab.proc_cpu_seconds(proxy.pid) if proxy else None
     res["proxy_cpu_s"] = round(cpu1 - cpu0, 4) if cpu0 is not None and cpu1 is not None else None
     tx = res.get("transactions") or 0
@@ -393,35 +452,49 @@ def idle_test(proxy, user: str, n: int) -> dict:
 
 def summarize(runs, a, targets):
     out = []
-    for mode in a.modes:
-        for clients in a.clients:
-            cells = {}
-            for t in targets:
-                rs = [r for r in runs if r["mode"] == mode and r["clients"] == clients
-                      and r["target"] == t and not r.get("skipped")]
-                errs = [r.get("error") for r in runs if r["mode"] == mode and r["clients"] == clients
-                        and r["target"] == t and r.get("error")]
-                cells[t] = {
-                    "mode": mode, "clients": clients, "target": t, "rounds": len(rs),
-                    "tps": med([r.get("tps") for r in rs]),
-                    "tps_min": min((r["tps"] for r in rs if r.get("tps") is not None), default=None),
-                    "tps_max": max((r["tps"] for r in rs if r.get("tps") is not None), default=None),
-                    "avg_ms": med([r.get("lat_avg_ms") for r in rs]),
-                    "p99_ms": med([r.get("p99_ms") for r in rs]),
-                    "failed_clients": (max(r.get("failed_clients") or 0 for r in rs) if rs else None),
-                    "failed_clients_method": ("probe" if any(r.get("failed_clients_method") == "probe"
-                                                             for r in rs) else "pgbench"),
-                    "cpu_us_per_tx": med([r.get("cpu_us_per_tx") for r in rs]),
-                    "transactions": med([r.get("transactions") for r in rs]),
-                    "pg_backends_before": med([r.get("pg_backends_before") for r in rs]),
-                    "error": errs[0] if errs else None,
-                }
-            s, b = cells.get("sluice"), cells.get("pgbouncer")
-            if s and b:
-                s["tps_ratio_vs_pgbouncer"] = ratio(s["tps"], b["tps"])
-                s["cpu_ratio_vs_pgbouncer"] = ratio(s["cpu_us_per_tx"], b["cpu_us_per_tx"])
-            out.extend(cells.values())
+    for script in a.scripts:
+        for mode in a.modes:
+            for clients in a.clients:
+                cells = {}
+                for t in targets:
+                    mine = [r for r in runs if r["script"] == script and r["mode"] == mode
+                            and r["clients"] == clients and r["target"] == t]
+                    rs = [r for r in mine if not r.get("skipped")]
+                    errs = [r.get("error") for r in mine if r.get("error")]
+                    cells[t] = {
+                        "script": script, "mode": mode, "clients": clients, "target": t,
+                        "rounds": len(rs),
+                        "tps": med([r.get("tps") for r in rs]),
+                        "tps_min": min((r["tps"] for r in rs if r.get("tps") is not None), default=None),
+                        "tps_max": max((r["tps"] for r in rs if r.get("tps") is not None), default=None),
+                        "avg_ms": med([r.get("lat_avg_ms") for r in rs]),
+                        "p99_ms": med([r.get("p99_ms") for r in rs]),
+                        "failed_clients": (max(r.get("failed_clients") or 0 for r in rs) if rs else None),
+                        "failed_clients_method": ("probe" if any(r.get("failed_clients_method") == "probe"
+                                                                 for r in rs) else "pgbench"),
+                        "cpu_us_per_tx": med([r.get("cpu_us_per_tx") for r in rs]),
+                        "transactions": med([r.get("transactions") for r in rs]),
+                        "pg_backends_before": med([r.get("pg_backends_before") for r in rs]),
+                        "error": errs[0] if errs else None,
+                    }
+                b = cells.get("pgbouncer")
+                for kind in ("sluice", "sluice-base"):
+                    s = cells.get(kind)
+                    if s and b:
+                        s["tps_ratio_vs_pgbouncer"] = ratio(s["tps"], b["tps"])
+                        s["cpu_ratio_vs_pgbouncer"] = ratio(s["cpu_us_per_tx"], b["cpu_us_per_tx"])
+                s, base = cells.get("sluice"), cells.get("sluice-base")
+                if s and base:
+                    # after / before: cpu < 1, the change (SLUICE_BIN) costs less; tps < 1, slower
+                    s["tps_ratio_vs_base"] = ratio(s["tps"], base["tps"])
+                    s["cpu_ratio_vs_base"] = ratio(s["cpu_us_per_tx"], base["cpu_us_per_tx"])
+                out.extend(cells.values())
     return out
+
+
+def geomean(vals):
+    vals = [v for v in vals if v]
+    return math.exp(sum(math.log(v) for v in vals) / len(vals)) if vals else None
 
 
 def print_report(result, a, targets):
@@ -437,24 +510,32 @@ def print_report(result, a, targets):
                      fmt(s.get("cpu_ratio_vs_pgbouncer"), 2) if "cpu_ratio_vs_pgbouncer" in s else ""])
     widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(hdr)]
     left = {0, 1, 2}
+    tw = max(len(t) for t in list(targets) + list(result["targets"]))
 
     def line(cells):
         return "  ".join(c.ljust(widths[i]) if i in left else c.rjust(widths[i])
                          for i, c in enumerate(cells)).rstrip()
     m = result["machine"]
+    several = len(a.scripts) > 1
+    # one table per pgbench script, its header naming the script
+    for script in a.scripts:
+        print()
+        print(f"[{script}] {SCRIPTS[script]['title']}, -j {a.jobs}, {a.duration} s x {a.rounds} "
+              f"round(s) per cell (median), PostgreSQL max_connections={MAX_CONNECTIONS}, "
+              f"pool_mode=transaction, default_pool_size={POOL_SIZE}; {m['nproc']} CPUs, "
+              f"kernel {m['kernel']}")
+        print(line(hdr))
+        print(line(["-" * w for w in widths]))
+        prev = None
+        for r, s in zip(rows, result["summary"]):
+            if s["script"] != script:
+                continue
+            key = (s["mode"], s["clients"])
+            if prev is not None and key != prev:
+                print()
+            prev = key
+            print(line(r))
     print()
-    print(f"pgbench -S, -j {a.jobs}, {a.duration} s x {a.rounds} round(s) per cell (median), "
-          f"PostgreSQL max_connections={MAX_CONNECTIONS}, pool_mode=transaction, "
-          f"default_pool_size={POOL_SIZE}; {m['nproc']} CPUs, kernel {m['kernel']}")
-    print(line(hdr))
-    print(line(["-" * w for w in widths]))
-    prev = None
-    for r, s in zip(rows, result["summary"]):
-        key = (s["mode"], s["clients"])
-        if prev is not None and key != prev:
-            print()
-        prev = key
-        print(line(r))
     loads = [r["loadavg_1m_after"] for r in result["runs"] if r.get("loadavg_1m_after") is not None]
     ncpu = m.get("nproc_available") or m["nproc"] or 1
     if loads and max(loads) > ncpu * 1.5:
@@ -471,53 +552,77 @@ def print_report(result, a, targets):
     errs = {}
     for s in result["summary"]:
         if s.get("error"):
-            errs.setdefault(s["error"], []).append(f"{s['mode']}/c={s['clients']}/{s['target']}")
+            where = f"{s['mode']}/c={s['clients']}/{s['target']}"
+            errs.setdefault(s["error"], []).append(f"{s['script']}/{where}" if several else where)
     if errs:
         print("errors (first stderr line):")
         for e, where in errs.items():
             print(f"  {e[:160]}  <- {', '.join(where[:4])}{' ...' if len(where) > 4 else ''}")
     print()
     for t in targets:
-        info = result["targets"].get(t, {})
         if t == "direct":
             continue
         pk = result["peak_rss_kb"].get(t, {})
         idle = result["idle"].get(t)
-        line_ = f"{t:<10} peak RSS (VmHWM): {fmt(pk.get('after_matrix'))} kB after pgbench matrix"
+        line_ = f"{t:<{tw}} peak RSS (VmHWM): {fmt(pk.get('after_matrix'))} kB after pgbench matrix"
         if pk.get("end") is not None and pk.get("end") != pk.get("after_matrix"):
             line_ += f", {fmt(pk.get('end'))} kB at end"
         print(line_)
         if idle:
             pc = idle["per_client_bytes"]
-            print(f"{t:<10} idle: {idle['opened']:,}/{idle['requested']:,} clients open "
+            print(f"{t:<{tw}} idle: {idle['opened']:,}/{idle['requested']:,} clients open "
                   f"({idle['failed']} failed), RSS {fmt(idle['rss_before_kb'])} -> "
                   f"{fmt(idle['rss_idle_kb'])} kB = {fmt(pc, 0)} bytes per idle client")
     for t, info in result["targets"].items():
         if info.get("skipped"):
-            print(f"{t:<10} SKIPPED: {info['skipped']}")
+            print(f"{t:<{tw}} SKIPPED: {info['skipped']}")
     for t, why in result.get("proxy_dead", {}).items():
-        print(f"{t:<10} DIED during the run: {why}")
-    by = {(x["mode"], x["clients"], x["target"]): x for x in result["summary"]}
-    for (mode, clients, target), x in sorted(by.items()):
-        base = by.get((mode, clients, "sluice"))
-        if target == "sluice-metrics" and base and x["cpu_us_per_tx"] and base["cpu_us_per_tx"]:
-            print(f"metrics cost {mode:<8} c={clients:<5} cpu/tx with /metrics scraped each second "
+        print(f"{t:<{tw}} DIED during the run: {why}")
+    by = {(x["script"], x["mode"], x["clients"], x["target"]): x for x in result["summary"]}
+    for x in result["summary"]:
+        base = by.get((x["script"], x["mode"], x["clients"], "sluice"))
+        if x["target"] == "sluice-metrics" and base and x["cpu_us_per_tx"] and base["cpu_us_per_tx"]:
+            print(f"metrics cost {x['script'] + ' ' * (7 - len(x['script'])) if several else ''}"
+                  f"{x['mode']:<8} "
+                  f"c={x['clients']:<5} cpu/tx with /metrics scraped each second "
                   f"/ without = {x['cpu_us_per_tx'] / base['cpu_us_per_tx']:.3f}")
-    for clients in a.clients:
-        sp = by.get(("prepared", clients, "sluice"))
-        se = by.get(("extended", clients, "sluice"))
-        be = by.get(("extended", clients, "pgbouncer"))
-        if sp and se and sp["tps"] and se["tps"]:
-            cpu = ""
-            if be and sp["cpu_us_per_tx"] and be["cpu_us_per_tx"]:
-                cpu = (f"; cpu/tx sluice prepared / pgbouncer extended = "
-                       f"{sp['cpu_us_per_tx'] / be['cpu_us_per_tx']:.2f}")
-            print(f"prepared   c={clients:<5} tps sluice prepared / sluice extended = "
-                  f"{sp['tps'] / se['tps']:.2f}{cpu}")
+    for script in a.scripts:
+        for clients in a.clients:
+            sp = by.get((script, "prepared", clients, "sluice"))
+            se = by.get((script, "extended", clients, "sluice"))
+            be = by.get((script, "extended", clients, "pgbouncer"))
+            if sp and se and sp["tps"] and se["tps"]:
+                cpu = ""
+                if be and sp["cpu_us_per_tx"] and be["cpu_us_per_tx"]:
+                    cpu = (f"; cpu/tx sluice prepared / pgbouncer extended = "
+                           f"{sp['cpu_us_per_tx'] / be['cpu_us_per_tx']:.2f}")
+                print(f"prepared   {f'{script:<7}' if several else ''}c={clients:<5} tps sluice "
+                      f"prepared / sluice extended = {sp['tps'] / se['tps']:.2f}{cpu}")
+    # before/after: sluice (SLUICE_BIN) against sluice-base (SLUICE_BASE_BIN), same run
+    vs_base = [x for x in result["summary"] if "cpu_ratio_vs_base" in x]
+    if vs_base:
+        v = result["versions"]
+        print(f"sluice vs sluice-base (after / before; sluice = {v.get('sluice_bin')}, "
+              f"sluice-base = {v.get('sluice_base_bin')}):")
+        if v.get("sluice_sha256") and v.get("sluice_sha256") == v.get("sluice_base_sha256"):
+            print("  (the two binaries are identical: an A/A run, the ratios show the noise)")
+        for x in vs_base:
+            print(f"  {x['script']:<6} {x['mode']:<8} c={x['clients']:<5} cpu/tx sluice / sluice-base "
+                  f"= {fmt(x['cpu_ratio_vs_base'], 3)}   tps sluice / sluice-base = "
+                  f"{fmt(x['tps_ratio_vs_base'], 3)}")
+        gc = geomean([x["cpu_ratio_vs_base"] for x in vs_base])
+        gt = geomean([x["tps_ratio_vs_base"] for x in vs_base])
+        if len(vs_base) > 1 and gc is not None:
+            print(f"  geometric mean over {len(vs_base)} cells: cpu/tx {gc:.3f}"
+                  + (f", tps {gt:.3f}" if gt is not None else ""))
     s_idle, b_idle = result["idle"].get("sluice"), result["idle"].get("pgbouncer")
     if s_idle and b_idle and s_idle["per_client_bytes"] and b_idle["per_client_bytes"]:
         print(f"idle bytes/client sluice/pgbouncer = "
               f"{s_idle['per_client_bytes'] / b_idle['per_client_bytes']:.2f}")
+    base_idle = result["idle"].get("sluice-base")
+    if s_idle and base_idle and s_idle["per_client_bytes"] and base_idle["per_client_bytes"]:
+        print(f"idle bytes/client sluice/sluice-base = "
+              f"{s_idle['per_client_bytes'] / base_idle['per_client_bytes']:.2f}")
 
 
 if __name__ == "__main__":

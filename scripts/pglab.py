@@ -92,6 +92,15 @@ def sluice_bin() -> str:
     return os.environ.get("SLUICE_BIN") or str(REPO / "target/release/sluice")
 
 
+def sluice_base_bin() -> str | None:
+    """The "before" sluice for the bench's sluice-base target: $SLUICE_BASE_BIN, or None
+    when it is unset or names no file."""
+    env = os.environ.get("SLUICE_BASE_BIN")
+    if env and (Path(env).is_file() or shutil.which(env)):
+        return env
+    return None
+
+
 def testkit_cmd() -> list[str]:
     env = os.environ.get("SLUICE_TESTKIT")
     if env:
@@ -481,7 +490,8 @@ class Lab:
 
     # poolers -----------------------------------------------------------------
     def start_proxy(self, kind: str, ini_text_for_port, *, timeout: float = 20) -> Proxy:
-        """kind: 'sluice' (or 'sluice-…', a variant) or 'pgbouncer'.
+        """kind: 'sluice' (or 'sluice-…', a variant), 'sluice-base' (sluice from
+        $SLUICE_BASE_BIN instead of SLUICE_BIN) or 'pgbouncer'.
         ini_text_for_port(port, logfile) -> ini text."""
         port = free_port()
         logfile = self.tmp / f"{kind}.log"
@@ -491,7 +501,13 @@ class Lab:
         errpath = self.tmp / f"{kind}.stderr"
         errf = open(errpath, "wb")
         self._files.append(errf)
-        if kind.startswith("sluice"):
+        if kind == "sluice-base":
+            binary = sluice_base_bin()
+            if not binary:
+                raise LabError("SLUICE_BASE_BIN is unset or names no file")
+            proc = self.spawn(kind, [binary, str(ini)], stdout=errf, stderr=errf,
+                              stdin=subprocess.DEVNULL)
+        elif kind.startswith("sluice"):
             binary = sluice_bin()
             if not Path(binary).exists() and not shutil.which(binary):
                 raise LabError(f"{binary} not found: build it (cargo build --release -p sluice) "
