@@ -442,9 +442,12 @@ impl Pool {
 
     /// Records SCRAM keys from a client's login, used when the auth_file
     /// holds only a SCRAM secret for the server user.
-    pub fn learn_scram_keys(&self, keys: ScramKeys) {
+    /// Keys proven by a client that logged in as `user`: kept only when
+    /// this pool logs in to the server as that same user (another user's
+    /// keys would make every server login fail).
+    pub fn learn_scram_keys(&self, user: &str, keys: ScramKeys) {
         let mut st = self.lock();
-        if st.credential.password.is_none() {
+        if st.credential.password.is_none() && st.target.user == user {
             st.credential.scram_keys = Some(keys);
         }
     }

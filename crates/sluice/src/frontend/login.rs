@@ -229,7 +229,7 @@ async fn login_inner(
         .pool_for(&database, &user)
         .map_err(|e| ClientError::new("3D000", e.to_string()))?;
     if let Some(k) = keys {
-        pool.learn_scram_keys(k);
+        pool.learn_scram_keys(&user, k);
     }
     let welcome = pool
         .welcome()

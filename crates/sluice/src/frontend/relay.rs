@@ -155,14 +155,7 @@ pub async fn run(client: &mut Client, cbuf: &mut BytesMut, mut lease: Lease) -> 
         }
         let held = cycle.client_scan.wanted();
         if held > CLIENT_HELD_LIMIT {
-            break Err(End::Client(ClientError::new(
-                "54000",
-                format!(
-                    "message of {held} bytes is larger than the {} MiB a transaction-pooling \
-                     connection holds whole (Parse, Bind, Describe, Close, Query)",
-                    CLIENT_HELD_LIMIT >> 20
-                ),
-            )));
+            break Err(End::Client(held_too_large(held)));
         }
         if let Some(t) = tracking.as_deref_mut()
             && !t.listens.is_empty()
@@ -232,10 +225,9 @@ pub async fn run(client: &mut Client, cbuf: &mut BytesMut, mut lease: Lease) -> 
         if cycle.client_terminated && cycle.to_server == 0 {
             break Ok(Outcome::ClientGone);
         }
-        // A part of the client's next message still in `cbuf` keeps the
-        // server: released now, the session would lend it again at once.
+        // A part of the client's next message may be in `cbuf`: the
+        // session reads the rest before it asks for a server again.
         let at_end = release_each.is_some()
-            && cbuf.is_empty()
             && cycle.clean()
             && cycle.flushed(&server.buf)
             && tracking.as_deref().is_none_or(Tracking::settled);
@@ -415,6 +407,18 @@ const MESSAGE_STALL_TIMEOUT: std::time::Duration = std::time::Duration::from_sec
 /// sends through a pooler and bounds what one client can make sluice hold.
 /// Session mode streams every message and is not limited by this.
 pub(super) const CLIENT_HELD_LIMIT: usize = 64 << 20;
+
+/// The error for a client message larger than `CLIENT_HELD_LIMIT`.
+pub(super) fn held_too_large(size: usize) -> ClientError {
+    ClientError::new(
+        "54000",
+        format!(
+            "message of {size} bytes is larger than the {} MiB a transaction-pooling \
+             connection holds whole (Parse, Bind, Describe, Close, Query)",
+            CLIENT_HELD_LIMIT >> 20
+        ),
+    )
+}
 
 /// Largest server message held whole (ErrorResponse, ParameterStatus,
 /// ReadyForQuery and, in transaction mode, a few small replies). An error

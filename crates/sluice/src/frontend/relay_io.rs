@@ -60,14 +60,19 @@ pub struct Sides<'a> {
     pub cbuf_wanted: usize,
 }
 
-/// Room for the next read: a chunk, or exactly what a message held whole
-/// still needs (one allocation of its size, not a doubling).
+/// Room for the next read: a chunk, or for a message held whole, room that
+/// doubles with what has arrived but never passes what it still needs (so
+/// a header announcing 64 MiB allocates nothing before the bytes come).
 fn reserve(buf: &mut BytesMut, wanted: usize) {
-    if wanted > buf.len() + READ_CHUNK && buf.capacity() < wanted {
-        buf.reserve(wanted - buf.len());
-    } else if buf.capacity() - buf.len() < 1024 {
-        buf.reserve(READ_CHUNK);
+    if buf.capacity() - buf.len() >= 1024 {
+        return;
     }
+    let more = if wanted > buf.len() + READ_CHUNK {
+        (wanted - buf.len()).min(buf.len().max(READ_CHUNK))
+    } else {
+        READ_CHUNK
+    };
+    buf.reserve(more);
 }
 
 impl Sides<'_> {

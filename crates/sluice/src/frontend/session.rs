@@ -280,6 +280,34 @@ impl Client {
         }
     }
 
+    /// Reads more of a message the client has begun, as idle clients are
+    /// read: at most `client_idle_timeout` of silence. The buffer grows
+    /// with what arrives, never by what a header announces.
+    async fn read_more(&mut self, buf: &mut BytesMut) -> Result<(), SessionEnd> {
+        let idle_timeout = self.pool.settings().client_idle_timeout;
+        if buf.capacity() - buf.len() < 1024 {
+            buf.reserve(buf.len().max(READ_CHUNK));
+        }
+        let read = tokio_util::io::read_buf(&mut self.stream, buf);
+        let read = if idle_timeout.is_zero() {
+            read.await
+        } else {
+            match tokio::time::timeout(idle_timeout, read).await {
+                Ok(r) => r,
+                Err(_) => {
+                    return Err(SessionEnd::Error(ClientError::new(
+                        "08P01",
+                        "client_idle_timeout",
+                    )));
+                }
+            }
+        };
+        match read {
+            Ok(0) | Err(_) => Err(SessionEnd::ClientLeft),
+            Ok(_) => Ok(()),
+        }
+    }
+
     /// Waits with `client_idle_timeout`; boxed by the caller because the
     /// timer would otherwise sit in every idle client's task.
     async fn wait_readable_with_timeout(
@@ -293,6 +321,31 @@ impl Client {
         .await
         .map_err(|_| ClientError::new("08P01", "client_idle_timeout"))
     }
+}
+
+/// Transaction and statement mode lend a server only once the client's
+/// next message is whole when it is one that sluice holds whole (Parse,
+/// Bind, Describe, Close, Query): a client that trickles one holds no
+/// server meanwhile. Err: it announces more than sluice holds.
+fn first_message_incomplete(buf: &[u8], tracked: bool) -> Result<bool, ClientError> {
+    use sluice_wire::tags::frontend as f;
+    if !tracked {
+        return Ok(false);
+    }
+    let Some(&[tag, a, b, c, d]) = buf.first_chunk::<5>() else {
+        return Ok(true);
+    };
+    if !matches!(tag, f::PARSE | f::BIND | f::DESCRIBE | f::CLOSE | f::QUERY) {
+        return Ok(false);
+    }
+    let Ok(len) = usize::try_from(i32::from_be_bytes([a, b, c, d])) else {
+        return Ok(false);
+    };
+    let total = len + 1;
+    if total > relay::CLIENT_HELD_LIMIT {
+        return Err(relay::held_too_large(total));
+    }
+    Ok(buf.len() < total)
 }
 
 /// Serves a logged-in client until it leaves or fails. This future lives as
@@ -343,6 +396,17 @@ pub async fn run(client: &mut Client) -> SessionEnd {
                     continue;
                 }
             }
+        }
+        let tracked = client.pool.settings().mode != sluice_config::PoolMode::Session;
+        match first_message_incomplete(&buf, tracked) {
+            Ok(false) => {}
+            Ok(true) => {
+                if let Err(end) = Box::pin(client.read_more(&mut buf)).await {
+                    return end;
+                }
+                continue;
+            }
+            Err(e) => return SessionEnd::Error(e),
         }
         if let Some(end) = Box::pin(client.serve_request(&mut buf)).await {
             return end;
