@@ -59,7 +59,9 @@ pub struct TxStats {
     /// Time the client waited for the server.
     pub waited: Duration,
     /// SQLSTATE classes of the errors the server sent (rarely any).
-    pub error_classes: Vec<[u8; 2]>,
+    /// Server errors by SQLSTATE class, with counts (one entry per class,
+    /// so a long session-mode link that errs often stays small).
+    pub error_classes: Vec<([u8; 2], u64)>,
 }
 
 /// A pool's totals since start.
@@ -95,8 +97,8 @@ impl PoolStats {
         self.wait_time_us += tx.waited.as_micros() as u64;
         self.linked.observe(tx.linked);
         self.waits.observe(tx.waited);
-        for class in &tx.error_classes {
-            *self.errors.entry(*class).or_default() += 1;
+        for (class, n) in &tx.error_classes {
+            *self.errors.entry(*class).or_default() += n;
         }
     }
 

@@ -53,7 +53,7 @@ pub(super) struct Cycle {
     /// Bytes written to the server and to the client.
     pub(super) written: (u64, u64),
     /// SQLSTATE classes of server errors.
-    pub(super) error_classes: Vec<[u8; 2]>,
+    pub(super) error_classes: Vec<([u8; 2], u64)>,
 }
 
 impl Cycle {
@@ -535,7 +535,7 @@ pub(super) struct CycleView<'a> {
     pub(super) cycles_done: &'a mut u64,
     pub(super) xacts_done: &'a mut u64,
     pub(super) refused_transaction: &'a mut bool,
-    pub(super) error_classes: &'a mut Vec<[u8; 2]>,
+    pub(super) error_classes: &'a mut Vec<([u8; 2], u64)>,
 }
 
 /// Bookkeeping for one server message passed to the client:
@@ -570,7 +570,11 @@ pub(super) fn on_server_message(
             if let Ok(f) = sluice_wire::ErrorFields::decode(body)
                 && let [a, b, ..] = f.code.as_bytes()
             {
-                cycle.error_classes.push([*a, *b]);
+                let class = [*a, *b];
+                match cycle.error_classes.iter_mut().find(|(c, _)| *c == class) {
+                    Some((_, n)) => *n += 1,
+                    None => cycle.error_classes.push((class, 1)),
+                }
             }
         }
         b::PARAMETER_STATUS => match ParameterStatus::decode(body) {
