@@ -231,6 +231,11 @@ pub async fn run(client: &mut Client, cbuf: &mut BytesMut, mut lease: Lease) -> 
             && cycle.clean()
             && cycle.flushed(&server.buf)
             && tracking.as_deref().is_none_or(Tracking::settled);
+        if at_end && cycle.req.unsure() {
+            // The reply count cannot be trusted: the client goes on, the
+            // server is not shared.
+            break Ok(Outcome::Close);
+        }
         if at_end {
             match tracking.as_deref_mut() {
                 Some(t) if t.needs_after() => {
@@ -258,9 +263,11 @@ pub async fn run(client: &mut Client, cbuf: &mut BytesMut, mut lease: Lease) -> 
             (!settings.client_idle_timeout.is_zero())
                 .then_some((IdleKind::Client, settings.client_idle_timeout))
         } else {
+            // Idle in a transaction, or in the implicit one of an
+            // extended-protocol batch with no Sync yet.
             (!idle_tx_timeout.is_zero()
                 && cycle.req.outstanding == 0
-                && cycle.status != TransactionStatus::Idle)
+                && (cycle.status != TransactionStatus::Idle || cycle.req.unsynced))
                 .then_some((IdleKind::Transaction, idle_tx_timeout))
         };
         match wanted {
@@ -330,6 +337,12 @@ pub async fn run(client: &mut Client, cbuf: &mut BytesMut, mut lease: Lease) -> 
     let ended = match end {
         Ok(Outcome::Close) => {
             lease.close();
+            if let Some(t) = tracking.as_deref_mut()
+                && t.pinned.take().is_some()
+            {
+                // Its session objects went with the server.
+                client.set_pinned(None);
+            }
             RelayEnd::Released
         }
         Ok(Outcome::Release) => {
@@ -354,12 +367,14 @@ pub async fn run(client: &mut Client, cbuf: &mut BytesMut, mut lease: Lease) -> 
         }
         Ok(Outcome::ClientGone) => {
             let cleanup = tracking.as_deref().and_then(Tracking::abandon_sql);
-            Box::pin(finish_abandoned(lease, &cycle, &settings, cleanup)).await;
+            let owed = tracking.as_deref().is_some_and(|t| !t.expected.is_empty());
+            Box::pin(finish_abandoned(lease, &cycle, &settings, cleanup, owed)).await;
             RelayEnd::ClientLeft
         }
         Err(End::Client(e)) => {
             let cleanup = tracking.as_deref().and_then(Tracking::abandon_sql);
-            Box::pin(finish_abandoned(lease, &cycle, &settings, cleanup)).await;
+            let owed = tracking.as_deref().is_some_and(|t| !t.expected.is_empty());
+            Box::pin(finish_abandoned(lease, &cycle, &settings, cleanup, owed)).await;
             RelayEnd::Error(e)
         }
         Err(End::Server(why)) => {
@@ -566,7 +581,9 @@ pub(super) fn on_server_message(
             Err(e) => seen.bad = Some(e),
         },
         b::COPY_IN_RESPONSE => seen.ignored_syncs += cycle.req.server_copy_in(),
+        b::COMMAND_COMPLETE => cycle.req.server_done(false),
         b::ERROR_RESPONSE => {
+            cycle.req.server_done(true);
             if let Ok(f) = sluice_wire::ErrorFields::decode(body)
                 && let [a, b, ..] = f.code.as_bytes()
             {
@@ -616,8 +633,11 @@ async fn finish_abandoned(
     cycle: &Cycle,
     settings: &crate::backend::pool::PoolSettings,
     cleanup: Option<&'static str>,
+    owed: bool,
 ) {
     let at_rest = cycle.req.at_rest()
+        && !cycle.req.unsure()
+        && !owed
         && cycle.client_scan.at_boundary()
         && cycle.server_scan.at_boundary()
         && cycle.to_server == 0;

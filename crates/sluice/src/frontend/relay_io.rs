@@ -140,7 +140,15 @@ impl Sides<'_> {
             None => self.cbuf.len(),
         };
         let unread_replies = self.client_extra.as_deref().map_or(0, BytesMut::len);
-        if self.read_client && waiting_for_server < BUFFER_LIMIT && unread_replies < BUFFER_LIMIT {
+        // With tracking, `cbuf` holds what is not rewritten yet: more is
+        // read only while it is short, or a message held whole needs it.
+        let unrewritten_full =
+            self.server_out.is_some() && self.cbuf.len() >= BUFFER_LIMIT.max(self.cbuf_wanted);
+        if self.read_client
+            && waiting_for_server < BUFFER_LIMIT
+            && unread_replies < BUFFER_LIMIT
+            && !unrewritten_full
+        {
             reserve(self.cbuf, self.cbuf_wanted);
             match poll_read_buf(Pin::new(&mut *self.client), cx, self.cbuf) {
                 Poll::Ready(Ok(0)) | Poll::Ready(Err(_)) => {

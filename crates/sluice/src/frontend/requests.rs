@@ -41,7 +41,8 @@ pub(super) enum Counted {
 pub(super) struct Requests {
     /// ReadyForQuery messages owed.
     pub(super) outstanding: u32,
-    /// Extended-protocol messages sent since the last Sync.
+    /// Extended-protocol messages sent since the last Sync the server
+    /// answers (an ignored one closes nothing).
     pub(super) unsynced: bool,
     /// ReadyForQuery-earning messages sent, and ReadyForQuery seen (plus
     /// Syncs known to be ignored): positions in the reply stream.
@@ -50,20 +51,46 @@ pub(super) struct Requests {
     /// `sent` when the latest Execute, Query or FunctionCall went out: its
     /// CopyInResponse, if any, comes when `seen` reaches this.
     start: u64,
+    /// That start was an Execute (its COPY leaves the batch unsynced).
+    start_extended: bool,
     /// Syncs sent since that start with nothing else in between (anything
     /// else would have ended a COPY with an error).
     syncs: u32,
-    /// Client COPY ends not yet confirmed: (start, Syncs before the end).
-    claims: VecDeque<(u64, u32)>,
+    /// Client COPY ends not yet confirmed.
+    claims: VecDeque<Claim>,
     /// The server is in COPY FROM STDIN for the start at this position and
     /// the client has not ended it yet.
     server_copy: Option<u64>,
+    /// The server is in COPY FROM STDIN (CopyInResponse seen, no
+    /// CommandComplete or ErrorResponse yet); true once Syncs were
+    /// discounted for it.
+    copy_active: Option<bool>,
+    /// A COPY whose Syncs were discounted ended in an error: PostgreSQL
+    /// may have left COPY before reading some of them and answered those,
+    /// so the count cannot be trusted and the server must not be shared.
+    unsure: bool,
+}
+
+/// A client's CopyDone or CopyFail awaiting the server's word.
+#[derive(Debug, Clone, Copy)]
+struct Claim {
+    start: u64,
+    syncs: u32,
+    extended: bool,
+    /// `sent` at the end: if still the same when confirmed, no Sync since
+    /// has closed the batch.
+    end: u64,
 }
 
 impl Requests {
     /// Nothing owed and nothing half-sent.
     pub(super) fn at_rest(&self) -> bool {
         self.outstanding == 0 && !self.unsynced
+    }
+
+    /// The reply count may be wrong (see `unsure`): close, do not share.
+    pub(super) fn unsure(&self) -> bool {
+        self.unsure
     }
 
     /// Accounts for one client message sent on to the server.
@@ -75,10 +102,10 @@ impl Requests {
                 Counted::Request
             }
             f::SYNC => {
-                self.outstanding += 1;
+                self.outstanding = self.outstanding.saturating_add(1);
                 self.unsynced = false;
                 self.sent += 1;
-                self.syncs += 1;
+                self.syncs = self.syncs.saturating_add(1);
                 Counted::Sync
             }
             f::TERMINATE => Counted::Terminate,
@@ -89,6 +116,7 @@ impl Requests {
             f::EXECUTE => {
                 self.unsynced = true;
                 self.start = self.sent;
+                self.start_extended = true;
                 self.syncs = 0;
                 Counted::Execute
             }
@@ -101,9 +129,10 @@ impl Requests {
 
     /// A simple Query (or FunctionCall) went to the server.
     pub(super) fn request_sent(&mut self) {
-        self.outstanding += 1;
+        self.outstanding = self.outstanding.saturating_add(1);
         self.unsynced = false;
         self.start = self.sent;
+        self.start_extended = false;
         self.sent += 1;
         self.syncs = 0;
     }
@@ -126,23 +155,37 @@ impl Requests {
         if syncs == 0 {
             return 0;
         }
+        let claim = Claim {
+            start: self.start,
+            syncs,
+            extended: self.start_extended,
+            end: self.sent,
+        };
         if confirmed {
-            self.discount(syncs);
+            self.discount(claim);
             return syncs;
         }
         if self.claims.len() < CLAIMS_LIMIT {
-            self.claims.push_back((self.start, syncs));
+            self.claims.push_back(claim);
         }
         0
     }
 
-    fn discount(&mut self, syncs: u32) {
-        self.outstanding = self.outstanding.saturating_sub(syncs);
-        self.seen += u64::from(syncs);
+    fn discount(&mut self, claim: Claim) {
+        self.outstanding = self.outstanding.saturating_sub(claim.syncs);
+        self.seen += u64::from(claim.syncs);
+        if claim.extended && self.sent == claim.end {
+            // The ignored Syncs closed nothing: the Execute's batch is
+            // open until a Sync the server answers.
+            self.unsynced = true;
+        }
+        if self.copy_active.is_some() {
+            self.copy_active = Some(true);
+        }
     }
 
     fn drop_stale_claims(&mut self) {
-        while self.claims.front().is_some_and(|&(at, _)| at < self.seen) {
+        while self.claims.front().is_some_and(|c| c.start < self.seen) {
             self.claims.pop_front();
         }
     }
@@ -152,18 +195,31 @@ impl Requests {
         self.outstanding = self.outstanding.saturating_sub(1);
         self.seen += 1;
         self.server_copy = None;
+        self.copy_active = None;
         self.drop_stale_claims();
+    }
+
+    /// The server sent CommandComplete (`failed` false) or ErrorResponse:
+    /// a COPY FROM STDIN it was in has ended.
+    pub(super) fn server_done(&mut self, failed: bool) {
+        if let Some(discounted) = self.copy_active.take() {
+            self.server_copy = None;
+            if failed && discounted {
+                self.unsure = true;
+            }
+        }
     }
 
     /// The server sent CopyInResponse: returns the Syncs now known to be
     /// ignored (the client already ended this COPY).
     pub(super) fn server_copy_in(&mut self) -> u32 {
         self.drop_stale_claims();
+        self.copy_active = Some(false);
         match self.claims.front() {
-            Some(&(at, syncs)) if at == self.seen => {
+            Some(&claim) if claim.start == self.seen => {
                 self.claims.pop_front();
-                self.discount(syncs);
-                syncs
+                self.discount(claim);
+                claim.syncs
             }
             _ => {
                 self.server_copy = Some(self.seen);
@@ -264,7 +320,44 @@ mod tests {
         r.server_ready();
         assert_eq!(r.outstanding, 1);
         assert_eq!(r.server_copy_in(), 1);
+        assert_eq!(r.outstanding, 0);
+        assert!(r.unsynced, "the ignored Sync closed no batch");
+    }
+
+    #[test]
+    fn an_ignored_sync_leaves_the_batch_open() {
+        // Execute of a COPY, Sync (ignored), CopyDone: the batch is open
+        // until another Sync is answered.
+        let mut r = Requests::default();
+        send(&mut r, &[f::PARSE, f::BIND, f::EXECUTE, f::SYNC]);
+        r.server_copy_in();
+        send(&mut r, &[f::COPY_DONE]);
+        r.server_done(false);
+        assert!(!r.at_rest(), "unsynced: the implicit transaction is open");
+        send(&mut r, &[f::SYNC]);
+        r.server_ready();
         assert!(r.at_rest());
+        // Pipelined, with the closing Sync sent before the confirmation.
+        send(&mut r, &[f::EXECUTE, f::SYNC, f::COPY_DONE, f::SYNC]);
+        r.server_copy_in();
+        assert!(!r.unsynced, "the Sync after CopyDone closes the batch");
+    }
+
+    #[test]
+    fn a_failed_copy_with_discounted_syncs_is_unsure() {
+        let mut r = Requests::default();
+        send(&mut r, &[f::QUERY]);
+        r.server_copy_in();
+        send(&mut r, &[f::COPY_DATA, f::SYNC, f::COPY_DONE]);
+        r.server_done(true);
+        assert!(r.unsure(), "PostgreSQL may have answered that Sync");
+        // Without discounted Syncs an error is ordinary.
+        let mut r = Requests::default();
+        send(&mut r, &[f::QUERY]);
+        r.server_copy_in();
+        send(&mut r, &[f::COPY_DATA, f::COPY_DONE]);
+        r.server_done(true);
+        assert!(!r.unsure());
     }
 
     #[test]

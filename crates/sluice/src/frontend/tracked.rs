@@ -121,6 +121,9 @@ impl Tracking {
     }
 }
 
+/// Most replies owed at once per link (about 40 bytes each).
+const EXPECTED_LIMIT: usize = 100_000;
+
 /// Client messages the rewriter handles whole.
 fn rewritten(tag: u8) -> bool {
     use tags::frontend as f;
@@ -150,7 +153,9 @@ pub(super) fn rewrite_client(
         let end = cycle
             .client_scan
             .scan(cbuf, 0, limit, rewritten, |tag, _| {
-                if rewritten(tag) {
+                // Replies owed are bounded too (Syncs during a COPY get
+                // none until it ends): past this, the client waits.
+                if rewritten(tag) || expected.len() >= EXPECTED_LIMIT {
                     return Visit::StopBefore;
                 }
                 match cycle.req.client(tag) {
@@ -180,7 +185,10 @@ pub(super) fn rewrite_client(
         }
         // What the server or the client has not taken yet bounds what is
         // rewritten now; the rest stays in `cbuf` (not read further).
-        if t.out.len() >= BUFFER_LIMIT || t.extra.len() >= BUFFER_LIMIT {
+        if t.out.len() >= BUFFER_LIMIT
+            || t.extra.len() >= BUFFER_LIMIT
+            || t.expected.len() >= EXPECTED_LIMIT
+        {
             break;
         }
         let Some(header) = split_frame(cbuf, limit)? else {
@@ -472,13 +480,31 @@ pub(super) enum AfterTx {
 }
 
 /// Counts what the server's own session holds that would reach another
-/// client: temporary relations, WITH HOLD cursors, session advisory locks
+/// client: temporary objects (relations, and functions, types, operators
+/// and the like, which would shadow the next client's built-ins), WITH
+/// HOLD cursors, session advisory locks
 /// (transaction-level ones end with the transaction), SQL-level prepared
 /// statements, statements prepared by the protocol (sluice's shared ones),
 /// and channels listened to.
 const CHECK_SQL: &str = "SELECT \
     (SELECT count(*) FROM pg_catalog.pg_class \
-      WHERE relnamespace = pg_catalog.pg_my_temp_schema()), \
+      WHERE relnamespace = pg_catalog.pg_my_temp_schema()) \
+    + (SELECT count(*) FROM pg_catalog.pg_proc \
+      WHERE pronamespace = pg_catalog.pg_my_temp_schema()) \
+    + (SELECT count(*) FROM pg_catalog.pg_type \
+      WHERE typnamespace = pg_catalog.pg_my_temp_schema()) \
+    + (SELECT count(*) FROM pg_catalog.pg_operator \
+      WHERE oprnamespace = pg_catalog.pg_my_temp_schema()) \
+    + (SELECT count(*) FROM pg_catalog.pg_collation \
+      WHERE collnamespace = pg_catalog.pg_my_temp_schema()) \
+    + (SELECT count(*) FROM pg_catalog.pg_conversion \
+      WHERE connamespace = pg_catalog.pg_my_temp_schema()) \
+    + (SELECT count(*) FROM pg_catalog.pg_ts_config \
+      WHERE cfgnamespace = pg_catalog.pg_my_temp_schema()) \
+    + (SELECT count(*) FROM pg_catalog.pg_ts_dict \
+      WHERE dictnamespace = pg_catalog.pg_my_temp_schema()) \
+    + (SELECT count(*) FROM pg_catalog.pg_opfamily \
+      WHERE opfnamespace = pg_catalog.pg_my_temp_schema()), \
     (SELECT count(*) FROM pg_catalog.pg_cursors WHERE is_holdable), \
     (SELECT count(*) FROM pg_catalog.pg_locks \
       WHERE locktype = 'advisory' AND pid = pg_catalog.pg_backend_pid()), \

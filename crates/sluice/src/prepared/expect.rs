@@ -116,6 +116,11 @@ impl Expected {
         self.queue.push_back(expect);
     }
 
+    /// Entries owed.
+    pub fn len(&self) -> usize {
+        self.queue.len()
+    }
+
     /// Nothing owed: the link may end.
     pub fn is_empty(&self) -> bool {
         self.queue.is_empty()

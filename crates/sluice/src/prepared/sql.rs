@@ -446,7 +446,38 @@ const NOT_CALLS: &[&[u8]] = &[
 const TABLE_BEFORE: &[&[u8]] = &[b"into", b"references", b"table"];
 
 fn is_ident(c: u8) -> bool {
-    c.is_ascii_alphanumeric() || c == b'_' || c >= 0x80
+    c.is_ascii_alphanumeric() || c == b'_' || c == b'$' || c >= 0x80
+}
+
+/// Where the text before `end` stops being white space or comments.
+fn skip_space_back(text: &[u8], mut end: usize) -> usize {
+    loop {
+        while end > 0 && text[end - 1].is_ascii_whitespace() {
+            end -= 1;
+        }
+        if end >= 2 && &text[end - 2..end] == b"*/" {
+            match text[..end - 2].windows(2).rposition(|w| w == b"/*") {
+                Some(open) => {
+                    end = open;
+                    continue;
+                }
+                None => return end,
+            }
+        }
+        // A `--` comment on the line that ends here.
+        let line_start = text[..end]
+            .iter()
+            .rposition(|&c| c == b'\n')
+            .map_or(0, |p| p + 1);
+        if end < text.len()
+            && text[end] == b'\n'
+            && let Some(dash) = text[line_start..end].windows(2).position(|w| w == b"--")
+        {
+            end = line_start + dash;
+            continue;
+        }
+        return end;
+    }
 }
 
 /// The word that ends at `end` (exclusive) and where it starts.
@@ -475,10 +506,7 @@ fn in_list(list: &[&[u8]], word: &[u8]) -> bool {
 /// nothing, which costs a check, never a leak.
 pub fn calls_unknown_function(text: &[u8]) -> bool {
     memchr::memchr_iter(b'(', text).any(|at| {
-        let mut end = at;
-        while end > 0 && text[end - 1].is_ascii_whitespace() {
-            end -= 1;
-        }
+        let end = skip_space_back(text, at);
         if end > 0 && text[end - 1] == b'"' {
             // A quoted name: a call unless it follows INTO or TABLE.
             let open = text[..end - 1]
@@ -488,10 +516,7 @@ pub fn calls_unknown_function(text: &[u8]) -> bool {
             return !follows_table_keyword(text, open);
         }
         let (start, word) = word_before(text, end);
-        if word.is_empty() || word[0].is_ascii_digit() {
-            return false;
-        }
-        if in_list(NOT_CALLS, word) {
+        if word.is_empty() || word[0].is_ascii_digit() || word[0] == b'$' {
             return false;
         }
         if follows_table_keyword(text, start) {
@@ -501,6 +526,9 @@ pub fn calls_unknown_function(text: &[u8]) -> bool {
             // Schema-qualified: only pg_catalog's harmless functions.
             let (_, schema) = word_before(text, start - 1);
             return !(schema.eq_ignore_ascii_case(b"pg_catalog") && in_list(HARMLESS_CALLS, word));
+        }
+        if in_list(NOT_CALLS, word) {
+            return false;
         }
         !in_list(HARMLESS_CALLS, word)
     })
@@ -620,7 +648,13 @@ pub fn effects(text: &[u8]) -> Effects {
         } else if is(b"drop") || is(b"close") {
             e.removes = true;
         }
-        if temp_keyword(s) && (is(b"create") || contains_ignore_case(s, b"into")) {
+        // Any CREATE may make a temporary object (`pg_temp.f`, a temporary
+        // type or function that would shadow a built-in for the next
+        // client), as may `… INTO TEMP` and anything naming pg_temp.
+        if is(b"create")
+            || (temp_keyword(s) && contains_ignore_case(s, b"into"))
+            || contains_ignore_case(s, b"pg_temp")
+        {
             e.temp = true;
         }
     }
@@ -855,6 +889,10 @@ mod tests {
             b"select \"Weird\"(1)",
             b"select pg_advisory_lock(1)",
             b"select x from t where f (x)",
+            b"select lk/**/(42)",
+            b"select lk -- values\n(42)",
+            b"select public.within(44)",
+            b"select f$1(1)",
         ] {
             assert!(
                 calls_unknown_function(opaque),
@@ -878,6 +916,8 @@ mod tests {
         assert!(!effects(b"DECLARE c CURSOR FOR select 1").cursors);
         assert!(effects(b"select 1 as x into temp t").temp);
         assert!(effects(b"create temporary table t (x int)").temp);
+        assert!(effects(b"create table pg_temp.t (x int)").temp);
+        assert!(effects(b"create function f() returns int language sql as 'select 1'").temp);
         assert!(!effects(b"insert into attempts values (1)").temp);
         assert!(effects(b"select pg_try_advisory_lock(1)").locks);
         assert!(!effects(b"select pg_advisory_xact_lock(1)").locks);
