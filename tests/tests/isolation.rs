@@ -1171,3 +1171,160 @@ async fn assert_not_spinning(sluice: &SluiceProcess) {
          a worker is spinning"
     );
 }
+
+// ---------------------------------------------------------------------------
+// Found by a hostile review of the fixes: COPY and the reply count.
+// ---------------------------------------------------------------------------
+
+fn copy_data(bytes: &[u8]) -> Vec<u8> {
+    message(b'd', bytes)
+}
+
+fn flush() -> Vec<u8> {
+    message(b'H', &[])
+}
+
+/// Reads messages until one of type `kind`, panicking on silence.
+async fn read_until_kind(client: &mut RawClient, kind: u8, what: &str) -> String {
+    let mut kinds = String::new();
+    loop {
+        match client.read_message(WAIT).await {
+            RawReply::Message(k, _) => {
+                kinds.push(char::from(k));
+                if k == kind {
+                    return kinds;
+                }
+            }
+            other => panic!(
+                "{what}: expected {:?}, got {other:?} after {kinds:?}",
+                kind as char
+            ),
+        }
+    }
+}
+
+/// An extended-protocol COPY: its Sync is ignored during COPY, so after
+/// CopyDone the batch (and its implicit transaction) is still open. The
+/// server must not go to another client then (a bug of the first fix for
+/// defect 1, found by review: the ignored Sync was taken as closing it).
+#[tokio::test]
+async fn a_sync_ignored_during_copy_keeps_the_batch_open() {
+    let cluster = app_cluster(ServerAuth::Trust);
+    cluster
+        .psql(
+            "postgres",
+            &format!("create table copyt (x int); grant all on copyt to {APP_USER}"),
+        )
+        .expect("create table");
+    let sluice = one_server(&cluster);
+    let mut copier = raw_login(&sluice, APP_USER).await;
+    let mut bytes = parse("", "copy copyt from stdin");
+    bytes.extend(bind(""));
+    bytes.extend(execute());
+    bytes.extend(flush());
+    copier.send(&bytes).await.expect("send COPY");
+    read_until_kind(&mut copier, b'G', "CopyInResponse").await;
+    let mut bytes = sync();
+    bytes.extend(copy_data(b"1\n"));
+    bytes.extend(copy_done());
+    bytes.extend(flush());
+    copier.send(&bytes).await.expect("send data");
+    read_until_kind(&mut copier, b'C', "COPY's CommandComplete").await;
+    let mut victim = raw_login(&sluice, APP_USER).await;
+    victim
+        .send(&query("select (now() = statement_timestamp())::text"))
+        .await
+        .expect("victim sends");
+    // The victim waits: the copier's batch is open on the only server.
+    assert!(
+        matches!(
+            victim.read_message(Duration::from_millis(500)).await,
+            RawReply::TimedOut
+        ),
+        "the server was lent while the copier's batch was open"
+    );
+    let copied = exchange(&mut copier, &sync(), "the copier's Sync").await;
+    assert_eq!(copied.kinds, "Z", "the copier's Sync is answered");
+    let reply = read_reply(&mut victim, WAIT)
+        .await
+        .unwrap_or_else(|e| panic!("victim: {e}"));
+    assert_eq!(
+        reply.rows,
+        [Some("true".to_owned())],
+        "the victim ran inside another client's transaction"
+    );
+}
+
+/// A COPY FROM STDIN that fails on its data while a Sync follows the data:
+/// PostgreSQL may or may not have read that Sync in COPY, so its answer
+/// is not predictable. Another client must never get the stray reply.
+#[tokio::test]
+async fn a_failing_copy_with_a_sync_inside_never_shifts_replies() {
+    let cluster = app_cluster(ServerAuth::Trust);
+    cluster
+        .psql(
+            "postgres",
+            &format!("create table copyi (x int); grant all on copyi to {APP_USER}"),
+        )
+        .expect("create table");
+    let sluice = one_server(&cluster);
+    let mut copier = raw_login(&sluice, APP_USER).await;
+    let mut victim = raw_login(&sluice, APP_USER).await;
+    for round in 0..30 {
+        copier
+            .send(&query("copy copyi from stdin"))
+            .await
+            .expect("send COPY");
+        read_until_kind(&mut copier, b'G', "CopyInResponse").await;
+        let mut bytes = copy_data(b"not-an-int\n");
+        bytes.extend(sync());
+        bytes.extend(copy_done());
+        copier.send(&bytes).await.expect("send bad data");
+        read_reply(&mut copier, WAIT)
+            .await
+            .unwrap_or_else(|e| panic!("copier round {round}: {e}"));
+        let token = format!("victim-{round}");
+        let reply = exchange(
+            &mut victim,
+            &query(&format!("select '{token}'")),
+            "victim's query",
+        )
+        .await;
+        assert_eq!(
+            reply.rows,
+            [Some(token)],
+            "round {round}: the victim got another client's reply ({:?})",
+            reply.kinds
+        );
+    }
+}
+
+/// Temporary objects that are not tables: a temporary domain named `text`
+/// would run its owner's function inside the next client's session.
+#[tokio::test]
+async fn temporary_types_and_functions_do_not_reach_the_next_client() {
+    let cluster = app_cluster(ServerAuth::Trust);
+    let sluice = one_server(&cluster);
+    let owner = app_client(&sluice).await;
+    owner
+        .batch_execute(
+            "create function pg_temp.spy(text) returns bool language sql as 'select true'; \
+             create domain pg_temp.text as pg_catalog.text check (pg_temp.spy(value)); \
+             create table pg_temp.pg_settings as select 1 as x",
+        )
+        .await
+        .expect("temporary objects");
+    drop(owner);
+    let next = app_client(&sluice).await;
+    assert_eq!(
+        bounded_scalar(
+            &next,
+            "select count(*)::text from pg_catalog.pg_type where typnamespace = pg_my_temp_schema()",
+            "next client"
+        )
+        .await,
+        "0",
+        "another client's temporary type is visible"
+    );
+    assert_fresh_session(&next, "after temporary objects spelt pg_temp.").await;
+}
