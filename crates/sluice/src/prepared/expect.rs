@@ -37,7 +37,10 @@ pub enum Reply {
 /// A reply sluice writes itself.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Local {
-    ParseComplete,
+    /// For a client Parse of a statement the server has: the client's name
+    /// and the statement (if the server skips the Parse after an error, the
+    /// name does not exist, as on PostgreSQL).
+    ParseComplete(Option<(Box<[u8]>, u64)>),
     CloseComplete,
     /// A simple query answered here: CommandComplete with this tag, then
     /// ReadyForQuery.
@@ -264,6 +267,13 @@ impl Expected {
                     server.to_close.push(*id);
                     self.queue.pop_front();
                 }
+                Some(Expect::Local(Local::ParseComplete(Some(_)))) => {
+                    if let Some(Expect::Local(Local::ParseComplete(Some(named)))) =
+                        self.queue.pop_front()
+                    {
+                        self.failed_parses.push(named);
+                    }
+                }
                 Some(Expect::Pass { .. } | Expect::Local(_)) => {
                     self.queue.pop_front();
                 }
@@ -301,7 +311,7 @@ fn ends(reply: Reply, tag: u8) -> bool {
 fn write_local(out: &mut BytesMut, local: &Local, status: TransactionStatus) {
     use sluice_wire::MessageBuilder;
     match local {
-        Local::ParseComplete => MessageBuilder::new(out, tags::backend::PARSE_COMPLETE).finish(),
+        Local::ParseComplete(_) => MessageBuilder::new(out, tags::backend::PARSE_COMPLETE).finish(),
         Local::CloseComplete => MessageBuilder::new(out, tags::backend::CLOSE_COMPLETE).finish(),
         Local::Command(tag) => {
             sluice_wire::command_complete(out, tag);
@@ -340,7 +350,7 @@ mod tests {
             reply: Reply::Bind,
             statement: None,
         });
-        e.push(Expect::Local(Local::ParseComplete));
+        e.push(Expect::Local(Local::ParseComplete(None)));
         e.push(Expect::Prepare {
             id: 7,
             client_name: None,
@@ -375,7 +385,7 @@ mod tests {
             id: two.id,
             client_name: None,
         });
-        e.push(Expect::Local(Local::ParseComplete));
+        e.push(Expect::Local(Local::ParseComplete(None)));
         e.push(Expect::Pass {
             reply: Reply::Sync,
             statement: None,

@@ -92,7 +92,10 @@ impl Rewriter<'_> {
             return Ok(());
         }
         if self.server.touch(statement.id) {
-            self.expected.push(Expect::Local(Local::ParseComplete));
+            self.expected.push(Expect::Local(Local::ParseComplete(Some((
+                name.into(),
+                statement.id,
+            )))));
         } else {
             self.prepare(&statement, Some(name.into()));
         }
