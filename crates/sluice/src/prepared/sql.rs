@@ -445,39 +445,28 @@ const NOT_CALLS: &[&[u8]] = &[
 /// column list, not a call.
 const TABLE_BEFORE: &[&[u8]] = &[b"into", b"references", b"table"];
 
+/// How far back a quoted name is looked for (PostgreSQL truncates names
+/// at 63 bytes; quotes doubled inside may make one longer).
+const NAME_SEARCH: usize = 256;
+
 fn is_ident(c: u8) -> bool {
     c.is_ascii_alphanumeric() || c == b'_' || c == b'$' || c >= 0x80
 }
 
-/// Where the text before `end` stops being white space or comments.
-fn skip_space_back(text: &[u8], mut end: usize) -> usize {
-    loop {
-        while end > 0 && text[end - 1].is_ascii_whitespace() {
-            end -= 1;
-        }
-        if end >= 2 && &text[end - 2..end] == b"*/" {
-            match text[..end - 2].windows(2).rposition(|w| w == b"/*") {
-                Some(open) => {
-                    end = open;
-                    continue;
-                }
-                None => return end,
-            }
-        }
-        // A `--` comment on the line that ends here.
-        let line_start = text[..end]
-            .iter()
-            .rposition(|&c| c == b'\n')
-            .map_or(0, |p| p + 1);
-        if end < text.len()
-            && text[end] == b'\n'
-            && let Some(dash) = text[line_start..end].windows(2).position(|w| w == b"--")
-        {
-            end = line_start + dash;
-            continue;
-        }
-        return end;
+/// Where the text before `end` stops being white space; `None` when a
+/// comment ends there (`*/`, or a `--` line before a line break): the caller
+/// then takes the `(` for a call (conservative, and no backward search,
+/// which repeated `(`s would make quadratic).
+fn skip_space_back(text: &[u8], mut end: usize) -> Option<usize> {
+    let mut newline = false;
+    while end > 0 && text[end - 1].is_ascii_whitespace() {
+        newline |= text[end - 1] == b'\n';
+        end -= 1;
     }
+    if newline || (end >= 2 && &text[end - 2..end] == b"*/") {
+        return None;
+    }
+    Some(end)
 }
 
 /// The word that ends at `end` (exclusive) and where it starts.
@@ -506,14 +495,17 @@ fn in_list(list: &[&[u8]], word: &[u8]) -> bool {
 /// nothing, which costs a check, never a leak.
 pub fn calls_unknown_function(text: &[u8]) -> bool {
     memchr::memchr_iter(b'(', text).any(|at| {
-        let end = skip_space_back(text, at);
+        let Some(end) = skip_space_back(text, at) else {
+            return true;
+        };
         if end > 0 && text[end - 1] == b'"' {
-            // A quoted name: a call unless it follows INTO or TABLE.
-            let open = text[..end - 1]
-                .iter()
-                .rposition(|&c| c == b'"')
-                .unwrap_or(0);
-            return !follows_table_keyword(text, open);
+            // A quoted name: a call unless it follows INTO or TABLE (looked
+            // for only within a name's length, so the search stays short).
+            let from = (end - 1).saturating_sub(NAME_SEARCH);
+            return match text[from..end - 1].iter().rposition(|&c| c == b'"') {
+                Some(open) => !follows_table_keyword(text, from + open),
+                None => true,
+            };
         }
         let (start, word) = word_before(text, end);
         if word.is_empty() || word[0].is_ascii_digit() || word[0] == b'$' {
@@ -891,6 +883,7 @@ mod tests {
             b"select x from t where f (x)",
             b"select lk/**/(42)",
             b"select lk -- values\n(42)",
+            b"select lk\n(42)",
             b"select public.within(44)",
             b"select f$1(1)",
         ] {
@@ -900,6 +893,22 @@ mod tests {
                 String::from_utf8_lossy(opaque)
             );
             assert!(may_matter(opaque) && effects(opaque).opaque);
+        }
+    }
+
+    #[test]
+    fn long_texts_cost_time_in_proportion() {
+        // Repeated patterns that a backward search would make quadratic.
+        for unit in [&b"*/("[..], b"\n(", b"\"(", b"x(", b"a.b(", b"--\n("] {
+            let text = unit.repeat(2_000_000 / unit.len());
+            let started = std::time::Instant::now();
+            let _ = may_matter(&text) && effects(&text).any();
+            assert!(
+                started.elapsed() < std::time::Duration::from_secs(2),
+                "{:?}: {:?}",
+                String::from_utf8_lossy(unit),
+                started.elapsed()
+            );
         }
     }
 
