@@ -10,6 +10,7 @@ mod client;
 mod clusters;
 mod config;
 mod limits;
+pub mod msg;
 mod process;
 mod raw;
 mod scratch;

@@ -15,6 +15,7 @@
 
 use std::time::{Duration, Instant};
 
+use sluice_tests::msg::*;
 use sluice_tests::*;
 use tokio_postgres::Client;
 
@@ -24,76 +25,6 @@ const WAIT: Duration = Duration::from_secs(10);
 // ---------------------------------------------------------------------------
 // Protocol messages and a raw client that reads whole replies.
 // ---------------------------------------------------------------------------
-
-fn message(kind: u8, body: &[u8]) -> Vec<u8> {
-    let mut out = vec![kind];
-    out.extend_from_slice(&length_prefixed(body));
-    out
-}
-
-fn cstr(out: &mut Vec<u8>, text: &str) {
-    out.extend_from_slice(text.as_bytes());
-    out.push(0);
-}
-
-fn query(sql: &str) -> Vec<u8> {
-    let mut body = Vec::new();
-    cstr(&mut body, sql);
-    message(b'Q', &body)
-}
-
-/// Parse with no declared parameter types.
-fn parse(name: &str, sql: &str) -> Vec<u8> {
-    let mut body = Vec::new();
-    cstr(&mut body, name);
-    cstr(&mut body, sql);
-    body.extend_from_slice(&0i16.to_be_bytes());
-    message(b'P', &body)
-}
-
-/// Bind of `statement` to the unnamed portal, no parameters, text results.
-fn bind(statement: &str) -> Vec<u8> {
-    let mut body = Vec::new();
-    cstr(&mut body, "");
-    cstr(&mut body, statement);
-    body.extend_from_slice(&0i16.to_be_bytes());
-    body.extend_from_slice(&0i16.to_be_bytes());
-    body.extend_from_slice(&0i16.to_be_bytes());
-    message(b'B', &body)
-}
-
-/// Describe of a statement (`S`) or portal (`P`).
-fn describe(kind: u8, name: &str) -> Vec<u8> {
-    let mut body = vec![kind];
-    cstr(&mut body, name);
-    message(b'D', &body)
-}
-
-/// Execute of the unnamed portal, all rows.
-fn execute() -> Vec<u8> {
-    let mut body = Vec::new();
-    cstr(&mut body, "");
-    body.extend_from_slice(&0i32.to_be_bytes());
-    message(b'E', &body)
-}
-
-fn close_statement(name: &str) -> Vec<u8> {
-    let mut body = vec![b'S'];
-    cstr(&mut body, name);
-    message(b'C', &body)
-}
-
-fn sync() -> Vec<u8> {
-    message(b'S', &[])
-}
-
-fn copy_done() -> Vec<u8> {
-    message(b'c', &[])
-}
-
-fn terminate() -> Vec<u8> {
-    message(b'X', &[])
-}
 
 /// Everything a client received up to (and including) one ReadyForQuery.
 #[derive(Debug, Default)]
@@ -1175,14 +1106,6 @@ async fn assert_not_spinning(sluice: &SluiceProcess) {
 // ---------------------------------------------------------------------------
 // Found by a hostile review of the fixes: COPY and the reply count.
 // ---------------------------------------------------------------------------
-
-fn copy_data(bytes: &[u8]) -> Vec<u8> {
-    message(b'd', bytes)
-}
-
-fn flush() -> Vec<u8> {
-    message(b'H', &[])
-}
 
 /// Reads messages until one of type `kind`, panicking on silence.
 async fn read_until_kind(client: &mut RawClient, kind: u8, what: &str) -> String {

@@ -31,6 +31,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
+use sluice_tests::msg::*;
 use sluice_tests::*;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
@@ -356,45 +357,6 @@ fn assert_served(scenario: &str, quiet: &Latency, loaded: &Latency) {
 // ---------------------------------------------------------------------------
 // A raw protocol client.
 // ---------------------------------------------------------------------------
-
-fn message(kind: u8, body: &[u8]) -> Vec<u8> {
-    let mut out = vec![kind];
-    out.extend_from_slice(&length_prefixed(body));
-    out
-}
-
-fn cstr(out: &mut Vec<u8>, text: &str) {
-    out.extend_from_slice(text.as_bytes());
-    out.push(0);
-}
-
-fn query(sql: &str) -> Vec<u8> {
-    let mut body = Vec::new();
-    cstr(&mut body, sql);
-    message(b'Q', &body)
-}
-
-fn parse(name: &str, sql: &str) -> Vec<u8> {
-    let mut body = Vec::new();
-    cstr(&mut body, name);
-    cstr(&mut body, sql);
-    body.extend_from_slice(&0i16.to_be_bytes());
-    message(b'P', &body)
-}
-
-fn close_statement(name: &str) -> Vec<u8> {
-    let mut body = vec![b'S'];
-    cstr(&mut body, name);
-    message(b'C', &body)
-}
-
-fn flush() -> Vec<u8> {
-    message(b'H', &[])
-}
-
-fn sync() -> Vec<u8> {
-    message(b'S', &[])
-}
 
 /// A raw connection that frames backend messages itself, so that a read
 /// cut short by a timeout loses nothing (`read` is cancel-safe, and bytes
