@@ -65,6 +65,9 @@ pub(super) struct Requests {
     /// CommandComplete or ErrorResponse yet); true once Syncs were
     /// discounted for it.
     copy_active: Option<bool>,
+    /// An Execute was sent since the last ReadyForQuery (it may end a
+    /// failed transaction block: ROLLBACK through the extended protocol).
+    executed: bool,
     /// A COPY whose Syncs were discounted ended in an error: PostgreSQL
     /// may have left COPY before reading some of them and answered those,
     /// so the count cannot be trusted and the server must not be shared.
@@ -86,6 +89,12 @@ impl Requests {
     /// Nothing owed and nothing half-sent.
     pub(super) fn at_rest(&self) -> bool {
         self.outstanding == 0 && !self.unsynced
+    }
+
+    /// Nothing sent since the last ReadyForQuery could change the
+    /// transaction status it reported (no request, no Execute in flight).
+    pub(super) fn status_current(&self) -> bool {
+        self.outstanding == 0 && !self.executed
     }
 
     /// The reply count may be wrong (see `unsure`): close, do not share.
@@ -115,6 +124,7 @@ impl Requests {
             },
             f::EXECUTE => {
                 self.unsynced = true;
+                self.executed = true;
                 self.start = self.sent;
                 self.start_extended = true;
                 self.syncs = 0;
@@ -192,6 +202,7 @@ impl Requests {
 
     /// The server sent ReadyForQuery.
     pub(super) fn server_ready(&mut self) {
+        self.executed = false;
         self.outstanding = self.outstanding.saturating_sub(1);
         self.seen += 1;
         self.server_copy = None;

@@ -222,7 +222,8 @@ fn handle_message(
     };
     match tag {
         f::PARSE => {
-            rewriter.parse(message)?;
+            let aborted = cycle.status == TransactionStatus::Failed && cycle.req.status_current();
+            rewriter.parse(message, aborted)?;
             cycle.req.other_sent();
             let text = parse_query(message);
             if let Some(text) = text.filter(|text| sql::may_matter(text)) {
@@ -421,10 +422,16 @@ pub(super) fn forget_failed_parses(t: &mut Tracking, names: Option<&mut ClientNa
         return;
     }
     let failed = t.expected.take_failed_parses();
+    let kept = t.expected.take_kept_names();
     if let Some(names) = names {
         for (name, id) in failed {
             if names.get(&name).is_some_and(|s| s.id == id) {
                 names.remove(&name);
+            }
+        }
+        for (name, statement) in kept {
+            if names.get(&name).is_none() {
+                names.insert(&name, statement);
             }
         }
     }

@@ -41,7 +41,10 @@ pub enum Local {
     /// and the statement (if the server skips the Parse after an error, the
     /// name does not exist, as on PostgreSQL).
     ParseComplete(Option<(Box<[u8]>, u64)>),
-    CloseComplete,
+    /// For a client Close of its statement: the name and what it stood for
+    /// (if the server skips the Close after an error, the name still
+    /// exists, as on PostgreSQL).
+    CloseComplete(Option<(Box<[u8]>, std::sync::Arc<super::registry::Statement>)>),
     /// A simple query answered here: CommandComplete with this tag, then
     /// ReadyForQuery.
     Command(&'static str),
@@ -90,6 +93,8 @@ pub struct Expected {
     /// Client statement names whose Parse failed or was skipped: they do
     /// not exist, as on PostgreSQL (name, shared statement id).
     failed_parses: Vec<(Box<[u8]>, u64)>,
+    /// Client names whose Close was skipped: they still exist.
+    kept_names: Vec<(Box<[u8]>, std::sync::Arc<super::registry::Statement>)>,
 }
 
 /// SQLSTATE of "cached plan must not change result type".
@@ -103,6 +108,7 @@ impl Expected {
         self.queue.clear();
         self.skipping = false;
         self.failed_parses.clear();
+        self.kept_names.clear();
     }
 
     /// Takes the client names whose Parse failed or was skipped.
@@ -110,9 +116,17 @@ impl Expected {
         std::mem::take(&mut self.failed_parses)
     }
 
-    /// Whether a Parse failed or was skipped since the last take.
+    /// Whether a Parse failed or was skipped, or a Close was skipped, since
+    /// the last take.
     pub fn has_failed_parses(&self) -> bool {
-        !self.failed_parses.is_empty()
+        !self.failed_parses.is_empty() || !self.kept_names.is_empty()
+    }
+
+    /// Takes the client names whose Close was skipped.
+    pub fn take_kept_names(
+        &mut self,
+    ) -> Vec<(Box<[u8]>, std::sync::Arc<super::registry::Statement>)> {
+        std::mem::take(&mut self.kept_names)
     }
 
     pub fn push(&mut self, expect: Expect) {
@@ -267,6 +281,13 @@ impl Expected {
                     server.to_close.push(*id);
                     self.queue.pop_front();
                 }
+                Some(Expect::Local(Local::CloseComplete(Some(_)))) => {
+                    if let Some(Expect::Local(Local::CloseComplete(Some(kept)))) =
+                        self.queue.pop_front()
+                    {
+                        self.kept_names.push(kept);
+                    }
+                }
                 Some(Expect::Local(Local::ParseComplete(Some(_)))) => {
                     if let Some(Expect::Local(Local::ParseComplete(Some(named)))) =
                         self.queue.pop_front()
@@ -312,7 +333,7 @@ fn write_local(out: &mut BytesMut, local: &Local, status: TransactionStatus) {
     use sluice_wire::MessageBuilder;
     match local {
         Local::ParseComplete(_) => MessageBuilder::new(out, tags::backend::PARSE_COMPLETE).finish(),
-        Local::CloseComplete => MessageBuilder::new(out, tags::backend::CLOSE_COMPLETE).finish(),
+        Local::CloseComplete(_) => MessageBuilder::new(out, tags::backend::CLOSE_COMPLETE).finish(),
         Local::Command(tag) => {
             sluice_wire::command_complete(out, tag);
             sluice_wire::ready_for_query(out, status);

@@ -22,6 +22,15 @@ pub struct Statement {
     pub effects: super::sql::Effects,
 }
 
+/// One statement per id.
+impl PartialEq for Statement {
+    fn eq(&self, other: &Self) -> bool {
+        self.id == other.id
+    }
+}
+
+impl Eq for Statement {}
+
 impl Statement {
     /// The query text, without the parameter types.
     pub fn query(&self) -> &[u8] {

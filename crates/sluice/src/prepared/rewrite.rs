@@ -45,10 +45,24 @@ fn body(message: &[u8]) -> &[u8] {
 impl Rewriter<'_> {
     /// Parse: a named statement is interned; the server gets it only if it
     /// lacks it, otherwise ParseComplete is answered here.
-    pub fn parse(&mut self, message: &[u8]) -> Result<(), WireError> {
+    /// `aborted`: the server is known to be in a failed transaction block
+    /// (nothing in flight), where PostgreSQL refuses every Parse (25P02):
+    /// it is sent unnamed to get that error, and no name is kept.
+    pub fn parse(&mut self, message: &[u8], aborted: bool) -> Result<(), WireError> {
         let mut r = Reader::new(body(message));
         let name = r.cstr_bytes()?;
         let text = r.rest();
+        if aborted && !name.is_empty() && self.capacity > 0 {
+            MessageBuilder::new(self.out, tags::frontend::PARSE)
+                .u8(0)
+                .bytes(text)
+                .finish();
+            self.expected.push(Expect::Pass {
+                reply: Reply::Parse,
+                statement: None,
+            });
+            return Ok(());
+        }
         if name.is_empty() || self.capacity == 0 {
             self.out.extend_from_slice(message);
             self.expected.push(Expect::Pass {
@@ -169,8 +183,9 @@ impl Rewriter<'_> {
         let kind = r.u8()?;
         let name = r.cstr_bytes()?;
         if kind == b'S' && !name.is_empty() && self.capacity > 0 {
-            self.names.remove(name);
-            self.expected.push(Expect::Local(Local::CloseComplete));
+            let closed = self.names.remove(name).map(|st| (name.into(), st));
+            self.expected
+                .push(Expect::Local(Local::CloseComplete(closed)));
             return Ok(());
         }
         self.out.extend_from_slice(message);
