@@ -56,6 +56,9 @@ pub(super) struct Requests {
     /// Syncs sent since that start with nothing else in between (anything
     /// else would have ended a COPY with an error).
     syncs: u32,
+    /// A CopyDone or CopyFail already followed that start: a COPY it began
+    /// is over, and a later one claims nothing.
+    start_ended: bool,
     /// Client COPY ends not yet confirmed.
     claims: VecDeque<Claim>,
     /// The server is in COPY FROM STDIN for the start at this position and
@@ -127,6 +130,7 @@ impl Requests {
                 self.executed = true;
                 self.start = self.sent;
                 self.start_extended = true;
+                self.start_ended = false;
                 self.syncs = 0;
                 Counted::Execute
             }
@@ -143,6 +147,7 @@ impl Requests {
         self.unsynced = false;
         self.start = self.sent;
         self.start_extended = false;
+        self.start_ended = false;
         self.sent += 1;
         self.syncs = 0;
     }
@@ -158,6 +163,9 @@ impl Requests {
     /// CopyDone or CopyFail: returns the Syncs now known to be ignored.
     fn copy_ended(&mut self) -> u32 {
         let syncs = std::mem::take(&mut self.syncs);
+        if std::mem::replace(&mut self.start_ended, true) {
+            return 0;
+        }
         let confirmed = self.server_copy == Some(self.start);
         if confirmed {
             self.server_copy = None;
@@ -369,6 +377,19 @@ mod tests {
         send(&mut r, &[f::COPY_DATA, f::COPY_DONE]);
         r.server_done(true);
         assert!(!r.unsure());
+    }
+
+    #[test]
+    fn only_the_first_copy_end_after_a_start_claims() {
+        // COPY, CopyDone, Sync, stray CopyDone: the Sync came after the COPY
+        // ended and is answered.
+        let mut r = Requests::default();
+        send(&mut r, &[f::QUERY, f::COPY_DONE, f::SYNC, f::COPY_DONE]);
+        assert_eq!(r.server_copy_in(), 0);
+        assert_eq!(r.outstanding, 2);
+        r.server_ready();
+        r.server_ready();
+        assert!(r.at_rest());
     }
 
     #[test]
