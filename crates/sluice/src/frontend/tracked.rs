@@ -424,14 +424,16 @@ pub(super) fn forget_failed_parses(t: &mut Tracking, names: Option<&mut ClientNa
     let failed = t.expected.take_failed_parses();
     let kept = t.expected.take_kept_names();
     if let Some(names) = names {
-        for (name, id) in failed {
-            if names.get(&name).is_some_and(|s| s.id == id) {
-                names.remove(&name);
-            }
-        }
+        // Skipped Closes first: a name whose Parse failed in the same
+        // skipped stretch must end up absent.
         for (name, statement) in kept {
             if names.get(&name).is_none() {
                 names.insert(&name, statement);
+            }
+        }
+        for (name, id) in failed {
+            if names.get(&name).is_some_and(|s| s.id == id) {
+                names.remove(&name);
             }
         }
     }
