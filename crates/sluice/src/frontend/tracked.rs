@@ -222,7 +222,11 @@ fn handle_message(
     };
     match tag {
         f::PARSE => {
-            let aborted = cycle.status == TransactionStatus::Failed && cycle.req.status_current();
+            // PostgreSQL refuses a Parse in a failed transaction block,
+            // except of the statements that end one (ROLLBACK, COMMIT…).
+            let aborted = cycle.status == TransactionStatus::Failed
+                && cycle.req.status_current()
+                && !parse_query(message).is_some_and(sql::ends_transaction);
             rewriter.parse(message, aborted)?;
             cycle.req.other_sent();
             let text = parse_query(message);

@@ -673,6 +673,16 @@ pub fn effects(text: &[u8]) -> Effects {
     e
 }
 
+/// Whether `text` starts with a statement PostgreSQL runs in a failed
+/// transaction block (it ends the block): ROLLBACK, COMMIT, END, ABORT,
+/// PREPARE TRANSACTION.
+pub fn ends_transaction(text: &[u8]) -> bool {
+    let first = word(text).0;
+    [&b"rollback"[..], b"commit", b"end", b"abort", b"prepare"]
+        .iter()
+        .any(|k| first.eq_ignore_ascii_case(k))
+}
+
 /// Recognises a simple query that is exactly one special statement.
 pub fn special(text: &[u8]) -> Option<Special> {
     let parts = statements(text);
@@ -910,6 +920,20 @@ mod tests {
                 started.elapsed()
             );
         }
+    }
+
+    #[test]
+    fn recognises_statements_that_end_a_failed_block() {
+        for text in [
+            &b"ROLLBACK"[..],
+            b" commit",
+            b"end",
+            b"ABORT",
+            b"rollback to savepoint a",
+        ] {
+            assert!(ends_transaction(text));
+        }
+        assert!(!ends_transaction(b"select 1"));
     }
 
     #[test]
