@@ -15,7 +15,7 @@ use super::relay::{
 use super::relay_io::BUFFER_LIMIT;
 use super::requests::Counted;
 use crate::prepared::client_names::ClientNames;
-use crate::prepared::expect::{Expect, Expected, Reply, Verdict};
+use crate::prepared::expect::{Expect, Expected, NameUndo, Reply, Verdict};
 use crate::prepared::registry::Registry;
 use crate::prepared::rewrite::{QueryFate, Rewriter};
 use crate::prepared::server_cache::ServerStatements;
@@ -425,19 +425,21 @@ pub(super) fn forget_failed_parses(t: &mut Tracking, names: Option<&mut ClientNa
     if !t.expected.has_failed_parses() {
         return;
     }
-    let failed = t.expected.take_failed_parses();
-    let kept = t.expected.take_kept_names();
+    let undo = t.expected.take_failed_parses();
     if let Some(names) = names {
-        // Skipped Closes first: a name whose Parse failed in the same
-        // skipped stretch must end up absent.
-        for (name, statement) in kept {
-            if names.get(&name).is_none() {
-                names.insert(&name, statement);
-            }
-        }
-        for (name, id) in failed {
-            if names.get(&name).is_some_and(|s| s.id == id) {
-                names.remove(&name);
+        // Latest first: each undo finds the names as its change left them.
+        for change in undo.into_iter().rev() {
+            match change {
+                NameUndo::Parsed(name, id) => {
+                    if names.get(&name).is_some_and(|s| s.id == id) {
+                        names.remove(&name);
+                    }
+                }
+                NameUndo::Closed(name, statement) => {
+                    if names.get(&name).is_none() {
+                        names.insert(&name, statement);
+                    }
+                }
             }
         }
     }

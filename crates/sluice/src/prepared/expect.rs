@@ -92,9 +92,18 @@ pub struct Expected {
     skipping: bool,
     /// Client statement names whose Parse failed or was skipped: they do
     /// not exist, as on PostgreSQL (name, shared statement id).
-    failed_parses: Vec<(Box<[u8]>, u64)>,
-    /// Client names whose Close was skipped: they still exist.
-    kept_names: Vec<(Box<[u8]>, std::sync::Arc<super::registry::Statement>)>,
+    failed_parses: Vec<NameUndo>,
+}
+
+/// A change to a client's names that PostgreSQL did not make (its Parse
+/// failed or was skipped, its Close was skipped), in stream order: undone
+/// in reverse order, they leave the names as PostgreSQL has them.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum NameUndo {
+    /// The Parse of `name` as statement `id` did not happen.
+    Parsed(Box<[u8]>, u64),
+    /// The Close of `name` (which stood for this statement) did not happen.
+    Closed(Box<[u8]>, std::sync::Arc<super::registry::Statement>),
 }
 
 /// SQLSTATE of "cached plan must not change result type".
@@ -108,25 +117,17 @@ impl Expected {
         self.queue.clear();
         self.skipping = false;
         self.failed_parses.clear();
-        self.kept_names.clear();
     }
 
     /// Takes the client names whose Parse failed or was skipped.
-    pub fn take_failed_parses(&mut self) -> Vec<(Box<[u8]>, u64)> {
+    pub fn take_failed_parses(&mut self) -> Vec<NameUndo> {
         std::mem::take(&mut self.failed_parses)
     }
 
     /// Whether a Parse failed or was skipped, or a Close was skipped, since
     /// the last take.
     pub fn has_failed_parses(&self) -> bool {
-        !self.failed_parses.is_empty() || !self.kept_names.is_empty()
-    }
-
-    /// Takes the client names whose Close was skipped.
-    pub fn take_kept_names(
-        &mut self,
-    ) -> Vec<(Box<[u8]>, std::sync::Arc<super::registry::Statement>)> {
-        std::mem::take(&mut self.kept_names)
+        !self.failed_parses.is_empty()
     }
 
     pub fn push(&mut self, expect: Expect) {
@@ -215,7 +216,7 @@ impl Expected {
             Expect::Prepare { id, client_name } => {
                 server.forget(id);
                 self.failed_parses
-                    .extend(client_name.map(|name| (name, id)));
+                    .extend(client_name.map(|name| NameUndo::Parsed(name, id)));
             }
             Expect::Unprepare { id } => server.forget(id),
             Expect::Pass {
@@ -274,7 +275,7 @@ impl Expected {
                         client_name: Some(name),
                     }) = self.queue.pop_front()
                     {
-                        self.failed_parses.push((name, id));
+                        self.failed_parses.push(NameUndo::Parsed(name, id));
                     }
                 }
                 Some(Expect::Unprepare { id }) => {
@@ -285,14 +286,14 @@ impl Expected {
                     if let Some(Expect::Local(Local::CloseComplete(Some(kept)))) =
                         self.queue.pop_front()
                     {
-                        self.kept_names.push(kept);
+                        self.failed_parses.push(NameUndo::Closed(kept.0, kept.1));
                     }
                 }
                 Some(Expect::Local(Local::ParseComplete(Some(_)))) => {
                     if let Some(Expect::Local(Local::ParseComplete(Some(named)))) =
                         self.queue.pop_front()
                     {
-                        self.failed_parses.push(named);
+                        self.failed_parses.push(NameUndo::Parsed(named.0, named.1));
                     }
                 }
                 Some(Expect::Pass { .. } | Expect::Local(_)) => {
