@@ -243,7 +243,7 @@ fn handle_message(
             if let Some(statement) = bound
                 && statement.effects != Effects::default()
             {
-                note_text(t, statement.query());
+                note_effects(t, statement.effects, statement.query());
             }
         }
         f::DESCRIBE => {
@@ -298,7 +298,11 @@ fn parse_query(message: &[u8]) -> Option<&[u8]> {
 
 /// Notes what a statement sent to the server may leave behind.
 fn note_text(t: &mut Tracking, text: &[u8]) {
-    let effects = sql::effects(text);
+    note_effects(t, sql::effects(text), text);
+}
+
+/// Notes `effects`, already known, of `text`.
+fn note_effects(t: &mut Tracking, effects: Effects, text: &[u8]) {
     if effects.settings {
         for name in sql::custom_names(text) {
             if t.custom_names.len() >= MAX_CUSTOM_NAMES {

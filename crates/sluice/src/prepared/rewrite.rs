@@ -52,23 +52,13 @@ impl Rewriter<'_> {
         let mut r = Reader::new(body(message));
         let name = r.cstr_bytes()?;
         let text = r.rest();
-        if aborted && !name.is_empty() && self.capacity > 0 {
-            MessageBuilder::new(self.out, tags::frontend::PARSE)
-                .u8(0)
-                .bytes(text)
-                .finish();
-            self.expected.push(Expect::Pass {
-                reply: Reply::Parse,
-                statement: None,
-            });
-            return Ok(());
-        }
         if name.is_empty() || self.capacity == 0 {
             self.out.extend_from_slice(message);
-            self.expected.push(Expect::Pass {
-                reply: Reply::Parse,
-                statement: None,
-            });
+            self.parse_passes();
+            return Ok(());
+        }
+        if aborted {
+            self.parse_unnamed(text);
             return Ok(());
         }
         if self.names.get(name).is_some() {
@@ -84,10 +74,7 @@ impl Rewriter<'_> {
                     .bytes(&existing.text)
                     .finish();
             }
-            self.expected.push(Expect::Pass {
-                reply: Reply::Parse,
-                statement: None,
-            });
+            self.parse_passes();
             return Ok(());
         }
         let statement = self.registry.intern(text);
@@ -95,14 +82,7 @@ impl Rewriter<'_> {
             // Too many names: parsed as the unnamed statement, which leaves
             // nothing behind on the server; a later Bind of the name gets
             // PostgreSQL's 26000.
-            MessageBuilder::new(self.out, tags::frontend::PARSE)
-                .u8(0)
-                .bytes(text)
-                .finish();
-            self.expected.push(Expect::Pass {
-                reply: Reply::Parse,
-                statement: None,
-            });
+            self.parse_unnamed(text);
             return Ok(());
         }
         if self.server.touch(statement.id) {
@@ -256,6 +236,24 @@ impl Rewriter<'_> {
             statement: None,
         });
         QueryFate::Sent { specials }
+    }
+
+    /// Sends `text` (a Parse body after the name) as the unnamed
+    /// statement: its reply reaches the client, nothing named stays.
+    fn parse_unnamed(&mut self, text: &[u8]) {
+        MessageBuilder::new(self.out, tags::frontend::PARSE)
+            .u8(0)
+            .bytes(text)
+            .finish();
+        self.parse_passes();
+    }
+
+    /// The Parse just written is answered by the server to the client.
+    fn parse_passes(&mut self) {
+        self.expected.push(Expect::Pass {
+            reply: Reply::Parse,
+            statement: None,
+        });
     }
 
     /// The shared statement the client calls `name`, prepared on the
