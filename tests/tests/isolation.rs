@@ -1222,6 +1222,65 @@ async fn a_failing_copy_with_a_sync_inside_never_shifts_replies() {
     }
 }
 
+/// tokio-postgres' COPY in a transaction, failing on its data: Bind,
+/// Execute, Sync (read in COPY, so never answered), bad data, the server's
+/// error, then CopyFail, Sync and the Close of the statement, which sluice
+/// answers itself. That CloseComplete must come after the first
+/// ReadyForQuery, not one later (found by the rust driver suite: every
+/// later reply of the client was shifted by one).
+#[tokio::test]
+async fn a_copy_failing_before_its_end_keeps_local_replies_in_place() {
+    let cluster = app_cluster(ServerAuth::Trust);
+    cluster
+        .psql(
+            "postgres",
+            &format!("create table copyf (x int); grant all on copyf to {APP_USER}"),
+        )
+        .expect("create table");
+    let sluice = one_server(&cluster);
+    let mut copier = raw_login(&sluice, APP_USER).await;
+    for round in 0..3 {
+        let begun = exchange(&mut copier, &query("begin"), "BEGIN").await;
+        assert_eq!(begun.kinds, "CZ", "round {round}: BEGIN");
+        let mut bytes = parse("s1", "copy copyf from stdin");
+        bytes.extend(describe(b'S', "s1"));
+        bytes.extend(sync());
+        let prepared = exchange(&mut copier, &bytes, "prepare").await;
+        assert_eq!(prepared.kinds, "1tnZ", "round {round}: prepare");
+        let mut bytes = bind("s1");
+        bytes.extend(execute());
+        bytes.extend(sync());
+        copier.send(&bytes).await.expect("send COPY");
+        read_until_kind(&mut copier, b'G', "CopyInResponse").await;
+        copier
+            .send(&copy_data(b"not-an-int\n"))
+            .await
+            .expect("send bad data");
+        read_until_kind(&mut copier, b'E', "the error on the data").await;
+        let mut bytes = message(b'f', b"\0");
+        bytes.extend(sync());
+        bytes.extend(close_statement("s1"));
+        bytes.extend(sync());
+        copier.send(&bytes).await.expect("send CopyFail, Close");
+        let first = read_reply(&mut copier, WAIT)
+            .await
+            .expect("after the error");
+        assert_eq!(first.kinds, "Z", "round {round}: the Sync after CopyFail");
+        let closed = read_reply(&mut copier, WAIT).await.expect("Close");
+        assert_eq!(closed.kinds, "3Z", "round {round}: Close, then Sync");
+        let rolled = exchange(&mut copier, &query("rollback"), "ROLLBACK").await;
+        assert_eq!(rolled.kinds, "CZ", "round {round}: ROLLBACK");
+        let token = format!("after-{round}");
+        let reply = exchange(&mut copier, &query(&format!("select '{token}'")), "select").await;
+        assert_eq!(
+            reply.rows,
+            [Some(token)],
+            "round {round}: {:?}",
+            reply.kinds
+        );
+    }
+}
+
 /// Temporary objects that are not tables: a temporary domain named `text`
 /// would run its owner's function inside the next client's session.
 #[tokio::test]

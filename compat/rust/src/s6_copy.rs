@@ -42,12 +42,19 @@ fn lines(range: std::ops::Range<usize>) -> Vec<String> {
 /// COPY FROM STDIN through tokio-postgres, in chunks of `per_chunk` lines.
 async fn tp_copy_in(c: &Client, sql: &str, lines: &[String], per_chunk: usize) -> R<u64> {
     within(Duration::from_secs(30), sql, async {
-        let sink = c.copy_in::<_, Bytes>(sql).await?;
+        let step =
+            |what: &'static str| move |e: tokio_postgres::Error| Error::from(e).context(what);
+        let sink = c
+            .copy_in::<_, Bytes>(sql)
+            .await
+            .map_err(step("copy_in (prepare, bind, execute)"))?;
         let mut sink = pin!(sink);
         for chunk in lines.chunks(per_chunk) {
-            sink.send(Bytes::from(chunk.concat())).await?;
+            sink.send(Bytes::from(chunk.concat()))
+                .await
+                .map_err(step("copy_in: sending data"))?;
         }
-        R::Ok(sink.finish().await?)
+        R::Ok(sink.finish().await.map_err(step("copy_in: finish"))?)
     })
     .await?
 }
@@ -55,10 +62,19 @@ async fn tp_copy_in(c: &Client, sql: &str, lines: &[String], per_chunk: usize) -
 /// COPY TO STDOUT through tokio-postgres, the whole output as a string.
 async fn tp_copy_out(c: &Client, sql: &str) -> R<String> {
     within(Duration::from_secs(30), sql, async {
-        let stream = c.copy_out(sql).await?;
+        let step =
+            |what: &'static str| move |e: tokio_postgres::Error| Error::from(e).context(what);
+        let stream = c
+            .copy_out(sql)
+            .await
+            .map_err(step("copy_out (prepare, bind, execute)"))?;
         let mut stream = pin!(stream);
         let mut out = Vec::new();
-        while let Some(chunk) = stream.try_next().await? {
+        while let Some(chunk) = stream
+            .try_next()
+            .await
+            .map_err(step("copy_out: reading data"))?
+        {
             out.extend_from_slice(&chunk);
         }
         String::from_utf8(out).map_err(|e| Error::msg(e.to_string()))
@@ -77,7 +93,10 @@ pub async fn tokio_postgres_in_transaction() -> R {
     let mut client = tp_connect().await?;
     let data = lines(0..ROWS);
 
-    let tx = client.transaction().await?;
+    let tx = client
+        .transaction()
+        .await
+        .map_err(|e| Error::from(e).context("BEGIN"))?;
     let n = tp_copy_in(
         tx.client(),
         &format!("copy {table} (id, name, note) from stdin"),
@@ -97,7 +116,9 @@ pub async fn tokio_postgres_in_transaction() -> R {
         out.len(),
         data.concat().len()
     );
-    tx.commit().await?;
+    tx.commit()
+        .await
+        .map_err(|e| Error::from(e).context("COMMIT"))?;
 
     let n = count(&format!("select count(*) from {table}")).await?;
     ensure_eq!(n, ROWS as i64, "rows after commit");
@@ -112,13 +133,18 @@ pub async fn tokio_postgres_in_transaction() -> R {
     ensure_eq!(row.get::<_, String>(0), "tab\there 100", "escaped tab");
 
     // 100 000 rows out (many CopyData messages).
-    let tx = client.transaction().await?;
+    let tx = client
+        .transaction()
+        .await
+        .map_err(|e| Error::from(e).context("BEGIN"))?;
     let out = tp_copy_out(
         tx.client(),
         "copy (select g, md5(g::text) from generate_series(1, 100000) g) to stdout",
     )
     .await?;
-    tx.commit().await?;
+    tx.commit()
+        .await
+        .map_err(|e| Error::from(e).context("COMMIT"))?;
     let ids: Vec<i64> = out
         .lines()
         .map(|l| l.split('\t').next().unwrap_or("").parse().unwrap_or(-1))
@@ -131,7 +157,10 @@ pub async fn tokio_postgres_in_transaction() -> R {
     );
 
     // In a rolled-back transaction: nothing stays.
-    let tx = client.transaction().await?;
+    let tx = client
+        .transaction()
+        .await
+        .map_err(|e| Error::from(e).context("BEGIN"))?;
     tx.batch_execute(&format!("delete from {table}")).await?;
     let n = tp_copy_in(
         tx.client(),
@@ -141,12 +170,17 @@ pub async fn tokio_postgres_in_transaction() -> R {
     )
     .await?;
     ensure_eq!(n, 300, "COPY in the rolled-back transaction");
-    tx.rollback().await?;
+    tx.rollback()
+        .await
+        .map_err(|e| Error::from(e).context("ROLLBACK"))?;
     let n = count(&format!("select count(*) from {table}")).await?;
     ensure_eq!(n, ROWS as i64, "rows after the rolled-back COPY");
 
     // Bad data: 22P02, the transaction is rolled back, the client works.
-    let tx = client.transaction().await?;
+    let tx = client
+        .transaction()
+        .await
+        .map_err(|e| Error::from(e).context("BEGIN"))?;
     let bad = vec![
         line(ROWS + 1),
         "not-a-number\tx\ty\n".to_string(),
@@ -172,7 +206,9 @@ pub async fn tokio_postgres_in_transaction() -> R {
             e.message
         ),
     }
-    tx.rollback().await?;
+    tx.rollback()
+        .await
+        .map_err(|e| Error::from(e).context("ROLLBACK"))?;
     let v: i32 = client
         .query_typed_one("select $1::int", &[(&7i32, Type::INT4)])
         .await?

@@ -535,7 +535,8 @@ pub(super) fn server_needs_body(tag: u8) -> bool {
 pub(super) struct ServerSeen {
     pub(super) bad: Option<sluice_wire::WireError>,
     pub(super) params_changed: bool,
-    /// A CopyInResponse confirmed that this many Syncs were ignored.
+    /// A CopyInResponse (or the error that ended a COPY) showed that this
+    /// many Syncs were ignored.
     pub(super) ignored_syncs: u32,
     /// The server reported a new session_authorization or is_superuser:
     /// something (a function, perhaps) changed the role.
@@ -581,9 +582,9 @@ pub(super) fn on_server_message(
             Err(e) => seen.bad = Some(e),
         },
         b::COPY_IN_RESPONSE => seen.ignored_syncs += cycle.req.server_copy_in(),
-        b::COMMAND_COMPLETE => cycle.req.server_done(false),
+        b::COMMAND_COMPLETE => seen.ignored_syncs += cycle.req.server_done(false),
         b::ERROR_RESPONSE => {
-            cycle.req.server_done(true);
+            seen.ignored_syncs += cycle.req.server_done(true);
             if let Ok(f) = sluice_wire::ErrorFields::decode(body)
                 && let [a, b, ..] = f.code.as_bytes()
             {

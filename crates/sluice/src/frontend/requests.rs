@@ -7,10 +7,15 @@
 //! running; PostgreSQL ignores a CopyDone outside COPY and still answers
 //! the Syncs before it. So the Syncs before a CopyDone are discounted only
 //! once the server's CopyInResponse for that very request has been read.
+//! A COPY that the server ends with an error before the client's CopyDone
+//! (bad data, a constraint) has read the Syncs sent right after its start,
+//! before any data, in COPY: those are discounted when the error is read.
 //! Getting this wrong either way hurts: too few owed and the server goes
 //! back to the pool with a reply still coming (the next client gets it),
-//! too many and the client keeps its server. When in doubt this counts too
-//! many, which only ever costs the misbehaving client.
+//! too many and the client keeps its server, and replies sluice writes
+//! itself come one ReadyForQuery late. Where PostgreSQL's answer depends on
+//! timing (an error while Syncs were on the way), the count is marked
+//! unsure and the server is closed instead of shared.
 
 use std::collections::VecDeque;
 
@@ -59,6 +64,12 @@ pub(super) struct Requests {
     /// A CopyDone or CopyFail already followed that start: a COPY it began
     /// is over, and a later one claims nothing.
     start_ended: bool,
+    /// Syncs sent since that start with nothing but Syncs and Flushes
+    /// before them (no data): a COPY the start began read them in COPY,
+    /// whatever ends it.
+    quiet_syncs: u32,
+    /// Only Syncs and Flushes were sent since that start.
+    quiet: bool,
     /// Client COPY ends not yet confirmed.
     claims: VecDeque<Claim>,
     /// The server is in COPY FROM STDIN for the start at this position and
@@ -118,20 +129,28 @@ impl Requests {
                 self.unsynced = false;
                 self.sent += 1;
                 self.syncs = self.syncs.saturating_add(1);
+                if self.quiet {
+                    self.quiet_syncs = self.quiet_syncs.saturating_add(1);
+                }
                 Counted::Sync
             }
             f::TERMINATE => Counted::Terminate,
-            f::COPY_DATA | f::FLUSH => Counted::Other,
-            f::COPY_DONE | f::COPY_FAIL => Counted::CopyEnded {
-                ignored_syncs: self.copy_ended(),
-            },
+            f::FLUSH => Counted::Other,
+            f::COPY_DATA => {
+                self.quiet = false;
+                Counted::Other
+            }
+            f::COPY_DONE | f::COPY_FAIL => {
+                self.quiet = false;
+                Counted::CopyEnded {
+                    ignored_syncs: self.copy_ended(),
+                }
+            }
             f::EXECUTE => {
                 self.unsynced = true;
                 self.executed = true;
-                self.start = self.sent;
                 self.start_extended = true;
-                self.start_ended = false;
-                self.syncs = 0;
+                self.started();
                 Counted::Execute
             }
             _ => {
@@ -145,11 +164,18 @@ impl Requests {
     pub(super) fn request_sent(&mut self) {
         self.outstanding = self.outstanding.saturating_add(1);
         self.unsynced = false;
-        self.start = self.sent;
         self.start_extended = false;
-        self.start_ended = false;
+        self.started();
         self.sent += 1;
+    }
+
+    /// An Execute, Query or FunctionCall (which may start a COPY) went out.
+    fn started(&mut self) {
+        self.start = self.sent;
+        self.start_ended = false;
         self.syncs = 0;
+        self.quiet_syncs = 0;
+        self.quiet = true;
     }
 
     /// An extended-protocol message other than Execute, Sync and Flush
@@ -158,6 +184,7 @@ impl Requests {
     pub(super) fn other_sent(&mut self) {
         self.unsynced = true;
         self.syncs = 0;
+        self.quiet = false;
     }
 
     /// CopyDone or CopyFail: returns the Syncs now known to be ignored.
@@ -219,14 +246,37 @@ impl Requests {
     }
 
     /// The server sent CommandComplete (`failed` false) or ErrorResponse:
-    /// a COPY FROM STDIN it was in has ended.
-    pub(super) fn server_done(&mut self, failed: bool) {
-        if let Some(discounted) = self.copy_active.take() {
-            self.server_copy = None;
-            if failed && discounted {
-                self.unsure = true;
-            }
+    /// a COPY FROM STDIN it was in has ended. Returns the Syncs now known
+    /// to be ignored (a COPY that failed before the client ended it).
+    pub(super) fn server_done(&mut self, failed: bool) -> u32 {
+        let Some(discounted) = self.copy_active.take() else {
+            return 0;
+        };
+        let copy_start = self.server_copy.take();
+        if !failed {
+            return 0;
         }
+        if discounted {
+            self.unsure = true;
+            return 0;
+        }
+        if copy_start != Some(self.start) || self.start_ended || self.quiet_syncs == 0 {
+            return 0;
+        }
+        // The client has not ended this COPY: the Syncs sent before any
+        // data were read in COPY, unless the error (a timeout, a cancel)
+        // came before they arrived. The client's CopyDone or CopyFail, when
+        // it comes, claims nothing.
+        self.start_ended = true;
+        let syncs = self.quiet_syncs;
+        self.discount(Claim {
+            start: self.start,
+            syncs,
+            extended: self.start_extended,
+            end: self.start + u64::from(syncs),
+        });
+        self.unsure = true;
+        syncs
     }
 
     /// The server sent CopyInResponse: returns the Syncs now known to be
@@ -377,6 +427,41 @@ mod tests {
         send(&mut r, &[f::COPY_DATA, f::COPY_DONE]);
         r.server_done(true);
         assert!(!r.unsure());
+    }
+
+    #[test]
+    fn a_copy_failing_before_the_client_ends_it_discounts_its_quiet_syncs() {
+        // tokio-postgres: Bind, Execute, Sync; CopyInResponse; data; the
+        // server errors on the data; then CopyDone (or CopyFail), Sync.
+        let mut r = Requests::default();
+        send(&mut r, &[f::BIND, f::EXECUTE, f::SYNC]);
+        assert_eq!(r.server_copy_in(), 0);
+        send(&mut r, &[f::COPY_DATA]);
+        assert_eq!(r.server_done(true), 1, "the Sync after Execute");
+        assert_eq!(r.outstanding, 0);
+        assert!(r.unsynced, "the ignored Sync closed nothing");
+        assert_eq!(send(&mut r, &[f::COPY_DONE, f::SYNC]), 0);
+        assert_eq!(r.outstanding, 1);
+        r.server_ready();
+        assert!(r.at_rest());
+        assert!(r.unsure(), "an async error may have come before the Sync");
+    }
+
+    #[test]
+    fn a_failing_copy_discounts_no_sync_sent_after_data() {
+        // Query (COPY); data; Sync; error: the Sync may be answered.
+        let mut r = Requests::default();
+        send(&mut r, &[f::QUERY]);
+        r.server_copy_in();
+        send(&mut r, &[f::COPY_DATA, f::SYNC]);
+        assert_eq!(r.server_done(true), 0);
+        assert_eq!(r.outstanding, 2);
+        // A COPY that succeeds discounts nothing here either.
+        let mut r = Requests::default();
+        send(&mut r, &[f::EXECUTE, f::SYNC]);
+        r.server_copy_in();
+        assert_eq!(r.server_done(false), 0);
+        assert_eq!(r.outstanding, 1);
     }
 
     #[test]
