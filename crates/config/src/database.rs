@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use crate::choices::{LoadBalanceHosts, PoolMode};
-use crate::codecs::{Choice, Codec, parse_count, parse_port};
+use crate::codecs::{Choice, Codec, parse_count, parse_flag, parse_port};
 use crate::connstring::ConnParam;
 use crate::entry_source::{EntrySource, ParamProblem};
 use crate::error::ConfigError;
@@ -20,8 +20,13 @@ pub struct Database {
     /// or a Unix socket directory (starting with `/`, or `@` for the
     /// abstract namespace). `None` means the default Unix socket.
     pub host: Option<String>,
-    /// Server port; `None` means 5432.
+    /// Server port (the first of a `port` list); `None` means 5432.
     pub port: Option<u16>,
+    /// A `port` list, one per host (or one for all); empty when `port`
+    /// names one port.
+    pub ports: Vec<u16>,
+    /// Overrides `[sluice] route_reads`.
+    pub route_reads: Option<bool>,
     /// Server database name; `None` means the same as `name`.
     pub dbname: Option<String>,
     /// Forced server user: every client shares one pool under this user.
@@ -70,7 +75,14 @@ pub(crate) const DATABASE_PARAMETERS: &[(&str, &str)] = &[
         "host",
         "Host, address, comma-separated list, or Unix socket directory; default: Unix socket.",
     ),
-    ("port", "Server port; default 5432."),
+    (
+        "port",
+        "Server port, or a comma-separated list with one port per host; default 5432.",
+    ),
+    (
+        "route_reads",
+        "Overrides [sluice] route_reads: send read-only transactions to replicas.",
+    ),
     (
         "user",
         "Forced server user: all clients share one pool logged in as this user.",
@@ -121,6 +133,43 @@ pub(crate) const DATABASE_PARAMETERS: &[(&str, &str)] = &[
     ),
 ];
 
+/// One server of an entry's host list.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HostPort {
+    /// As written (`None`: the default Unix socket).
+    pub host: Option<String>,
+    pub port: u16,
+}
+
+impl Database {
+    /// Every server the entry names, in order: `host=a,b,c` with one port
+    /// for all or a `port` list of the same length (PgBouncer 1.25).
+    pub fn hosts(&self) -> Vec<HostPort> {
+        let names: Vec<Option<String>> = match &self.host {
+            Some(h) if !h.starts_with('/') && !h.starts_with('@') => h
+                .split(',')
+                .map(|x| Some(x.trim().to_owned()))
+                .filter(|x| x.as_deref().is_some_and(|x| !x.is_empty()))
+                .collect(),
+            other => vec![other.clone()],
+        };
+        let names = if names.is_empty() { vec![None] } else { names };
+        let port_of = |i: usize| self.ports.get(i).copied().or(self.port).unwrap_or(5432);
+        names
+            .into_iter()
+            .enumerate()
+            .map(|(i, host)| HostPort {
+                host,
+                port: if self.ports.is_empty() {
+                    port_of(0)
+                } else {
+                    port_of(i)
+                },
+            })
+            .collect()
+    }
+}
+
 const SESSION_ATTRS: [&str; 5] = ["any", "read-write", "read-only", "primary", "standby"];
 
 impl Database {
@@ -144,7 +193,15 @@ impl Database {
         match param.key.as_str() {
             "dbname" => self.dbname = Some(value),
             "host" => self.host = Some(value),
-            "port" => self.port = Some(parse_port(text)?),
+            "port" => {
+                let ports = text
+                    .split(',')
+                    .map(parse_port)
+                    .collect::<Result<Vec<u16>, String>>()?;
+                self.port = ports.first().copied();
+                self.ports = if ports.len() > 1 { ports } else { Vec::new() };
+            }
+            "route_reads" => self.route_reads = Some(parse_flag(text)?),
             "user" => self.user = Some(value),
             "password" => self.password = Some(value),
             "auth_user" => self.auth_user = Some(value),
@@ -214,10 +271,30 @@ mod tests {
                 "pool_mode" => "transaction",
                 "load_balance_hosts" => "disable",
                 "target_session_attrs" => "primary",
+                "route_reads" => "1",
                 _ => "x",
             };
             parse(&format!("{name}={value}")).unwrap();
         }
+    }
+
+    #[test]
+    fn host_and_port_lists_pair_up() {
+        let d = parse("host=a,b,c port=5433").unwrap();
+        let ports: Vec<u16> = d.hosts().iter().map(|h| h.port).collect();
+        assert_eq!(ports, [5433, 5433, 5433]);
+        let d = parse("host=a,b port=1,2").unwrap();
+        let hosts: Vec<(Option<String>, u16)> =
+            d.hosts().into_iter().map(|h| (h.host, h.port)).collect();
+        assert_eq!(
+            hosts,
+            [(Some("a".to_owned()), 1), (Some("b".to_owned()), 2)]
+        );
+        assert_eq!(d.port, Some(1));
+        let d = parse("host=/tmp").unwrap();
+        assert_eq!(d.hosts().len(), 1);
+        assert!(parse("port=1,x").is_err());
+        assert_eq!(parse("route_reads=on").unwrap().route_reads, Some(true));
     }
 
     #[test]

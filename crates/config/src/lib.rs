@@ -32,7 +32,7 @@ pub use choices::{
     AuthType, LoadBalanceHosts, PoolMode, RuntimeKind, SessionObjects, UnknownChoice,
 };
 pub use config::Config;
-pub use database::Database;
+pub use database::{Database, HostPort};
 pub use error::{ConfigError, MAX_INCLUDE_DEPTH, Warning};
 pub use key_reference::{KeyInfo, key_info, known_keys};
 pub use reference_markdown::reference_markdown;

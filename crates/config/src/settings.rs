@@ -254,8 +254,28 @@ define_settings! {
             "Log verbosity; each step adds detail (like -v on the command line).";
     }
     sluice {
+        health_check_period: Duration = Duration::from_millis(250) => "0.25", Seconds, reload,
+            "How often sluice checks each host of a database entry that names several hosts or \
+             routes reads: reachability, role (pg_is_in_recovery), timeline and WAL position. \
+             Lag in time is measured against these samples, so keep it under a second. (seconds)";
+        health_check_threshold: u32 = 3 => "3", PositiveCount, reload,
+            "Consecutive failed checks that take a host out of rotation, and consecutive good \
+             ones that put it back.";
+        health_check_timeout: Duration = secs(2) => "2", Seconds, reload,
+            "A check (connect and query) that takes longer than this fails. (seconds)";
         metrics_addr: Option<String> = None => "", OptionalText, fixed,
             "Address (host:port) to serve Prometheus metrics on; empty disables.";
+        replica_max_lag: Duration = secs(1) => "1", Seconds, reload,
+            "Reads go only to replicas whose replay is at most this far behind the primary, \
+             measured in time. (seconds)";
+        replica_max_lag_bytes: u32 = 16 * 1024 * 1024 => "16777216", Count, reload,
+            "Reads go only to replicas whose replay is at most this many bytes of WAL behind \
+             the primary.";
+        route_reads: bool = false => "0", Flag, reload,
+            "Transaction and statement mode: send transactions that only read to a replica of \
+             the database entry's hosts (roles are found with pg_is_in_recovery). Off, every \
+             transaction goes to the first host, as PgBouncer does. A database entry may \
+             override it (route_reads=1).";
         runtime: RuntimeKind = RuntimeKind::PerCore => "per_core", Choice<RuntimeKind>, fixed,
             "Runtime layout: per_core (one single-threaded runtime per worker) or shared (one \
              multi-threaded runtime).";

@@ -239,7 +239,13 @@ fn sluice_section_keys() {
     assert_eq!(
         sluice,
         [
+            "health_check_period",
+            "health_check_threshold",
+            "health_check_timeout",
             "metrics_addr",
+            "replica_max_lag",
+            "replica_max_lag_bytes",
+            "route_reads",
             "runtime",
             "track_session_objects",
             "worker_busy_percent",
