@@ -169,6 +169,12 @@ impl Cluster {
         ))
     }
 
+    /// `pg_ctl promote -w`: this replica becomes a primary (on a new
+    /// timeline) and stops following its old primary.
+    pub fn promote(&self) -> Result<(), TestkitError> {
+        pg_ctl::promote(&self.data_dir)
+    }
+
     /// `pg_ctl reload`: re-reads postgresql.conf and pg_hba.conf.
     pub fn pg_ctl_reload(&self) -> Result<(), TestkitError> {
         pg_ctl::reload(&self.data_dir)

@@ -93,6 +93,13 @@ pub(crate) fn reload(data_dir: &Path) -> Result<(), TestkitError> {
     run(pg_ctl("reload", data_dir)?, PG_CTL_DEADLINE).map(drop)
 }
 
+/// `pg_ctl promote -w`: a standby becomes a primary on a new timeline.
+pub(crate) fn promote(data_dir: &Path) -> Result<(), TestkitError> {
+    let mut cmd = pg_ctl("promote", data_dir)?;
+    cmd.args(["-w", "-t", &PG_CTL_WAIT_SECS.to_string()]);
+    run(cmd, PG_CTL_DEADLINE).map(drop)
+}
+
 /// Whether a failed start was caused by the port being taken.
 pub(crate) fn is_address_in_use(error: &TestkitError) -> bool {
     match error {
