@@ -126,6 +126,18 @@ named_choices! {
 }
 
 named_choices! {
+    /// Whether a client's reads wait for replicas to have its writes
+    /// (`[sluice] read_your_writes`).
+    ReadYourWrites {
+        /// After a client's write transaction, its reads go only to a
+        /// replica that has replayed past it (else to the primary).
+        Session = "session",
+        /// Reads go to any replica within the lag limits.
+        Off = "off",
+    }
+}
+
+named_choices! {
     /// Which entry of a comma-separated `host` list a new server
     /// connection uses (`load_balance_hosts` in `[databases]`).
     LoadBalanceHosts {

@@ -29,7 +29,8 @@ mod user_entry;
 use std::path::Path;
 
 pub use choices::{
-    AuthType, LoadBalanceHosts, PoolMode, RuntimeKind, SessionObjects, UnknownChoice,
+    AuthType, LoadBalanceHosts, PoolMode, ReadYourWrites, RuntimeKind, SessionObjects,
+    UnknownChoice,
 };
 pub use config::Config;
 pub use database::{Database, HostPort};

@@ -6,7 +6,7 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use crate::choices::{AuthType, PoolMode, RuntimeKind, SessionObjects};
+use crate::choices::{AuthType, PoolMode, ReadYourWrites, RuntimeKind, SessionObjects};
 use crate::codecs::{
     Choice, Count, Flag, List, OctalMode, OptionalPath, OptionalText, PeerId, Port, PositiveCount,
     Seconds, SslMode, Text, ThreadCount,
@@ -254,6 +254,11 @@ define_settings! {
             "Log verbosity; each step adds detail (like -v on the command line).";
     }
     sluice {
+        failover_hold: Duration = secs(10) => "10", Seconds, reload,
+            "A database that routes reads and has no reachable primary (a failover under way) \
+             holds new transactions that need the primary up to this long, until checks find \
+             the new primary, instead of failing them; reads keep going to replicas. 0 fails \
+             them at once. (seconds)";
         health_check_period: Duration = Duration::from_millis(250) => "0.25", Seconds, reload,
             "How often sluice checks each host of a database entry that names several hosts or \
              routes reads: reachability, role (pg_is_in_recovery), timeline and WAL position. \
@@ -265,6 +270,11 @@ define_settings! {
             "A check (connect and query) that takes longer than this fails. (seconds)";
         metrics_addr: Option<String> = None => "", OptionalText, fixed,
             "Address (host:port) to serve Prometheus metrics on; empty disables.";
+        read_your_writes: ReadYourWrites = ReadYourWrites::Session => "session",
+            Choice<ReadYourWrites>, reload,
+            "With route_reads: after a client's transaction that wrote, its reads go only to a \
+             replica that has replayed past the primary's first check after that commit, else \
+             to the primary (session); or to any replica within the lag limits (off).";
         replica_max_lag: Duration = secs(1) => "1", Seconds, reload,
             "Reads go only to replicas whose replay is at most this far behind the primary, \
              measured in time. (seconds)";

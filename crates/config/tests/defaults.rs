@@ -239,10 +239,12 @@ fn sluice_section_keys() {
     assert_eq!(
         sluice,
         [
+            "failover_hold",
             "health_check_period",
             "health_check_threshold",
             "health_check_timeout",
             "metrics_addr",
+            "read_your_writes",
             "replica_max_lag",
             "replica_max_lag_bytes",
             "route_reads",

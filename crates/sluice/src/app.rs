@@ -17,6 +17,7 @@ use crate::backend::cancel::CancelRegistry;
 use crate::backend::limits::ConnLimit;
 use crate::backend::pool::{Pool, PoolSettings};
 use crate::backend::target::{ServerAddr, ServerCredential, ServerTarget};
+use crate::backend::topology::{LagLimits, Topology};
 use crate::operator::OperatorSwitches;
 use crate::params::ParamInterner;
 use crate::stats::StatsWindow;
@@ -48,6 +49,11 @@ pub struct App {
     config: RwLock<Arc<Config>>,
     userlist: RwLock<Arc<Userlist>>,
     pools: Mutex<HashMap<(String, String), Arc<Pool>>>,
+    /// Pools of single hosts of an entry that routes reads, by (database,
+    /// server user, host index).
+    host_pools: Mutex<HashMap<(String, String, usize), Arc<Pool>>>,
+    /// Hosts, roles and lag of each database that routes reads.
+    topologies: Mutex<HashMap<String, Arc<Topology>>>,
     db_limits: Mutex<HashMap<String, Arc<ConnLimit>>>,
     user_limits: Mutex<HashMap<String, Arc<ConnLimit>>>,
     /// Client budgets: `max_db_client_connections`, `max_user_client_connections`.
@@ -70,6 +76,10 @@ pub struct App {
     /// (opening min_pool_size servers): a server belongs on a worker.
     workers: OnceLock<Vec<tokio::runtime::Handle>>,
     next_worker: AtomicUsize,
+    /// Itself, for tasks started from a `&App` (host checks).
+    me: OnceLock<std::sync::Weak<App>>,
+    /// Some database routes reads (has a topology).
+    routing: std::sync::atomic::AtomicBool,
 }
 
 impl App {
@@ -79,6 +89,8 @@ impl App {
             config: RwLock::new(Arc::new(config)),
             userlist: RwLock::new(Arc::new(userlist)),
             pools: Mutex::new(HashMap::new()),
+            host_pools: Mutex::new(HashMap::new()),
+            topologies: Mutex::new(HashMap::new()),
             db_limits: Mutex::new(HashMap::new()),
             user_limits: Mutex::new(HashMap::new()),
             db_client_limits: Mutex::new(HashMap::new()),
@@ -94,7 +106,16 @@ impl App {
             phase_changed: Notify::new(),
             workers: OnceLock::new(),
             next_worker: AtomicUsize::new(0),
+            me: OnceLock::new(),
+            routing: std::sync::atomic::AtomicBool::new(false),
         }
+    }
+
+    /// Shares the state, which may then start tasks of its own.
+    pub fn shared(self) -> Arc<Self> {
+        let app = Arc::new(self);
+        let _ = app.me.set(Arc::downgrade(&app));
+        app
     }
 
     /// Records the workers' event loops (once, at startup).
@@ -145,13 +166,144 @@ impl App {
         self.phase_changed.notify_waiters();
     }
 
+    /// Every pool: those clients log in to and those of single hosts.
     pub fn pools(&self) -> Vec<Arc<Pool>> {
+        let mut all = self.main_pools();
+        all.extend(
+            self.host_pools
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .values()
+                .cloned(),
+        );
+        all
+    }
+
+    /// The pools clients log in to, one per (database, user) (SHOW POOLS).
+    pub fn main_pools(&self) -> Vec<Arc<Pool>> {
         self.pools
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .values()
             .cloned()
             .collect()
+    }
+
+    /// Whether `entry` sends reads to replicas.
+    fn routes_reads(config: &Config, entry: &Database) -> bool {
+        entry.route_reads.unwrap_or(config.settings.route_reads)
+    }
+
+    /// Whether any database routes reads (one load on the hot path when
+    /// none does).
+    pub fn routing_anywhere(&self) -> bool {
+        self.routing.load(Ordering::Relaxed)
+    }
+
+    /// Lag limits for reads on replicas, and whether reads wait for the
+    /// client's writes, as configured now.
+    pub fn read_limits(&self) -> (LagLimits, bool) {
+        let config = self.config();
+        let s = &config.settings;
+        (
+            LagLimits {
+                bytes: u64::from(s.replica_max_lag_bytes),
+                time: s.replica_max_lag,
+            },
+            s.read_your_writes == sluice_config::ReadYourWrites::Session,
+        )
+    }
+
+    /// The topology of `database` when it routes reads.
+    pub fn topology(&self, database: &str) -> Option<Arc<Topology>> {
+        self.topologies
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(database)
+            .cloned()
+    }
+
+    /// Every topology (SHOW HOSTS, /metrics).
+    pub fn topologies(&self) -> Vec<Arc<Topology>> {
+        let mut all: Vec<_> = self
+            .topologies
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .values()
+            .cloned()
+            .collect();
+        all.sort_by(|a, b| a.database.cmp(&b.database));
+        all
+    }
+
+    /// Creates the topology of `entry` and starts its checks, logging in
+    /// as `pool` does (the first pool of the database).
+    fn ensure_topology(&self, entry: &Database, pool: &Arc<Pool>) {
+        let Some(me) = self.me.get().and_then(std::sync::Weak::upgrade) else {
+            return;
+        };
+        let addrs: Vec<ServerAddr> = entry
+            .hosts()
+            .into_iter()
+            .map(|h| ServerAddr::new(h.host.as_deref(), h.port))
+            .collect();
+        let topology = {
+            let mut map = self.topologies.lock().unwrap_or_else(|p| p.into_inner());
+            if let Some(t) = map.get(&pool.database)
+                && t.hosts().iter().map(|h| &h.addr).eq(addrs.iter())
+            {
+                return;
+            }
+            let t = Arc::new(Topology::new(pool.database.clone(), addrs));
+            map.insert(pool.database.clone(), t.clone());
+            self.routing.store(true, Ordering::Relaxed);
+            t
+        };
+        let host: Arc<dyn crate::backend::monitor::MonitorHost> = me;
+        crate::backend::monitor::start(host, &topology, pool, |task| self.spawn_on_worker(task));
+    }
+
+    /// The pool of host `index` for the clients of `main`.
+    pub fn host_pool(&self, main: &Arc<Pool>, index: usize) -> Option<Arc<Pool>> {
+        let key = (main.database.clone(), main.user.clone(), index);
+        let mut pools = self.host_pools.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(p) = pools.get(&key) {
+            return Some(p.clone());
+        }
+        let addr = self
+            .topology(&main.database)?
+            .hosts()
+            .get(index)?
+            .addr
+            .clone();
+        let config = self.config();
+        let entry = Self::database_entry(&config, &main.database)?;
+        let (settings, mut target, credential) = self.resolve(&config, &entry, &main.user);
+        target.addr = addr;
+        let (_, main_credential) = main.target_and_credential();
+        let credential = ServerCredential {
+            scram_keys: main_credential.scram_keys,
+            ..credential
+        };
+        let pool = Arc::new(
+            Pool::new(
+                main.database.clone(),
+                main.user.clone(),
+                target,
+                credential,
+                settings,
+                limit_for(
+                    &self.db_limits,
+                    &main.database,
+                    settings_db_max(&config, &entry),
+                ),
+                limit_for(&self.user_limits, &main.user, user_max(&config, &main.user)),
+            )
+            .for_host(index),
+        );
+        pool.join_limits(&pool);
+        pools.insert(key, pool.clone());
+        Some(pool)
     }
 
     /// The database entry for `name`: its own, or the `*` fallback.
@@ -171,6 +323,22 @@ impl App {
 
     /// The pool for a client of `database` logged in as `user`.
     pub fn pool_for(&self, database: &str, user: &str) -> Result<Arc<Pool>, PoolLookupError> {
+        let (pool, entry, created) = self.main_pool(database, user)?;
+        let config = self.config();
+        if created && Self::routes_reads(&config, &entry) {
+            self.ensure_topology(&entry, &pool);
+            if let Some((_, addr)) = self.topology(database).and_then(|t| t.primary()) {
+                pool.retarget(&addr);
+            }
+        }
+        Ok(pool)
+    }
+
+    fn main_pool(
+        &self,
+        database: &str,
+        user: &str,
+    ) -> Result<(Arc<Pool>, Database, bool), PoolLookupError> {
         let config = self.config();
         let entry = Self::database_entry(&config, database)
             .ok_or_else(|| PoolLookupError::NoDatabase(database.to_owned()))?;
@@ -178,7 +346,7 @@ impl App {
         let key = (database.to_owned(), server_user.clone());
         let mut pools = self.pools.lock().unwrap_or_else(|p| p.into_inner());
         if let Some(p) = pools.get(&key) {
-            return Ok(p.clone());
+            return Ok((p.clone(), entry, false));
         }
         let (settings, target, credential) = self.resolve(&config, &entry, &server_user);
         let db_limit = limit_for(&self.db_limits, database, settings_db_max(&config, &entry));
@@ -198,7 +366,7 @@ impl App {
         ));
         pool.join_limits(&pool);
         pools.insert(key, pool.clone());
-        Ok(pool)
+        Ok((pool, entry, true))
     }
 
     fn resolve(
@@ -280,7 +448,8 @@ impl App {
         let config = self.config();
         for db in &config.databases {
             if let Some(user) = &db.user
-                && db.min_pool_size.unwrap_or(config.settings.min_pool_size) > 0
+                && (db.min_pool_size.unwrap_or(config.settings.min_pool_size) > 0
+                    || Self::routes_reads(&config, db))
                 && let Err(e) = self.pool_for(&db.name, user)
             {
                 tracing::warn!("cannot prepare pool {}: {e}", db.name);
@@ -359,7 +528,19 @@ impl App {
             let Some(entry) = Self::database_entry(&config, &pool.database) else {
                 continue; // removed: its clients drain, new ones get 3D000
             };
-            let (settings, target, credential) = self.resolve(&config, &entry, &pool.user);
+            let (settings, mut target, credential) = self.resolve(&config, &entry, &pool.user);
+            let topology = self.topology(&pool.database);
+            let addr = match (pool.host, &topology) {
+                (0, Some(t)) => t.primary().map(|(_, addr)| addr),
+                (0, None) => None,
+                (host, _) => entry
+                    .hosts()
+                    .get(host as usize - 1)
+                    .map(|h| ServerAddr::new(h.host.as_deref(), h.port)),
+            };
+            if let Some(addr) = addr {
+                target.addr = addr;
+            }
             limit_for(
                 &self.db_limits,
                 &pool.database,
@@ -394,4 +575,33 @@ fn limit_for(map: &Mutex<HashMap<String, Arc<ConnLimit>>>, name: &str, max: u32)
         .clone();
     limit.set_max(max);
     limit
+}
+
+impl crate::backend::monitor::MonitorHost for App {
+    fn check_settings(&self) -> (std::time::Duration, std::time::Duration, u32) {
+        let config = self.config();
+        let s = &config.settings;
+        (
+            s.health_check_period,
+            s.health_check_timeout,
+            s.health_check_threshold,
+        )
+    }
+
+    fn stopping(&self) -> bool {
+        self.phase() >= Phase::WaitForServers
+    }
+
+    /// The pools clients log in to follow the primary of the newest
+    /// timeline; while there is none, they keep their address.
+    fn topology_changed(&self, topology: &Arc<Topology>) {
+        let Some((_, addr)) = topology.primary() else {
+            return;
+        };
+        for pool in self.main_pools() {
+            if pool.database == topology.database && pool.retarget(&addr) {
+                tracing::warn!(db = %pool.database, user = %pool.user, "servers now open on the primary {addr}");
+            }
+        }
+    }
 }

@@ -23,7 +23,6 @@ mod stats;
 mod workers;
 
 use std::process::ExitCode;
-use std::sync::Arc;
 
 use clap::Parser;
 
@@ -99,7 +98,7 @@ fn main() -> ExitCode {
     } else {
         settings.workers
     };
-    let app = Arc::new(App::new(cli.config.clone(), config, userlist));
+    let app = App::new(cli.config.clone(), config, userlist).shared();
     let sockets = match workers::bind(&app, workers, settings.runtime) {
         Ok(s) => s,
         Err(e) => {

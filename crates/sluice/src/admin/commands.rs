@@ -14,7 +14,7 @@ use crate::app::{App, Phase};
 const PAUSE_WAIT: Duration = Duration::from_secs(60);
 
 const HELP: &str = "Console usage\n\
-\tSHOW HELP|CONFIG|DATABASES|POOLS|CLIENTS|SERVERS|USERS|STATS|STATS_TOTALS|STATS_AVERAGES|TOTALS|LISTS|STATE|VERSION|MEM\n\
+\tSHOW HELP|CONFIG|DATABASES|POOLS|CLIENTS|SERVERS|USERS|STATS|STATS_TOTALS|STATS_AVERAGES|TOTALS|LISTS|STATE|VERSION|MEM|HOSTS\n\
 \tSET key = arg\n\
 \tRELOAD\n\
 \tPAUSE [<db>]\n\
@@ -165,6 +165,7 @@ fn show_command(app: &App, rest: &[&str], out: &mut BytesMut) {
         "MEM" => show::mem(),
         "CLIENTS" => super::sockets::clients(app),
         "SERVERS" => super::sockets::servers(app),
+        "HOSTS" => super::hosts::hosts(app),
         "HELP" | "" => {
             ErrorFields::new(Severity::Notice, "00000", HELP).encode(out);
             command_complete(out, "SHOW");

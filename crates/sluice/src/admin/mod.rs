@@ -4,6 +4,7 @@
 //! `admin_users` may run everything, `stats_users` only SHOW.
 
 mod commands;
+mod hosts;
 mod result;
 mod show;
 mod sockets;

@@ -31,7 +31,7 @@ pub fn pools(app: &App) -> ResultSet {
         ],
         "ssiiiiiiiiiiiiiss",
     );
-    let mut pools = app.pools();
+    let mut pools = app.main_pools();
     pools.sort_by(|a, b| (&a.database, &a.user).cmp(&(&b.database, &b.user)));
     for p in pools {
         let c = p.counts();

@@ -30,6 +30,9 @@ struct Slot {
     secret: AtomicI32,
     /// The linked server's key (pid << 32 | secret); 0 when not linked.
     server: AtomicU64,
+    /// The linked server's pool host (see `Pool::host`): 0, the client's
+    /// own pool; `i + 1`, host `i` of its database.
+    host: std::sync::atomic::AtomicU32,
     /// Waiting in line for a server.
     waiting: AtomicBool,
     /// Who the client is (SHOW CLIENTS, KILL). Taken by unregister before
@@ -160,8 +163,9 @@ impl CancelRegistry {
     }
 
     /// The client now runs on the server with `server_key`.
-    pub fn link(&self, handle: CancelHandle, server_key: BackendKeyData) {
+    pub fn link(&self, handle: CancelHandle, server_key: BackendKeyData, host: u32) {
         if let Some(slot) = self.slot(handle.index) {
+            slot.host.store(host, Ordering::Relaxed);
             slot.server.store(pack(server_key), Ordering::Release);
         }
     }
@@ -229,7 +233,12 @@ impl CancelRegistry {
 
     /// Forwards a client's cancel request. Unknown keys and clients that run
     /// nothing are ignored, as PostgreSQL does.
-    pub async fn cancel(&self, req: CancelRequest) -> std::io::Result<bool> {
+    /// `host_target` gives the target of host `i` of a pool's database.
+    pub async fn cancel(
+        &self,
+        req: CancelRequest,
+        host_target: impl Fn(&Arc<Pool>, u32) -> Option<Arc<super::target::ServerTarget>>,
+    ) -> std::io::Result<bool> {
         let found = self
             .slot((req.process_id & INDEX_MASK) as u32)
             .filter(|s| {
@@ -239,6 +248,7 @@ impl CancelRegistry {
             })
             .and_then(|s| {
                 let server = s.server.load(Ordering::Acquire);
+                let host = s.host.load(Ordering::Relaxed);
                 let pool = s
                     .meta
                     .lock()
@@ -248,12 +258,18 @@ impl CancelRegistry {
                 (server != 0)
                     .then_some(())
                     .and(pool)
-                    .map(|p| (p, unpack(server)))
+                    .map(|p| (p, host, unpack(server)))
             });
-        let Some((pool, key)) = found else {
+        let Some((pool, host, key)) = found else {
             return Ok(false);
         };
-        let target = pool.settings_and_target().1;
+        let target = match host {
+            0 => pool.settings_and_target().1,
+            i => match host_target(&pool, i) {
+                Some(t) => t,
+                None => return Ok(false),
+            },
+        };
         let mut buf = BytesMut::with_capacity(16);
         CancelRequest {
             process_id: key.process_id,

@@ -204,6 +204,10 @@ pub struct Pool {
     pub user: String,
     /// LISTEN fan-out for this pool's clients (transaction mode).
     pub notify: super::notify_hub::NotifyHub,
+    /// 0: the pool clients log in to (the first host, or the primary when
+    /// reads are routed); `i + 1`: the pool of host `i` of the entry, for
+    /// transactions routed to a replica.
+    pub host: u32,
     db_limit: Arc<ConnLimit>,
     user_limit: Arc<ConnLimit>,
     state: Mutex<PoolState>,
@@ -224,6 +228,11 @@ pub struct Lease {
 }
 
 impl Lease {
+    /// The pool's host index (see `Pool::host`).
+    pub fn host(&self) -> u32 {
+        self.pool.host
+    }
+
     /// Moves the server to the calling worker's event loop if it lives on
     /// another; a server that cannot be moved is closed.
     pub fn localize(&mut self) -> std::io::Result<()> {
@@ -306,6 +315,7 @@ impl Pool {
         Self {
             database,
             user,
+            host: 0,
             notify: Default::default(),
             db_limit,
             user_limit,
@@ -326,6 +336,38 @@ impl Pool {
                 stats: PoolStats::default(),
             }),
         }
+    }
+
+    /// The pool of host `index` of the entry (see `host`).
+    pub fn for_host(mut self, index: usize) -> Self {
+        self.host = u32::try_from(index).unwrap_or(u32::MAX - 1) + 1;
+        self
+    }
+
+    /// Points new server connections at `addr` (the primary moved): idle
+    /// servers of the old address are closed now, busy ones when they come
+    /// back. Returns whether anything changed.
+    pub fn retarget(&self, addr: &super::target::ServerAddr) -> bool {
+        let mut st = self.lock();
+        if st.target.addr == *addr {
+            return false;
+        }
+        let mut target = (*st.target).clone();
+        target.addr = addr.clone();
+        st.target = Arc::new(target);
+        st.generation += 1;
+        st.welcome = None;
+        st.last_login_failure = None;
+        for s in st.idle.drain() {
+            self.close_counted(&mut st, s);
+        }
+        true
+    }
+
+    /// Lets the next acquire try to log in even if a login failed within
+    /// `server_login_retry` (the checks say the server is back).
+    pub fn forget_login_failure(&self) {
+        self.lock().last_login_failure = None;
     }
 
     /// Joins the shared budgets this pool counts against.

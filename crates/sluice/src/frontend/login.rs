@@ -121,7 +121,11 @@ async fn login_inner(
                     .map_err(|e| ClientError::protocol(e.to_string()))?;
             }
             StartupPacket::Cancel(req) => {
-                if let Err(e) = app.cancels.cancel(req).await {
+                let host_target = |pool: &Arc<crate::backend::pool::Pool>, host: u32| {
+                    app.host_pool(pool, host as usize - 1)
+                        .map(|p| p.settings_and_target().1)
+                };
+                if let Err(e) = app.cancels.cancel(req, host_target).await {
                     tracing::warn!("forwarding cancel request failed: {e}");
                 }
                 return Ok(None);

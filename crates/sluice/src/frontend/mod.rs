@@ -9,5 +9,6 @@ pub mod login;
 pub mod relay;
 pub mod relay_io;
 mod requests;
+mod route;
 pub mod session;
 mod tracked;

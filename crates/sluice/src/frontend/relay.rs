@@ -54,9 +54,19 @@ pub(super) struct Cycle {
     pub(super) written: (u64, u64),
     /// SQLSTATE classes of server errors.
     pub(super) error_classes: Vec<([u8; 2], u64)>,
+    /// On a replica, only the request routed there is sent: client
+    /// messages stop being taken once this many requests (Query, Sync) have
+    /// been sent, and the rest waits for the next lease, routed afresh
+    /// (lifted when the request leaves a READ ONLY transaction open).
+    pub(super) cap: Option<u64>,
 }
 
 impl Cycle {
+    /// No more client messages may be sent on this server (see `cap`).
+    pub(super) fn capped(&self) -> bool {
+        self.cap.is_some_and(|c| self.req.sent() >= c)
+    }
+
     fn clean(&self) -> bool {
         self.req.at_rest()
             && self.status == TransactionStatus::Idle
@@ -75,8 +85,9 @@ pub async fn run(client: &mut Client, cbuf: &mut BytesMut, mut lease: Lease) -> 
     let settings = lease.settings.clone();
     let limit = settings.max_packet_size;
     {
+        let host = lease.host();
         let server = lease.server();
-        client.app.cancels.link(client.cancel, server.key);
+        client.app.cancels.link(client.cancel, server.key, host);
         if !Arc::ptr_eq(&server.params, &client.params) {
             if let Some(sql) = client.params.diff_sql(&server.params)
                 && let Err(e) = Box::pin(run_query(server, &sql)).await
@@ -119,6 +130,7 @@ pub async fn run(client: &mut Client, cbuf: &mut BytesMut, mut lease: Lease) -> 
         xacts_done: 0,
         written: (0, 0),
         error_classes: Vec::new(),
+        cap: (lease.host() != 0).then_some(1),
     };
     let linked_at = std::time::Instant::now();
     let release_each = match settings.mode {
@@ -225,6 +237,14 @@ pub async fn run(client: &mut Client, cbuf: &mut BytesMut, mut lease: Lease) -> 
         if cycle.client_terminated && cycle.to_server == 0 {
             break Ok(Outcome::ClientGone);
         }
+        if cycle.cap.is_some()
+            && cycle.req.outstanding == 0
+            && cycle.status != TransactionStatus::Idle
+        {
+            // The routed request opened a READ ONLY transaction: the rest
+            // of it follows on this server.
+            cycle.cap = None;
+        }
         // A part of the client's next message may be in `cbuf`: the
         // session reads the rest before it asks for a server again.
         let at_end = release_each.is_some()
@@ -283,6 +303,7 @@ pub async fn run(client: &mut Client, cbuf: &mut BytesMut, mut lease: Lease) -> 
             Some(t) => (Some(&mut t.out), Some(&mut t.extra)),
             None => (None, None),
         };
+        let read_client = !cycle.client_terminated && !cycle.capped();
         let mut sides = Sides {
             client: &mut client.stream,
             server: &mut server.stream,
@@ -290,7 +311,7 @@ pub async fn run(client: &mut Client, cbuf: &mut BytesMut, mut lease: Lease) -> 
             to_server: &mut cycle.to_server,
             sbuf: &mut server.buf,
             to_client: &mut cycle.to_client,
-            read_client: !cycle.client_terminated,
+            read_client,
             idle_timer: idle_timer.as_mut().map(|(_, t)| t.as_mut()),
             written: &mut cycle.written,
             server_out,

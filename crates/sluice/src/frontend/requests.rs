@@ -111,6 +111,11 @@ impl Requests {
         self.outstanding == 0 && !self.executed
     }
 
+    /// Requests (Query, FunctionCall, Sync) sent in this linked period.
+    pub(super) fn sent(&self) -> u64 {
+        self.sent
+    }
+
     /// The reply count may be wrong (see `unsure`): close, do not share.
     pub(super) fn unsure(&self) -> bool {
         self.unsure

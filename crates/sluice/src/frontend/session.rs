@@ -13,7 +13,7 @@ use super::relay::{self, RelayEnd};
 use super::relay_io::READ_CHUNK;
 use crate::app::{App, Phase};
 use crate::backend::cancel::CancelHandle;
-use crate::backend::pool::Pool;
+use crate::backend::pool::{AcquireError, Lease, Pool};
 use crate::net::Stream;
 use crate::params::ParamSet;
 
@@ -34,6 +34,9 @@ pub struct Client {
     /// `client_idle_timeout` as of the last lease (zero = none; `None`
     /// before the first lease).
     idle_timeout: Option<Duration>,
+    /// When the client's last transaction that may have written ended
+    /// (only where reads are routed): read-your-writes.
+    last_write: Option<std::time::Instant>,
 }
 
 /// What a transaction-mode client keeps of its session while it holds no
@@ -105,6 +108,7 @@ impl Client {
             login_user,
             carried: None,
             idle_timeout: None,
+            last_write: None,
         }
     }
 
@@ -158,6 +162,105 @@ impl Client {
         &self.pool.database
     }
 
+    /// The pool this request's transaction runs on: a replica's when the
+    /// database routes reads, the request provably only reads and a
+    /// replica is up and caught up; otherwise the client's own pool (the
+    /// primary). LISTEN and session mode always use the primary.
+    /// The second value tells whether the transaction may write (its end
+    /// is then remembered for read-your-writes).
+    fn route(&self, buf: &[u8]) -> (Arc<Pool>, bool) {
+        if !self.app.routing_anywhere() {
+            return (self.pool.clone(), false);
+        }
+        let Some(topology) = self.app.topology(&self.pool.database) else {
+            return (self.pool.clone(), false);
+        };
+        if self.is_listening() || self.pool.settings().mode == sluice_config::PoolMode::Session {
+            return (self.pool.clone(), true);
+        }
+        let named = |name: &[u8]| self.carried.as_ref()?.statements.get(name).cloned();
+        if super::route::request(buf, named) == sluice_router::Route::Primary {
+            return (self.pool.clone(), true);
+        }
+        let (limits, ryw) = self.app.read_limits();
+        // Read-your-writes: a replica must have replayed up to the
+        // primary's first check after this client's last write.
+        let min_lsn = match self.last_write {
+            Some(wrote) if ryw => match topology.primary_lsn_after(wrote) {
+                Some(lsn) => Some(lsn),
+                None => {
+                    topology
+                        .reads_on_primary
+                        .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    return (self.pool.clone(), false);
+                }
+            },
+            _ => None,
+        };
+        let pool = match topology
+            .pick_replica(limits, min_lsn)
+            .and_then(|i| self.app.host_pool(&self.pool, i))
+        {
+            Some(pool) => {
+                topology
+                    .reads_on_replicas
+                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                pool
+            }
+            None => {
+                topology
+                    .reads_on_primary
+                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                self.pool.clone()
+            }
+        };
+        (pool, false)
+    }
+
+    /// The primary of a database that routes reads is unreachable (a
+    /// failover, a restart): waits up to `failover_hold` for the checks to
+    /// find a primary, trying it each time they do, instead of failing the
+    /// transaction. The pool follows the new primary on its own.
+    async fn hold_for_primary(&self, first: AcquireError) -> Result<Lease, ClientError> {
+        let fail = |e: &AcquireError| ClientError::new(e.sqlstate(), e.to_string());
+        let Some(topology) = self.app.topology(&self.pool.database) else {
+            return Err(fail(&first));
+        };
+        let hold = self.app.config().settings.failover_hold;
+        if hold.is_zero() {
+            return Err(fail(&first));
+        }
+        tracing::info!(
+            user = %self.user(), db = %self.database(),
+            "the primary is unreachable ({first}): holding the transaction up to {hold:?}"
+        );
+        let deadline = tokio::time::Instant::now() + hold;
+        let mut last = first;
+        while self.app.phase() < Phase::WaitForServers {
+            let now = tokio::time::Instant::now();
+            if now >= deadline {
+                break;
+            }
+            tokio::time::sleep((deadline - now).min(HOLD_POLL)).await;
+            if topology.primary().is_none() {
+                continue;
+            }
+            self.pool.forget_login_failure();
+            match self.pool.acquire().await {
+                Ok(lease) => return Ok(lease),
+                Err(e) if unreachable(&e) => last = e,
+                Err(e) => return Err(fail(&e)),
+            }
+        }
+        Err(ClientError::new(
+            "08006",
+            format!(
+                "no primary for database \"{}\" within failover_hold ({hold:?}): {last}",
+                self.database()
+            ),
+        ))
+    }
+
     /// Serves one request: a server from the pool, then the relay until
     /// the server goes back. `None`: the client goes on. Boxed by the
     /// caller, so its state exists only while a request is served.
@@ -175,16 +278,15 @@ impl Client {
             self.wait_while_paused().await;
         }
         self.app.cancels.set_waiting(self.cancel, true);
-        let acquired = self.pool.acquire().await;
+        let (pool, may_write) = self.route(buf);
+        let acquired = match pool.acquire().await {
+            Err(e) if pool.host == 0 && unreachable(&e) => self.hold_for_primary(e).await,
+            other => other.map_err(|e| ClientError::new(e.sqlstate(), e.to_string())),
+        };
         self.app.cancels.set_waiting(self.cancel, false);
         let mut lease = match acquired {
             Ok(l) => l,
-            Err(e) => {
-                return Some(SessionEnd::Error(ClientError::new(
-                    e.sqlstate(),
-                    e.to_string(),
-                )));
-            }
+            Err(e) => return Some(SessionEnd::Error(e)),
         };
         if let Err(e) = lease.localize() {
             return Some(SessionEnd::Error(ClientError::new(
@@ -193,7 +295,13 @@ impl Client {
             )));
         }
         self.idle_timeout = Some(lease.settings.client_idle_timeout);
-        match relay::run(self, buf, lease).await {
+        let end = relay::run(self, buf, lease).await;
+        if may_write {
+            // After the transaction's last reply: any check of the primary
+            // taken from now on sees its commit.
+            self.last_write = Some(std::time::Instant::now());
+        }
+        match end {
             RelayEnd::Released => None,
             RelayEnd::ClientLeft => Some(SessionEnd::ClientLeft),
             RelayEnd::Error(e) => Some(SessionEnd::Error(e)),
@@ -419,3 +527,19 @@ pub async fn run(client: &mut Client) -> SessionEnd {
 
 /// Timeout for best-effort cleanup queries (ROLLBACK, reset query).
 pub const CLEANUP_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// How often a held transaction looks for a primary.
+const HOLD_POLL: Duration = Duration::from_millis(50);
+
+/// The server could not be reached or is starting or stopping: what a
+/// failover or restart looks like from a pool.
+fn unreachable(e: &AcquireError) -> bool {
+    use crate::backend::login::LoginError as L;
+    match e {
+        AcquireError::Login(L::Connect { .. } | L::Timeout | L::Read(_)) => true,
+        AcquireError::Login(L::Rejected { code, .. }) | AcquireError::RecentFailure(code, _) => {
+            code.starts_with("08") || code.starts_with("57P")
+        }
+        _ => false,
+    }
+}

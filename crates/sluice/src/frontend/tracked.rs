@@ -149,10 +149,14 @@ pub(super) fn rewrite_client(
 ) -> Result<(), WireError> {
     loop {
         let mut terminated = false;
+        let cap = cycle.cap;
         let expected = &mut t.expected;
         let end = cycle
             .client_scan
             .scan(cbuf, 0, limit, rewritten, |tag, _| {
+                if cap.is_some_and(|c| cycle.req.sent() >= c) {
+                    return Visit::StopBefore;
+                }
                 // Replies owed are bounded too (Syncs during a COPY get
                 // none until it ends): past this, the client waits.
                 if rewritten(tag) || expected.len() >= EXPECTED_LIMIT {
@@ -188,6 +192,7 @@ pub(super) fn rewrite_client(
         if t.out.len() >= BUFFER_LIMIT
             || t.extra.len() >= BUFFER_LIMIT
             || t.expected.len() >= EXPECTED_LIMIT
+            || cycle.capped()
         {
             break;
         }

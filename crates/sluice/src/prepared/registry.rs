@@ -20,6 +20,9 @@ pub struct Statement {
     /// What running it may leave on a server (see `sql::effects`): a Bind
     /// of it counts as sending its text again.
     pub effects: super::sql::Effects,
+    /// Whether a transaction of only this statement may run on a replica
+    /// (classified on first use, then free).
+    pub read_only: std::sync::OnceLock<bool>,
 }
 
 /// One statement per id.
@@ -80,6 +83,7 @@ impl Registry {
             name: super::server_name(id).into_boxed_str(),
             text: text.clone(),
             effects,
+            read_only: std::sync::OnceLock::new(),
         });
         map.by_text.insert(text, Arc::downgrade(&statement));
         statement

@@ -44,7 +44,7 @@ pub fn unhealthy(app: &App) -> Option<String> {
     if app.control.is_paused("") {
         return Some("paused".into());
     }
-    app.pools()
+    app.main_pools()
         .iter()
         .find(|p| p.is_failing())
         .map(|p| format!("no reachable server for {}/{}", p.database, p.user))

@@ -87,7 +87,7 @@ fn histogram(
 impl prometheus_client::collector::Collector for SluiceCollector {
     fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
         let app = &self.0;
-        let mut pools = app.pools();
+        let mut pools = app.main_pools();
         pools.sort_by(|a, b| (&a.database, &a.user).cmp(&(&b.database, &b.user)));
         let snapshots: Vec<_> = pools
             .iter()
@@ -295,6 +295,7 @@ impl prometheus_client::collector::Collector for SluiceCollector {
              WITH HOLD cursors, session advisory locks), by reason",
             &series,
         )?;
+        hosts(&mut encoder, app)?;
         gauge(
             &mut encoder,
             "sluice_paused",
@@ -303,6 +304,78 @@ impl prometheus_client::collector::Collector for SluiceCollector {
         )?;
         process(&mut encoder)
     }
+}
+
+/// The hosts of databases that route reads (SHOW HOSTS), and where their
+/// reads went.
+fn hosts(encoder: &mut DescriptorEncoder, app: &App) -> std::fmt::Result {
+    let topologies = app.topologies();
+    let mut up = Vec::new();
+    let mut lag_bytes = Vec::new();
+    let mut lag_seconds = Vec::new();
+    let mut routed = Vec::new();
+    let rows: Vec<(String, Vec<crate::backend::topology::HostState>)> = topologies
+        .iter()
+        .map(|t| (t.database.clone(), t.hosts()))
+        .collect();
+    let addrs: Vec<Vec<String>> = rows
+        .iter()
+        .map(|(_, hs)| hs.iter().map(|h| h.addr.to_string()).collect())
+        .collect();
+    for ((db, hs), addrs) in rows.iter().zip(&addrs) {
+        for (h, addr) in hs.iter().zip(addrs) {
+            let labels: Labels = vec![
+                ("database", db.as_str()),
+                ("host", addr.as_str()),
+                ("role", h.role.name()),
+            ];
+            let is_up = h.health == crate::backend::topology::Health::Up;
+            up.push((labels.clone(), f64::from(u8::from(is_up))));
+            if let Some(b) = h.lag_bytes {
+                lag_bytes.push((labels.clone(), b as f64));
+            }
+            if let Some(t) = h.lag {
+                lag_seconds.push((labels, t.as_secs_f64()));
+            }
+        }
+    }
+    for t in &topologies {
+        use std::sync::atomic::Ordering::Relaxed;
+        routed.push((
+            vec![("database", t.database.as_str()), ("to", "replica")],
+            t.reads_on_replicas.load(Relaxed) as f64,
+        ));
+        routed.push((
+            vec![("database", t.database.as_str()), ("to", "primary")],
+            t.reads_on_primary.load(Relaxed) as f64,
+        ));
+    }
+    gauge(
+        encoder,
+        "sluice_host_up",
+        "1 while a host of a database that routes reads passes its checks",
+        &up,
+    )?;
+    gauge(
+        encoder,
+        "sluice_host_lag_bytes",
+        "WAL bytes a host has yet to replay, behind the primary's newest sample",
+        &lag_bytes,
+    )?;
+    gauge(
+        encoder,
+        "sluice_host_lag_seconds",
+        "How far a host's replay is behind the primary in time (upper bound, within one \
+         health_check_period)",
+        &lag_seconds,
+    )?;
+    counter(
+        encoder,
+        "sluice_read_transactions",
+        "Transactions classified as reads, by where they ran (the primary when no replica was \
+         up and within the lag limits)",
+        &routed,
+    )
 }
 
 /// Standard process metrics from /proc/self.

@@ -1,0 +1,136 @@
+//! The health, role and replay-position check of each host of a database
+//! that routes reads: one task per host on a worker, one connection kept
+//! open, one query every `health_check_period`, each bounded by
+//! `health_check_timeout`. Results go to the database's `Topology`; role
+//! and health changes are logged, and the database's pools follow the
+//! primary.
+
+use std::sync::{Arc, Weak};
+use std::time::{Duration, Instant};
+
+use super::login::{self, LoginError};
+use super::pool::Pool;
+use super::server::ServerConn;
+use super::topology::{Change, Sample, Topology, parse_lsn};
+
+/// Role, replay (or insert) position and timeline in one round trip. The
+/// timeline of a replica is only visible to pg_read_all_stats members.
+const CHECK_SQL: &str = "select pg_is_in_recovery(), \
+     case when pg_is_in_recovery() then pg_last_wal_replay_lsn() \
+     else pg_current_wal_insert_lsn() end, \
+     case when pg_is_in_recovery() then (select received_tli from pg_stat_wal_receiver) \
+     else ('x' || substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8))::bit(32)::int end";
+
+/// What a check task needs from the daemon, without importing it.
+pub trait MonitorHost: Send + Sync + 'static {
+    /// (period, timeout, threshold) as configured now.
+    fn check_settings(&self) -> (Duration, Duration, u32);
+    /// Whether the daemon is shutting down.
+    fn stopping(&self) -> bool;
+    /// The checks changed something (role or health): pools may need to
+    /// follow the primary.
+    fn topology_changed(&self, topology: &Arc<Topology>);
+}
+
+/// Starts one check task per host of `topology`, logging in as `pool`
+/// does. Each ends when the topology or the pool is dropped.
+pub fn start(
+    host: Arc<dyn MonitorHost>,
+    topology: &Arc<Topology>,
+    pool: &Arc<Pool>,
+    spawn: impl Fn(std::pin::Pin<Box<dyn Future<Output = ()> + Send>>),
+) {
+    for i in 0..topology.len() {
+        spawn(Box::pin(watch(
+            host.clone(),
+            Arc::downgrade(topology),
+            Arc::downgrade(pool),
+            i,
+        )));
+    }
+}
+
+async fn watch(host: Arc<dyn MonitorHost>, topology: Weak<Topology>, pool: Weak<Pool>, i: usize) {
+    let mut conn: Option<Box<ServerConn>> = None;
+    loop {
+        let (period, timeout, threshold) = host.check_settings();
+        let (Some(topo), Some(p)) = (topology.upgrade(), pool.upgrade()) else {
+            return;
+        };
+        if host.stopping() {
+            return;
+        }
+        let Some(addr) = topo.hosts().get(i).map(|h| h.addr.clone()) else {
+            return;
+        };
+        let (target, credential) = p.target_and_credential();
+        drop(p);
+        let mut target = (*target).clone();
+        target.addr = addr;
+        target.connect_timeout = timeout;
+        target.connect_query = None;
+        let at = Instant::now();
+        let result = tokio::time::timeout(timeout, check(&mut conn, &target, &credential))
+            .await
+            .unwrap_or_else(|_| Err("check timed out".to_owned()));
+        if result.is_err() {
+            conn = None;
+        }
+        let changes = topo.record(i, result, at, threshold);
+        if !changes.is_empty() {
+            let h = topo.hosts().into_iter().nth(i);
+            for change in &changes {
+                let (addr, why) = h
+                    .as_ref()
+                    .map(|h| (h.addr.to_string(), h.last_error.clone().unwrap_or_default()))
+                    .unwrap_or_default();
+                match change {
+                    Change::Role(from, to) => tracing::warn!(
+                        db = %topo.database, host = %addr,
+                        "host role: {} -> {}", from.name(), to.name()
+                    ),
+                    Change::Health(from, to) => tracing::warn!(
+                        db = %topo.database, host = %addr,
+                        "host state: {} -> {} {why}", from.name(), to.name()
+                    ),
+                }
+            }
+        }
+        host.topology_changed(&topo);
+        drop(topo);
+        let spent = at.elapsed();
+        tokio::time::sleep(period.saturating_sub(spent).max(Duration::from_millis(10))).await;
+    }
+}
+
+/// One check on the kept connection (opened first if there is none).
+async fn check(
+    conn: &mut Option<Box<ServerConn>>,
+    target: &super::target::ServerTarget,
+    credential: &super::target::ServerCredential,
+) -> Result<Sample, String> {
+    if conn.is_none() {
+        let (server, _) = login::open(target, credential)
+            .await
+            .map_err(|e: LoginError| e.to_string())?;
+        *conn = Some(server);
+    }
+    let Some(server) = conn.as_mut() else {
+        return Err("no connection".to_owned());
+    };
+    let rows = login::run_query_rows(server, CHECK_SQL)
+        .await
+        .map_err(|e| e.to_string())?;
+    let row = rows.first().ok_or("the check returned no row")?;
+    let text = |k: usize| row.get(k).and_then(|v| v.as_deref());
+    let in_recovery = match text(0) {
+        Some("t") => true,
+        Some("f") => false,
+        other => return Err(format!("unexpected pg_is_in_recovery(): {other:?}")),
+    };
+    Ok(Sample {
+        in_recovery,
+        lsn: text(1).and_then(parse_lsn),
+        timeline: text(2).and_then(|t| t.parse().ok()),
+    })
+}

@@ -1,0 +1,450 @@
+//! What sluice knows of the servers behind one database entry: each host's
+//! role, health and replay position, and how far each replica lags behind
+//! the primary in bytes and in time. Pure state, fed by `monitor` samples
+//! and read by the router when a transaction may go to a replica.
+//!
+//! Lag in time is measured honestly: the primary's WAL position is sampled
+//! every check period and kept with its time; a replica that has replayed
+//! up to position P lags by the time since the last primary sample at or
+//! before P (an upper bound, within one period). An idle primary writes no
+//! WAL, so a caught-up replica of an idle primary lags 0, not "time since
+//! the last transaction".
+
+use std::collections::VecDeque;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant, SystemTime};
+
+use super::target::ServerAddr;
+
+/// Primary samples kept for the lag-in-time estimate.
+const HISTORY: usize = 2048;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Role {
+    Unknown,
+    Primary,
+    Replica,
+}
+
+impl Role {
+    pub fn name(self) -> &'static str {
+        match self {
+            Role::Unknown => "unknown",
+            Role::Primary => "primary",
+            Role::Replica => "replica",
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Health {
+    /// Not checked yet.
+    Unknown,
+    Up,
+    /// Out of rotation until `threshold` checks in a row pass.
+    Down,
+}
+
+impl Health {
+    pub fn name(self) -> &'static str {
+        match self {
+            Health::Unknown => "unknown",
+            Health::Up => "up",
+            Health::Down => "down",
+        }
+    }
+}
+
+/// One check's result.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Sample {
+    pub in_recovery: bool,
+    /// Primary: current WAL insert position; replica: last replayed.
+    pub lsn: Option<u64>,
+    pub timeline: Option<u32>,
+}
+
+/// What is known of one host.
+#[derive(Debug, Clone)]
+pub struct HostState {
+    pub addr: ServerAddr,
+    pub role: Role,
+    pub health: Health,
+    pub timeline: Option<u32>,
+    pub lsn: Option<u64>,
+    pub lag_bytes: Option<u64>,
+    pub lag: Option<Duration>,
+    pub last_check: Option<SystemTime>,
+    pub last_error: Option<String>,
+    fails: u32,
+    passes: u32,
+}
+
+impl HostState {
+    fn new(addr: ServerAddr) -> Self {
+        Self {
+            addr,
+            role: Role::Unknown,
+            health: Health::Unknown,
+            timeline: None,
+            lsn: None,
+            lag_bytes: None,
+            lag: None,
+            last_check: None,
+            last_error: None,
+            fails: 0,
+            passes: 0,
+        }
+    }
+}
+
+/// A change worth a log line.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Change {
+    Health(Health, Health),
+    Role(Role, Role),
+}
+
+/// Limits a replica must meet to serve reads.
+#[derive(Debug, Clone, Copy)]
+pub struct LagLimits {
+    pub bytes: u64,
+    pub time: Duration,
+}
+
+/// The hosts of one database entry.
+pub struct Topology {
+    pub database: String,
+    state: Mutex<State>,
+    next: AtomicU64,
+    /// Transactions routed to a replica, and reads that went to the
+    /// primary because no replica qualified.
+    pub reads_on_replicas: AtomicU64,
+    pub reads_on_primary: AtomicU64,
+}
+
+struct State {
+    hosts: Vec<HostState>,
+    /// (time, position) of primary samples, oldest first.
+    primary_history: VecDeque<(Instant, u64)>,
+}
+
+impl Topology {
+    pub fn new(database: String, addrs: Vec<ServerAddr>) -> Self {
+        Self {
+            database,
+            state: Mutex::new(State {
+                hosts: addrs.into_iter().map(HostState::new).collect(),
+                primary_history: VecDeque::new(),
+            }),
+            next: AtomicU64::new(0),
+            reads_on_replicas: AtomicU64::new(0),
+            reads_on_primary: AtomicU64::new(0),
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    pub fn hosts(&self) -> Vec<HostState> {
+        self.lock().hosts.clone()
+    }
+
+    pub fn len(&self) -> usize {
+        self.lock().hosts.len()
+    }
+
+    /// Records a check of host `i` taken at `at` (`Err`: it failed, with
+    /// why); returns what changed.
+    pub fn record(
+        &self,
+        i: usize,
+        result: Result<Sample, String>,
+        at: Instant,
+        threshold: u32,
+    ) -> Vec<Change> {
+        let mut st = self.lock();
+        let State {
+            hosts,
+            primary_history,
+        } = &mut *st;
+        let Some(host) = hosts.get_mut(i) else {
+            return Vec::new();
+        };
+        let mut changes = Vec::new();
+        let before = host.health;
+        host.last_check = Some(SystemTime::now());
+        match result {
+            Err(why) => {
+                host.last_error = Some(why);
+                host.passes = 0;
+                host.fails = host.fails.saturating_add(1);
+                if before != Health::Down && host.fails >= threshold.max(1) {
+                    host.health = Health::Down;
+                }
+            }
+            Ok(sample) => {
+                host.last_error = None;
+                host.fails = 0;
+                host.passes = host.passes.saturating_add(1);
+                if before == Health::Unknown
+                    || (before == Health::Down && host.passes >= threshold.max(1))
+                {
+                    host.health = Health::Up;
+                }
+                let role = if sample.in_recovery {
+                    Role::Replica
+                } else {
+                    Role::Primary
+                };
+                if role != host.role {
+                    changes.push(Change::Role(host.role, role));
+                    host.role = role;
+                }
+                host.timeline = sample.timeline.or(host.timeline);
+                host.lsn = sample.lsn;
+                if role == Role::Primary {
+                    host.lag_bytes = Some(0);
+                    host.lag = Some(Duration::ZERO);
+                    if let Some(lsn) = sample.lsn
+                        && primary_history.back().is_none_or(|&(_, l)| lsn >= l)
+                    {
+                        if primary_history.len() >= HISTORY {
+                            primary_history.pop_front();
+                        }
+                        primary_history.push_back((at, lsn));
+                    }
+                } else {
+                    let (bytes, lag) = match sample.lsn {
+                        Some(replayed) => lag_of(primary_history, replayed, at),
+                        None => (None, None),
+                    };
+                    host.lag_bytes = bytes;
+                    host.lag = lag;
+                }
+            }
+        }
+        if host.health != before {
+            changes.push(Change::Health(before, host.health));
+        }
+        changes
+    }
+
+    /// The one primary that is up (on the newest timeline when several
+    /// claim it; none when that is still ambiguous).
+    pub fn primary(&self) -> Option<(usize, ServerAddr)> {
+        let st = self.lock();
+        let mut best: Option<(usize, &HostState)> = None;
+        let mut tie = false;
+        for (i, h) in st.hosts.iter().enumerate() {
+            if h.role != Role::Primary || h.health != Health::Up {
+                continue;
+            }
+            match best {
+                None => best = Some((i, h)),
+                Some((_, b)) if h.timeline > b.timeline => {
+                    best = Some((i, h));
+                    tie = false;
+                }
+                Some((_, b)) if h.timeline == b.timeline => tie = true,
+                Some(_) => {}
+            }
+        }
+        if tie {
+            return None;
+        }
+        best.map(|(i, h)| (i, h.addr.clone()))
+    }
+
+    /// The primary's position at its first check taken after `t`: every
+    /// transaction committed before `t` is at or below it. `None` until
+    /// such a check has come back.
+    pub fn primary_lsn_after(&self, t: Instant) -> Option<u64> {
+        let st = self.lock();
+        let i = st.primary_history.partition_point(|&(at, _)| at <= t);
+        st.primary_history.get(i).map(|&(_, lsn)| lsn)
+    }
+
+    /// A replica that may serve a read now: up, within `limits`, and
+    /// replayed up to `min_lsn` if given; round robin among those that
+    /// qualify.
+    pub fn pick_replica(&self, limits: LagLimits, min_lsn: Option<u64>) -> Option<usize> {
+        let st = self.lock();
+        let ok: Vec<usize> = st
+            .hosts
+            .iter()
+            .enumerate()
+            .filter(|(_, h)| {
+                h.role == Role::Replica
+                    && h.health == Health::Up
+                    && h.lag_bytes.is_some_and(|b| b <= limits.bytes)
+                    && h.lag.is_some_and(|t| t <= limits.time)
+                    && min_lsn.is_none_or(|min| h.lsn.is_some_and(|l| l >= min))
+            })
+            .map(|(i, _)| i)
+            .collect();
+        if ok.is_empty() {
+            return None;
+        }
+        let n = self.next.fetch_add(1, Ordering::Relaxed);
+        ok.get((n % ok.len() as u64) as usize).copied()
+    }
+}
+
+/// Lag of a replica that replayed up to `replayed`, from the primary's
+/// samples: bytes behind the newest, and the time since the last sample
+/// the replica had caught up with (`None` before any primary sample).
+fn lag_of(
+    history: &VecDeque<(Instant, u64)>,
+    replayed: u64,
+    now: Instant,
+) -> (Option<u64>, Option<Duration>) {
+    let Some(&(_, newest)) = history.back() else {
+        return (None, None);
+    };
+    if replayed >= newest {
+        return (Some(0), Some(Duration::ZERO));
+    }
+    let bytes = newest - replayed;
+    // The first sample beyond what was replayed: the replica has
+    // everything up to the sample before it.
+    let beyond = history.partition_point(|&(_, lsn)| lsn <= replayed);
+    let since = match beyond.checked_sub(1).and_then(|i| history.get(i)) {
+        Some(&(t, _)) => t,
+        // Behind everything kept: at least as old as the oldest sample.
+        None => history.front().map_or(now, |&(t, _)| t),
+    };
+    (Some(bytes), Some(now.saturating_duration_since(since)))
+}
+
+/// Parses PostgreSQL's text form of an LSN (`16/B374D848`).
+pub fn parse_lsn(text: &str) -> Option<u64> {
+    let (hi, lo) = text.split_once('/')?;
+    let hi = u64::from_str_radix(hi, 16).ok()?;
+    let lo = u64::from_str_radix(lo, 16).ok()?;
+    (hi <= u64::from(u32::MAX) && lo <= u64::from(u32::MAX)).then_some(hi << 32 | lo)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn addr(port: u16) -> ServerAddr {
+        ServerAddr::Tcp {
+            host: "h".into(),
+            port,
+        }
+    }
+
+    fn sample(in_recovery: bool, lsn: u64) -> Result<Sample, String> {
+        Ok(Sample {
+            in_recovery,
+            lsn: Some(lsn),
+            timeline: Some(1),
+        })
+    }
+
+    const LIMITS: LagLimits = LagLimits {
+        bytes: 1000,
+        time: Duration::from_secs(1),
+    };
+
+    #[test]
+    fn lsn_text() {
+        assert_eq!(parse_lsn("0/3000060"), Some(0x3000060));
+        assert_eq!(parse_lsn("16/B374D848"), Some(0x16_B374_D848));
+        assert_eq!(parse_lsn("x/1"), None);
+        assert_eq!(parse_lsn("1"), None);
+    }
+
+    #[test]
+    fn lag_in_time_counts_from_the_last_sample_caught_up_with() {
+        let t = Topology::new("db".into(), vec![addr(1), addr(2)]);
+        let t0 = Instant::now();
+        t.record(0, sample(false, 100), t0, 3);
+        t.record(0, sample(false, 200), t0 + Duration::from_millis(250), 3);
+        t.record(0, sample(false, 300), t0 + Duration::from_millis(500), 3);
+        // Replayed 200: has what existed at 250 ms, not what came by 500.
+        t.record(1, sample(true, 200), t0 + Duration::from_millis(600), 3);
+        let r = &t.hosts()[1];
+        assert_eq!(r.role, Role::Replica);
+        assert_eq!(r.lag_bytes, Some(100));
+        assert_eq!(r.lag, Some(Duration::from_millis(350)));
+        // Caught up: no lag, however long the primary has been idle.
+        t.record(1, sample(true, 300), t0 + Duration::from_secs(60), 3);
+        assert_eq!(t.hosts()[1].lag, Some(Duration::ZERO));
+        assert_eq!(t.pick_replica(LIMITS, None), Some(1));
+    }
+
+    #[test]
+    fn a_lagging_or_failing_replica_is_not_picked() {
+        let t = Topology::new("db".into(), vec![addr(1), addr(2)]);
+        let t0 = Instant::now();
+        t.record(0, sample(false, 5000), t0, 3);
+        t.record(1, sample(true, 100), t0, 3);
+        assert_eq!(t.pick_replica(LIMITS, None), None, "4900 bytes behind");
+        t.record(1, sample(true, 5000), t0, 3);
+        assert_eq!(t.pick_replica(LIMITS, None), Some(1));
+        // Down only after `threshold` failures in a row, back after as
+        // many passes.
+        t.record(1, Err("x".into()), t0, 3);
+        t.record(1, Err("x".into()), t0, 3);
+        assert_eq!(t.pick_replica(LIMITS, None), Some(1));
+        let changes = t.record(1, Err("x".into()), t0, 3);
+        assert_eq!(changes, [Change::Health(Health::Up, Health::Down)]);
+        assert_eq!(t.pick_replica(LIMITS, None), None);
+        t.record(1, sample(true, 5000), t0, 3);
+        t.record(1, sample(true, 5000), t0, 3);
+        assert_eq!(t.pick_replica(LIMITS, None), None, "hysteresis");
+        t.record(1, sample(true, 5000), t0, 3);
+        assert_eq!(t.pick_replica(LIMITS, None), Some(1));
+    }
+
+    #[test]
+    fn reads_after_a_write_wait_for_a_replica_past_it() {
+        let t = Topology::new("db".into(), vec![addr(1), addr(2)]);
+        let t0 = Instant::now();
+        t.record(0, sample(false, 100), t0, 3);
+        t.record(1, sample(true, 100), t0, 3);
+        let wrote = t0 + Duration::from_millis(10);
+        assert_eq!(t.primary_lsn_after(wrote), None, "no check since the write");
+        t.record(0, sample(false, 180), t0 + Duration::from_millis(250), 3);
+        assert_eq!(t.primary_lsn_after(wrote), Some(180));
+        assert_eq!(t.pick_replica(LIMITS, Some(180)), None, "replayed 100");
+        t.record(1, sample(true, 180), t0 + Duration::from_millis(260), 3);
+        assert_eq!(t.pick_replica(LIMITS, Some(180)), Some(1));
+    }
+
+    #[test]
+    fn two_primaries_on_one_timeline_make_none() {
+        let t = Topology::new("db".into(), vec![addr(1), addr(2)]);
+        let t0 = Instant::now();
+        t.record(0, sample(false, 1), t0, 3);
+        assert_eq!(t.primary().map(|p| p.0), Some(0));
+        t.record(1, sample(false, 1), t0, 3);
+        assert_eq!(t.primary(), None, "split brain: no writes anywhere");
+        t.record(
+            1,
+            Ok(Sample {
+                in_recovery: false,
+                lsn: Some(2),
+                timeline: Some(2),
+            }),
+            t0,
+            3,
+        );
+        assert_eq!(t.primary().map(|p| p.0), Some(1), "the newest timeline");
+    }
+
+    #[test]
+    fn a_role_change_is_reported() {
+        let t = Topology::new("db".into(), vec![addr(1)]);
+        let t0 = Instant::now();
+        let first = t.record(0, sample(true, 1), t0, 3);
+        assert!(first.contains(&Change::Role(Role::Unknown, Role::Replica)));
+        let promoted = t.record(0, sample(false, 2), t0, 3);
+        assert_eq!(promoted, [Change::Role(Role::Replica, Role::Primary)]);
+    }
+}

@@ -1,0 +1,177 @@
+//! Where the transaction a client is starting may run, decided from the
+//! bytes it has sent before sluice takes a server: a replica only when the
+//! whole request is visible and provably reads (a simple Query, or an
+//! extended-protocol batch up to its Sync whose every statement reads),
+//! or when it starts a READ ONLY transaction, which PostgreSQL itself keeps
+//! from writing. Anything else, incomplete or unknown goes to the primary.
+
+use std::sync::{Arc, LazyLock};
+
+use sluice_router::{Classifier, Route};
+use sluice_wire::tags::frontend as f;
+
+use crate::prepared::registry::Statement;
+
+/// The classifier with PostgreSQL's built-in read-only functions.
+static CLASSIFIER: LazyLock<Classifier> = LazyLock::new(Classifier::default);
+
+/// Messages of one batch looked at before giving up (to the primary).
+const BATCH_LIMIT: usize = 64;
+
+/// Route of one statement text: a hint in it wins.
+fn of_text(text: &[u8]) -> Route {
+    sluice_router::hint(text).unwrap_or_else(|| CLASSIFIER.classify(text))
+}
+
+/// Route of a prepared statement, classified once.
+fn of_statement(statement: &Statement) -> Route {
+    let read = *statement
+        .read_only
+        .get_or_init(|| of_text(statement.query()) == Route::Replica);
+    if read { Route::Replica } else { Route::Primary }
+}
+
+/// The route of the request at the start of `buf`; `named` finds a
+/// client's prepared statement by name.
+pub fn request(buf: &[u8], named: impl Fn(&[u8]) -> Option<Arc<Statement>>) -> Route {
+    let mut pos = 0;
+    // Statements parsed earlier in this batch: (name, route).
+    let mut parsed: Vec<(&[u8], Route)> = Vec::new();
+    for _ in 0..BATCH_LIMIT {
+        let Some((tag, body)) = message(buf.get(pos..).unwrap_or(&[])) else {
+            return Route::Primary; // incomplete: not all of it is known
+        };
+        pos += 5 + body.len();
+        match tag {
+            f::QUERY if pos == 5 + body.len() => {
+                return of_text(body.strip_suffix(b"\0").unwrap_or(body));
+            }
+            f::PARSE => {
+                let Some((name, rest)) = cstr(body) else {
+                    return Route::Primary;
+                };
+                let text = rest.split(|&b| b == 0).next().unwrap_or(&[]);
+                let route = of_text(text);
+                if route == Route::Primary {
+                    return Route::Primary;
+                }
+                parsed.retain(|(n, _)| *n != name);
+                parsed.push((name, route));
+            }
+            f::BIND => {
+                let Some((_, rest)) = cstr(body) else {
+                    return Route::Primary;
+                };
+                let Some((statement, _)) = cstr(rest) else {
+                    return Route::Primary;
+                };
+                let route = match parsed.iter().rev().find(|(n, _)| *n == statement) {
+                    Some((_, r)) => *r,
+                    None if statement.is_empty() => Route::Primary,
+                    None => named(statement).map_or(Route::Primary, |s| of_statement(&s)),
+                };
+                if route == Route::Primary {
+                    return Route::Primary;
+                }
+            }
+            f::DESCRIBE | f::EXECUTE | f::FLUSH | f::CLOSE => {}
+            f::SYNC if !parsed.is_empty() || pos > 5 => return Route::Replica,
+            _ => return Route::Primary,
+        }
+    }
+    Route::Primary
+}
+
+/// One whole message at the start of `buf`: (type, body).
+fn message(buf: &[u8]) -> Option<(u8, &[u8])> {
+    let tag = *buf.first()?;
+    let len = i32::from_be_bytes(buf.get(1..5)?.try_into().ok()?);
+    let len = usize::try_from(len).ok()?.checked_sub(4)?;
+    Some((tag, buf.get(5..5 + len)?))
+}
+
+/// A NUL-terminated string and what follows it.
+fn cstr(body: &[u8]) -> Option<(&[u8], &[u8])> {
+    let end = body.iter().position(|&b| b == 0)?;
+    Some((&body[..end], &body[end + 1..]))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn msg(tag: u8, body: &[u8]) -> Vec<u8> {
+        let mut out = vec![tag];
+        out.extend_from_slice(&(body.len() as i32 + 4).to_be_bytes());
+        out.extend_from_slice(body);
+        out
+    }
+
+    fn query(sql: &str) -> Vec<u8> {
+        msg(f::QUERY, format!("{sql}\0").as_bytes())
+    }
+
+    fn parse(name: &str, sql: &str) -> Vec<u8> {
+        msg(f::PARSE, format!("{name}\0{sql}\0\0\0").as_bytes())
+    }
+
+    fn bind(statement: &str) -> Vec<u8> {
+        msg(f::BIND, format!("\0{statement}\0\0\0\0\0\0\0").as_bytes())
+    }
+
+    fn batch(parts: &[Vec<u8>]) -> Vec<u8> {
+        parts.concat()
+    }
+
+    fn none(_: &[u8]) -> Option<Arc<Statement>> {
+        None
+    }
+
+    #[test]
+    fn simple_queries() {
+        assert_eq!(request(&query("select 1"), none), Route::Replica);
+        assert_eq!(request(&query("delete from t"), none), Route::Primary);
+        assert_eq!(
+            request(&query("/* sluice: primary */ select 1"), none),
+            Route::Primary
+        );
+        // Incomplete: primary.
+        let q = query("select 1");
+        assert_eq!(request(&q[..q.len() - 1], none), Route::Primary);
+    }
+
+    #[test]
+    fn an_extended_batch_reads_only_if_every_statement_reads() {
+        let exec = msg(f::EXECUTE, b"\0\0\0\0\0");
+        let sync = msg(f::SYNC, b"");
+        let reads = batch(&[parse("", "select 1"), bind(""), exec.clone(), sync.clone()]);
+        assert_eq!(request(&reads, none), Route::Replica);
+        let mixed = batch(&[
+            parse("", "select 1"),
+            bind(""),
+            exec.clone(),
+            parse("", "insert into t values (1)"),
+            bind(""),
+            exec.clone(),
+            sync.clone(),
+        ]);
+        assert_eq!(request(&mixed, none), Route::Primary);
+        // No Sync yet: more may follow.
+        let open = batch(&[parse("", "select 1"), bind(""), exec.clone()]);
+        assert_eq!(request(&open, none), Route::Primary);
+        // A Bind of an unknown name, or of the unnamed statement not
+        // parsed here: primary.
+        let unknown = batch(&[bind("s1"), exec.clone(), sync.clone()]);
+        assert_eq!(request(&unknown, none), Route::Primary);
+        let unnamed = batch(&[bind(""), exec, sync]);
+        assert_eq!(request(&unnamed, none), Route::Primary);
+    }
+
+    #[test]
+    fn garbage_goes_to_the_primary() {
+        assert_eq!(request(b"", none), Route::Primary);
+        assert_eq!(request(&[b'Q', 0, 0, 0, 1], none), Route::Primary);
+        assert_eq!(request(&msg(b'P', b"no-nul"), none), Route::Primary);
+        assert_eq!(request(&msg(f::SYNC, b""), none), Route::Primary);
+    }
+}

@@ -1,0 +1,449 @@
+//! Read routing (issue 10, first part) against a real primary and a real
+//! streaming replica: reads go to the replica, writes and anything not
+//! provably a read to the primary; a replica that lags past the limits
+//! gets no reads until it catches up; SHOW HOSTS tells roles, state and
+//! lag; a cancel reaches the replica a query runs on; with routing off a
+//! host list behaves as PgBouncer's (the first host).
+
+use std::time::{Duration, Instant};
+
+use sluice_testkit::Cluster;
+use sluice_tests::*;
+use tokio_postgres::{Client, NoTls, SimpleQueryMessage};
+
+/// A primary with a table the app may write, and a replica of it.
+fn primary_and_replica() -> (Cluster, Cluster) {
+    let primary = app_cluster(ServerAuth::Trust);
+    primary
+        .psql(
+            "postgres",
+            &format!(
+                "create table items (id int primary key, note text); \
+                 grant all on items to {APP_USER}; \
+                 create sequence seq; grant all on seq to {APP_USER}"
+            ),
+        )
+        .expect("schema");
+    let replica = primary.start_replica().expect("start a streaming replica");
+    (primary, replica)
+}
+
+/// sluice in transaction mode with `postgres` on both hosts.
+fn routed(
+    primary: &Cluster,
+    replica: &Cluster,
+    extra: &str,
+    sluice: &[(&str, &str)],
+) -> SluiceProcess {
+    let entry = format!(
+        "host={h},{h} port={p},{r} dbname=postgres {extra}",
+        h = primary.host(),
+        p = primary.port(),
+        r = replica.port()
+    );
+    let mut builder = ConfigBuilder::new()
+        .database("postgres", entry.trim_end())
+        .set("pool_mode", "transaction")
+        .set("default_pool_size", "4")
+        .set("admin_users", APP_USER);
+    for (k, v) in sluice {
+        builder = builder.sluice(k, v);
+    }
+    builder.start()
+}
+
+async fn console_rows(sluice: &SluiceProcess, command: &str) -> Vec<Vec<Option<String>>> {
+    let admin = connect_as(sluice.port(), APP_USER, "pgbouncer").await;
+    let messages = admin.simple_query(command).await.expect(command);
+    messages
+        .into_iter()
+        .filter_map(|m| match m {
+            SimpleQueryMessage::Row(r) => {
+                Some((0..r.len()).map(|i| r.get(i).map(str::to_owned)).collect())
+            }
+            _ => None,
+        })
+        .collect()
+}
+
+/// SHOW HOSTS rows as (port, role, state, lag_bytes).
+async fn hosts(sluice: &SluiceProcess) -> Vec<(String, String, String, Option<u64>)> {
+    console_rows(sluice, "SHOW HOSTS")
+        .await
+        .into_iter()
+        .map(|r| {
+            let s = |i: usize| r.get(i).cloned().flatten().unwrap_or_default();
+            (s(2), s(3), s(4), s(5).parse().ok())
+        })
+        .collect()
+}
+
+/// Waits until SHOW HOSTS shows the primary and the replica up, the
+/// replica's lag measured (until then reads stay on the primary). The
+/// checks log in as the database's first client does, so one logs in
+/// first.
+async fn wait_for_roles(sluice: &SluiceProcess, primary: &Cluster, replica: &Cluster) {
+    let first = connect_as(sluice.port(), APP_USER, "postgres").await;
+    scalar_text(&first, "select 1").await;
+    let want = [
+        (primary.port().to_string(), "primary"),
+        (replica.port().to_string(), "replica"),
+    ];
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let now = hosts(sluice).await;
+        let ok = want.iter().all(|(port, role)| {
+            now.iter()
+                .any(|(p, r, s, lag)| p == port && r == role && s == "up" && lag.is_some())
+        });
+        if ok {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "hosts never showed their roles: {now:?}\n{}",
+            sluice.log_tail(30)
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+async fn in_recovery(client: &Client, sql: &str) -> bool {
+    scalar_text(client, sql).await == "t"
+}
+
+#[tokio::test]
+async fn reads_go_to_the_replica_and_everything_else_to_the_primary() {
+    let (primary, replica) = primary_and_replica();
+    // Read-your-writes (tested below) would send reads right after this
+    // test's writes to the primary.
+    let sluice = routed(
+        &primary,
+        &replica,
+        "route_reads=1",
+        &[("read_your_writes", "off")],
+    );
+    wait_for_roles(&sluice, &primary, &replica).await;
+    let client = connect_as(sluice.port(), APP_USER, "postgres").await;
+
+    // A simple-query read, and a read through the extended protocol
+    // (tokio-postgres prepares, then binds: both on the replica).
+    for _ in 0..5 {
+        assert!(
+            in_recovery(&client, "select pg_is_in_recovery()").await,
+            "a read ran on the primary"
+        );
+    }
+    let row = client
+        .query_one("select pg_is_in_recovery(), $1::int", &[&7i32])
+        .await
+        .expect("extended read");
+    assert!(
+        row.get::<_, bool>(0),
+        "an extended-protocol read ran on the primary"
+    );
+
+    // Writes, hints, transactions and unknown functions: the primary.
+    client
+        .execute("insert into items values (1, 'one')", &[])
+        .await
+        .expect("a write goes to the primary");
+    for sql in [
+        "/* sluice: primary */ select pg_is_in_recovery()",
+        "select pg_is_in_recovery(), nextval('seq')",
+        "select pg_is_in_recovery() from items for update",
+        "with x as (insert into items values (2, 'two') returning 1) select pg_is_in_recovery() from x",
+    ] {
+        assert!(
+            !in_recovery(&client, sql).await,
+            "{sql}: ran on the replica"
+        );
+    }
+    let tx_rows = client
+        .simple_query("begin; select pg_is_in_recovery(); commit")
+        .await
+        .expect("a transaction block");
+    let in_tx = tx_rows.iter().find_map(|m| match m {
+        SimpleQueryMessage::Row(r) => r.get(0).map(str::to_owned),
+        _ => None,
+    });
+    assert_eq!(
+        in_tx.as_deref(),
+        Some("f"),
+        "BEGIN (may write later) goes to the primary"
+    );
+    // A READ ONLY transaction may go to the replica.
+    let ro = client
+        .simple_query("begin read only; select pg_is_in_recovery(); commit")
+        .await
+        .expect("a read-only transaction");
+    let in_ro = ro.iter().find_map(|m| match m {
+        SimpleQueryMessage::Row(r) => r.get(0).map(str::to_owned),
+        _ => None,
+    });
+    assert_eq!(
+        in_ro.as_deref(),
+        Some("t"),
+        "BEGIN READ ONLY went to the primary"
+    );
+
+    // What was written is read back once the replica has it.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let n = scalar_text(&client, "select count(*) from items").await;
+        if n == "2" {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "replica never showed the writes ({n})"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+
+    let rows = hosts(&sluice).await;
+    assert!(
+        rows.iter()
+            .any(|(_, role, _, lag)| role == "replica" && lag.is_some()),
+        "SHOW HOSTS has the replica's lag: {rows:?}"
+    );
+}
+
+#[tokio::test]
+async fn a_replica_past_the_lag_limit_gets_no_reads_until_it_catches_up() {
+    let (primary, replica) = primary_and_replica();
+    let sluice = routed(
+        &primary,
+        &replica,
+        "route_reads=1",
+        &[
+            ("replica_max_lag_bytes", "4096"),
+            ("replica_max_lag", "0.5"),
+            // Only the lag keeps reads off the paused replica here.
+            ("read_your_writes", "off"),
+        ],
+    );
+    wait_for_roles(&sluice, &primary, &replica).await;
+    let client = connect_as(sluice.port(), APP_USER, "postgres").await;
+    assert!(in_recovery(&client, "select pg_is_in_recovery()").await);
+
+    let on_replica = superuser_connect(&replica, "postgres").await;
+    on_replica
+        .simple_query("select pg_wal_replay_pause()")
+        .await
+        .expect("pause replay");
+    client
+        .execute(
+            "insert into items select g, repeat('x', 200) from generate_series(1, 2000) g",
+            &[],
+        )
+        .await
+        .expect("write while replay is paused");
+    // Within a few check periods the replica is out of rotation.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        if !in_recovery(&client, "select pg_is_in_recovery()").await {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "a replica with paused replay kept getting reads: {:?}",
+            hosts(&sluice).await
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // No read sees the replica's stale state now.
+    for _ in 0..20 {
+        assert_eq!(
+            scalar_text(&client, "select count(*) from items").await,
+            "2000",
+            "a stale read from the paused replica"
+        );
+    }
+    on_replica
+        .simple_query("select pg_wal_replay_resume()")
+        .await
+        .expect("resume replay");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        if in_recovery(&client, "select pg_is_in_recovery()").await {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the replica never came back after catching up: {:?}",
+            hosts(&sluice).await
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[tokio::test]
+async fn a_cancel_reaches_the_replica_the_query_runs_on() {
+    let (primary, replica) = primary_and_replica();
+    let sluice = routed(&primary, &replica, "route_reads=1", &[]);
+    wait_for_roles(&sluice, &primary, &replica).await;
+    let client = connect_as(sluice.port(), APP_USER, "postgres").await;
+    let token = client.cancel_token();
+    let started = Instant::now();
+    let sleeper = tokio::spawn(async move {
+        let r = client
+            .simple_query("select pg_is_in_recovery(), pg_sleep(30)")
+            .await;
+        (r.map(|_| ()), client)
+    });
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    token.cancel_query(NoTls).await.expect("send cancel");
+    let (result, _client) = tokio::time::timeout(Duration::from_secs(10), sleeper)
+        .await
+        .expect("the cancelled query ends")
+        .expect("task");
+    let err = result.expect_err("pg_sleep(30) was cancelled");
+    assert_eq!(sqlstate(&err), Some("57014"), "{err}");
+    assert!(started.elapsed() < Duration::from_secs(10));
+}
+
+#[tokio::test]
+async fn without_route_reads_a_host_list_uses_the_first_host() {
+    let (primary, replica) = primary_and_replica();
+    let sluice = routed(&primary, &replica, "", &[]);
+    let client = connect_as(sluice.port(), APP_USER, "postgres").await;
+    for _ in 0..5 {
+        assert!(
+            !in_recovery(&client, "select pg_is_in_recovery()").await,
+            "routing is off by default"
+        );
+    }
+    assert!(
+        hosts(&sluice).await.is_empty(),
+        "no checks when routing is off"
+    );
+}
+
+/// The primary stops; a write issued while there is none waits, and runs
+/// on the replica once it is promoted. When the old primary comes back on
+/// its old timeline (split brain), writes stay on the newest timeline.
+#[tokio::test]
+async fn writes_wait_for_a_promoted_replica_instead_of_failing() {
+    let (primary, replica) = primary_and_replica();
+    let sluice = routed(
+        &primary,
+        &replica,
+        "route_reads=1",
+        &[("failover_hold", "30")],
+    );
+    wait_for_roles(&sluice, &primary, &replica).await;
+    let client = connect_as(sluice.port(), APP_USER, "postgres").await;
+    client
+        .execute("insert into items values (1, 'before')", &[])
+        .await
+        .expect("write before the failover");
+    primary.stop().expect("stop the primary");
+    let writer = tokio::spawn(async move {
+        let started = Instant::now();
+        let r = client
+            .execute("insert into items values (2, 'during')", &[])
+            .await;
+        (r, started.elapsed(), client)
+    });
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert!(
+        !writer.is_finished(),
+        "the write did not wait for a primary"
+    );
+    replica.promote().expect("promote the replica");
+    let (result, waited, client) = tokio::time::timeout(Duration::from_secs(40), writer)
+        .await
+        .expect("the held write ends")
+        .expect("task");
+    result.unwrap_or_else(|e| panic!("the held write failed: {e}\n{}", sluice.log_tail(30)));
+    assert!(waited < Duration::from_secs(30), "held {waited:?}");
+    let port = scalar_text(&client, "/* sluice: primary */ select inet_server_port()").await;
+    assert_eq!(
+        port,
+        replica.port().to_string(),
+        "writes follow the promoted replica"
+    );
+    assert_eq!(
+        scalar_text(&client, "/* sluice: primary */ select count(*) from items").await,
+        "2"
+    );
+    // The old primary comes back, still a primary, on the old timeline.
+    primary.start_again().expect("restart the old primary");
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    for _ in 0..10 {
+        let port = scalar_text(&client, "/* sluice: primary */ select inet_server_port()").await;
+        assert_eq!(
+            port,
+            replica.port().to_string(),
+            "a write went to the demoted primary: {:?}",
+            hosts(&sluice).await
+        );
+    }
+}
+
+/// Read-your-writes: a client writes a row and reads it back at once,
+/// 2,000 times, while replay on the replica is paused for a stretch: it
+/// never misses its own row. Reads that come once the replica has caught
+/// up with the client's last write go to the replica again.
+#[tokio::test]
+async fn a_client_always_reads_its_own_writes() {
+    let (primary, replica) = primary_and_replica();
+    let sluice = routed(&primary, &replica, "route_reads=1", &[]);
+    wait_for_roles(&sluice, &primary, &replica).await;
+    let client = connect_as(sluice.port(), APP_USER, "postgres").await;
+    let on_replica = superuser_connect(&replica, "postgres").await;
+    let (mut stale, mut on_replicas) = (0, 0);
+    for i in 0..2000 {
+        if i == 500 {
+            on_replica
+                .simple_query("select pg_wal_replay_pause()")
+                .await
+                .expect("pause replay");
+        }
+        if i == 1000 {
+            on_replica
+                .simple_query("select pg_wal_replay_resume()")
+                .await
+                .expect("resume replay");
+        }
+        client
+            .simple_query(&format!("insert into items values ({i}, 'w')"))
+            .await
+            .expect("write");
+        let rows = client
+            .simple_query(&format!(
+                "select count(*), pg_is_in_recovery() from items where id = {i}"
+            ))
+            .await
+            .expect("read back");
+        let (count, replica_read) = rows
+            .iter()
+            .find_map(|m| match m {
+                SimpleQueryMessage::Row(r) => {
+                    Some((r.get(0).unwrap_or("").to_owned(), r.get(1) == Some("t")))
+                }
+                _ => None,
+            })
+            .expect("a row");
+        if count != "1" {
+            stale += 1;
+        }
+        if replica_read {
+            on_replicas += 1;
+        }
+    }
+    println!(
+        "read-your-writes: 2000 reads right after a write, {stale} stale, {on_replicas} on the replica"
+    );
+    assert_eq!(stale, 0, "reads missed the client's own write");
+    // Once the replica has the last write, reads go there again.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !in_recovery(&client, "select pg_is_in_recovery()").await {
+        assert!(
+            Instant::now() < deadline,
+            "reads never went back to the replica"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
