@@ -14,7 +14,9 @@ Scripts (--script, a comma list; each runs its whole matrix, in the order given)
   tpcb    pgbench -n, the built-in TPC-B-like script: BEGIN, three UPDATEs, a SELECT,
           an INSERT, END.  It writes to pgbench's tables, never vacuumed here (-n).
 
-Targets (--targets): direct, sluice, sluice-base, pgbouncer, sluice-metrics.  sluice-base is
+Targets (--targets): direct, sluice, sluice-base, pgbouncer, sluice-metrics, sluice-routed.
+sluice-routed is sluice with a streaming replica behind the same entry and route_reads=1 (its
+report line gives cpu/tx routing on / off against sluice).  sluice-base is
 sluice started from $SLUICE_BASE_BIN with the same ini as sluice, to compare a change to
 sluice before (sluice-base) and after (sluice) in the same run on the same database; the
 report gives cpu/tx and tps of sluice / sluice-base per cell.  It is among the default
@@ -53,7 +55,9 @@ IDLE_CLIENTS = 10_000
 # sluice-metrics: sluice with metrics_addr set and /metrics scraped every
 # second during its runs, to show what the metrics cost (issue #3: within 3 %).
 # sluice-base: sluice from $SLUICE_BASE_BIN, the "before" of a before/after comparison.
-PROXIES = ("sluice", "sluice-base", "pgbouncer", "sluice-metrics")
+# sluice-routed: sluice with a streaming replica behind the same database
+# entry and route_reads on (issue 10: what routing costs per transaction).
+PROXIES = ("sluice", "sluice-base", "pgbouncer", "sluice-metrics", "sluice-routed")
 # pgbench's built-in scripts: what --script accepts.
 SCRIPTS = {
     "select": {"select_only": True, "pgbench": "-S (select-only), -n",
@@ -77,7 +81,8 @@ def parse_args(argv=None):
                     help="comma list of select (pgbench -S, the default), tpcb (pgbench's "
                          "TPC-B-like script); several run one after the other")
     ap.add_argument("--targets",
-                    help="comma list of direct,sluice,sluice-base,pgbouncer,sluice-metrics "
+                    help="comma list of direct,sluice,sluice-base,pgbouncer,sluice-metrics,"
+                         "sluice-routed "
                          "(default all but sluice-base, and sluice-base too when "
                          "SLUICE_BASE_BIN is set)")
     ap.add_argument("--skip-idle", action="store_true", help="skip the 10,000 idle clients test")
@@ -215,7 +220,8 @@ def main(argv=None) -> int:
         log(f"starting PostgreSQL (max_connections={MAX_CONNECTIONS}, reserved={RESERVED}, "
             f"pgbench scale {SCALE}) via {' '.join(pglab.testkit_cmd())} ...")
         cluster = lab.start_cluster(max_connections=MAX_CONNECTIONS, reserved=RESERVED,
-                                    scale=SCALE, auth="trust")
+                                    scale=SCALE, auth="trust",
+                                    replica="sluice-routed" in a.targets)
         result["cluster"] = {k: cluster.get(k) for k in ("host", "port", "superuser")}
         pg_port = int(cluster["port"])
         user = cluster.get("superuser") or "postgres"
@@ -245,10 +251,17 @@ def main(argv=None) -> int:
 
             metrics_port = pglab.free_port() if kind == "sluice-metrics" else None
 
-            def ini(port, logfile, metrics_port=metrics_port):
+            databases = None
+            if kind == "sluice-routed":
+                databases = {"bench": f"host=127.0.0.1,127.0.0.1 "
+                                      f"port={pg_port},{cluster['replica_port']} "
+                                      f"dbname=postgres route_reads=1"}
+
+            def ini(port, logfile, metrics_port=metrics_port, databases=databases):
                 text = pglab.pooler_ini(pg_port=pg_port, listen_port=port, logfile=logfile,
                                         auth_file=auth_file, default_pool_size=POOL_SIZE,
-                                        max_client_conn=12000, admin_users=user)
+                                        max_client_conn=12000, admin_users=user,
+                                        databases=databases)
                 if metrics_port:
                     text += f"\n[sluice]\nmetrics_addr = 127.0.0.1:{metrics_port}\n"
                 return text
@@ -483,6 +496,12 @@ def summarize(runs, a, targets):
                     if s and b:
                         s["tps_ratio_vs_pgbouncer"] = ratio(s["tps"], b["tps"])
                         s["cpu_ratio_vs_pgbouncer"] = ratio(s["cpu_us_per_tx"], b["cpu_us_per_tx"])
+                s, routed = cells.get("sluice"), cells.get("sluice-routed")
+                if s and routed:
+                    # routing on / off: cpu > 1, routing costs that much more
+                    routed["cpu_ratio_vs_sluice"] = ratio(routed["cpu_us_per_tx"],
+                                                          s["cpu_us_per_tx"])
+                    routed["tps_ratio_vs_sluice"] = ratio(routed["tps"], s["tps"])
                 s, base = cells.get("sluice"), cells.get("sluice-base")
                 if s and base:
                     # after / before: cpu < 1, the change (SLUICE_BIN) costs less; tps < 1, slower
@@ -586,6 +605,11 @@ def print_report(result, a, targets):
                   f"{x['mode']:<8} "
                   f"c={x['clients']:<5} cpu/tx with /metrics scraped each second "
                   f"/ without = {x['cpu_us_per_tx'] / base['cpu_us_per_tx']:.3f}")
+        if x["target"] == "sluice-routed" and x.get("cpu_ratio_vs_sluice"):
+            print(f"routing    {x['script'] + ' ' * (7 - len(x['script'])) if several else ''}"
+                  f"{x['mode']:<8} c={x['clients']:<5} cpu/tx route_reads on / off = "
+                  f"{x['cpu_ratio_vs_sluice']:.3f}   tps on / off = "
+                  f"{x.get('tps_ratio_vs_sluice') or 0:.2f}")
     for script in a.scripts:
         for clients in a.clients:
             sp = by.get((script, "prepared", clients, "sluice"))

@@ -272,24 +272,25 @@ impl Topology {
     /// qualify.
     pub fn pick_replica(&self, limits: LagLimits, min_lsn: Option<u64>) -> Option<usize> {
         let st = self.lock();
-        let ok: Vec<usize> = st
-            .hosts
-            .iter()
-            .enumerate()
-            .filter(|(_, h)| {
-                h.role == Role::Replica
-                    && h.health == Health::Up
-                    && h.lag_bytes.is_some_and(|b| b <= limits.bytes)
-                    && h.lag.is_some_and(|t| t <= limits.time)
-                    && min_lsn.is_none_or(|min| h.lsn.is_some_and(|l| l >= min))
-            })
-            .map(|(i, _)| i)
-            .collect();
-        if ok.is_empty() {
+        let qualifies = |h: &HostState| {
+            h.role == Role::Replica
+                && h.health == Health::Up
+                && h.lag_bytes.is_some_and(|b| b <= limits.bytes)
+                && h.lag.is_some_and(|t| t <= limits.time)
+                && min_lsn.is_none_or(|min| h.lsn.is_some_and(|l| l >= min))
+        };
+        // Two passes over a handful of hosts: no allocation per transaction.
+        let n = st.hosts.iter().filter(|h| qualifies(h)).count();
+        if n == 0 {
             return None;
         }
-        let n = self.next.fetch_add(1, Ordering::Relaxed);
-        ok.get((n % ok.len() as u64) as usize).copied()
+        let k = (self.next.fetch_add(1, Ordering::Relaxed) % n as u64) as usize;
+        st.hosts
+            .iter()
+            .enumerate()
+            .filter(|(_, h)| qualifies(h))
+            .nth(k)
+            .map(|(i, _)| i)
     }
 }
 
