@@ -20,7 +20,7 @@ use super::relay_io::{IoEvent, Sides};
 use super::requests::{Counted, Requests};
 use super::session::{CLEANUP_TIMEOUT, Client};
 use super::tracked::{self, AfterTx, Tracking};
-use crate::backend::login::run_query;
+use crate::backend::login::{run_query, run_query_rows};
 use crate::backend::pool::Lease;
 use crate::params::{tracked_name, update_shared};
 use crate::scan::{Scanner, Visit};
@@ -367,7 +367,22 @@ pub async fn run(client: &mut Client, cbuf: &mut BytesMut, mut lease: Lease) -> 
             RelayEnd::Released
         }
         Ok(Outcome::Release) => {
-            let kept = true;
+            let mut kept = true;
+            if client.want_commit_lsn && cycle.xacts_done > 0 {
+                // Read-your-writes: the primary's position now covers what
+                // this transaction committed.
+                const SQL: &str = "select pg_current_wal_insert_lsn()";
+                match Box::pin(run_query_rows(lease.server(), SQL)).await {
+                    Ok(rows) => {
+                        client.commit_lsn = rows
+                            .first()
+                            .and_then(|r| r.first())
+                            .and_then(|v| v.as_deref())
+                            .and_then(crate::backend::topology::parse_lsn);
+                    }
+                    Err(_) => kept = false,
+                }
+            }
             let reset_query = (settings.server_reset_query_always
                 && !settings.server_reset_query.is_empty())
             .then_some(settings.server_reset_query.as_str());

@@ -4,6 +4,7 @@
 //! back.
 
 use std::sync::Arc;
+use std::sync::atomic::Ordering::Relaxed;
 use std::time::Duration;
 
 use bytes::BytesMut;
@@ -34,10 +35,37 @@ pub struct Client {
     /// `client_idle_timeout` as of the last lease (zero = none; `None`
     /// before the first lease).
     idle_timeout: Option<Duration>,
-    /// When the client's last transaction that may have written ended
-    /// (only where reads are routed): read-your-writes.
-    last_write: Option<std::time::Instant>,
+    /// The client's last transaction that may have written (only where
+    /// reads are routed): read-your-writes.
+    last_write: Option<Written>,
+    /// Set by the session before a lease: the relay reads the primary's
+    /// WAL position after the transaction (read-your-writes) into
+    /// `commit_lsn`.
+    pub(super) want_commit_lsn: bool,
+    pub(super) commit_lsn: Option<u64>,
 }
+
+/// When a client's transaction that may have written ended, and the
+/// primary's WAL position right after it when that could be read.
+#[derive(Debug, Clone, Copy)]
+struct Written {
+    at: std::time::Instant,
+    lsn: Option<u64>,
+}
+
+/// Where a transaction goes (see `Client::route`).
+struct Routed {
+    pool: Arc<Pool>,
+    /// It may write: remember its end for read-your-writes.
+    may_write: bool,
+    /// A replica whose last check is behind the client's last write: it
+    /// serves the read only if it has replayed this far by now.
+    verify: Option<u64>,
+}
+
+/// How long a read after a write may wait for a replica to replay that
+/// write before it goes to the primary instead.
+const REPLAY_WAIT: Duration = Duration::from_millis(20);
 
 /// What a transaction-mode client keeps of its session while it holds no
 /// server: its named statements, its settings, its LISTENs.
@@ -109,6 +137,8 @@ impl Client {
             carried: None,
             idle_timeout: None,
             last_write: None,
+            want_commit_lsn: false,
+            commit_lsn: None,
         }
     }
 
@@ -164,57 +194,89 @@ impl Client {
 
     /// The pool this request's transaction runs on: a replica's when the
     /// database routes reads, the request provably only reads and a
-    /// replica is up and caught up; otherwise the client's own pool (the
-    /// primary). LISTEN and session mode always use the primary.
-    /// The second value tells whether the transaction may write (its end
-    /// is then remembered for read-your-writes).
-    fn route(&self, buf: &[u8]) -> (Arc<Pool>, bool) {
+    /// replica is up and caught up (with the client's own last write, for
+    /// read-your-writes); otherwise the client's own pool (the primary).
+    /// LISTEN and session mode always use the primary.
+    fn route(&self, buf: &[u8]) -> Routed {
+        let primary = |may_write| Routed {
+            pool: self.pool.clone(),
+            may_write,
+            verify: None,
+        };
         if !self.app.routing_anywhere() {
-            return (self.pool.clone(), false);
+            return primary(false);
         }
         let Some(topology) = self.app.topology(&self.pool.database) else {
-            return (self.pool.clone(), false);
+            return primary(false);
         };
         if self.is_listening() || self.pool.settings().mode == sluice_config::PoolMode::Session {
-            return (self.pool.clone(), true);
+            return primary(true);
         }
         let named = |name: &[u8]| self.carried.as_ref()?.statements.get(name).cloned();
         if super::route::request(buf, named) == sluice_router::Route::Primary {
-            return (self.pool.clone(), true);
+            return primary(true);
         }
         let (limits, ryw) = self.app.read_limits();
-        // Read-your-writes: a replica must have replayed up to the
-        // primary's first check after this client's last write.
+        // Read-your-writes: a replica must have replayed the client's last
+        // write: its position read right after it, or else the primary's
+        // first check after it.
         let min_lsn = match self.last_write {
-            Some(wrote) if ryw => match topology.primary_lsn_after(wrote) {
+            Some(w) if ryw => match w.lsn.or_else(|| topology.primary_lsn_after(w.at)) {
                 Some(lsn) => Some(lsn),
                 None => {
-                    topology
-                        .reads_on_primary
-                        .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                    return (self.pool.clone(), false);
+                    topology.reads_on_primary.fetch_add(1, Relaxed);
+                    return primary(false);
                 }
             },
             _ => None,
         };
-        let pool = match topology
-            .pick_replica(limits, min_lsn)
-            .and_then(|i| self.app.host_pool(&self.pool, i))
-        {
-            Some(pool) => {
-                topology
-                    .reads_on_replicas
-                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                pool
-            }
-            None => {
-                topology
-                    .reads_on_primary
-                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                self.pool.clone()
-            }
+        // A replica known to be past it; else one that may be by now.
+        let (picked, verify) = match topology.pick_replica(limits, min_lsn) {
+            Some(i) => (Some(i), None),
+            None if min_lsn.is_some() => (topology.pick_replica(limits, None), min_lsn),
+            None => (None, None),
         };
-        (pool, false)
+        match picked.and_then(|i| self.app.host_pool(&self.pool, i)) {
+            Some(pool) => Routed {
+                pool,
+                may_write: false,
+                verify,
+            },
+            None => {
+                topology.reads_on_primary.fetch_add(1, Relaxed);
+                primary(false)
+            }
+        }
+    }
+
+    /// A replica lease for a read that must see `lsn`: kept if the replica
+    /// replays that far within `REPLAY_WAIT`, else given back (`None`: the
+    /// read goes to the primary).
+    async fn replayed(&self, mut lease: Lease, lsn: u64) -> Option<Lease> {
+        const SQL: &str = "select pg_last_wal_replay_lsn()";
+        let deadline = tokio::time::Instant::now() + REPLAY_WAIT;
+        loop {
+            let rows = match crate::backend::login::run_query_rows(lease.server(), SQL).await {
+                Ok(rows) => rows,
+                Err(_) => {
+                    lease.close();
+                    return None;
+                }
+            };
+            let replayed = rows
+                .first()
+                .and_then(|r| r.first())
+                .and_then(|v| v.as_deref())
+                .and_then(crate::backend::topology::parse_lsn);
+            if replayed.is_some_and(|r| r >= lsn) {
+                return Some(lease);
+            }
+            if tokio::time::Instant::now() >= deadline {
+                lease.release();
+                return None;
+            }
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
     }
 
     /// The primary of a database that routes reads is unreachable (a
@@ -278,29 +340,71 @@ impl Client {
             self.wait_while_paused().await;
         }
         self.app.cancels.set_waiting(self.cancel, true);
-        let (pool, may_write) = self.route(buf);
-        let acquired = match pool.acquire().await {
-            Err(e) if pool.host == 0 && unreachable(&e) => self.hold_for_primary(e).await,
-            other => other.map_err(|e| ClientError::new(e.sqlstate(), e.to_string())),
+        let Routed {
+            mut pool,
+            may_write,
+            verify,
+        } = self.route(buf);
+        let mut lease = None;
+        if let Some(lsn) = verify {
+            // A read after a write, on a replica that may not have it yet.
+            if let Ok(mut l) = pool.acquire().await
+                && l.localize().is_ok()
+            {
+                lease = Box::pin(self.replayed(l, lsn)).await;
+            }
+            let topology = self.app.topology(&self.pool.database);
+            if let Some(t) = topology {
+                let counter = match lease {
+                    Some(_) => &t.reads_on_replicas,
+                    None => &t.reads_on_primary,
+                };
+                counter.fetch_add(1, Relaxed);
+            }
+            if lease.is_none() {
+                pool = self.pool.clone();
+            }
+        } else if pool.host != 0
+            && let Some(t) = self.app.topology(&self.pool.database)
+        {
+            t.reads_on_replicas.fetch_add(1, Relaxed);
+        }
+        let lease = match lease {
+            Some(l) => l,
+            None => {
+                let acquired = match pool.acquire().await {
+                    Err(e) if pool.host == 0 && unreachable(&e) => self.hold_for_primary(e).await,
+                    other => other.map_err(|e| ClientError::new(e.sqlstate(), e.to_string())),
+                };
+                self.app.cancels.set_waiting(self.cancel, false);
+                let mut lease = match acquired {
+                    Ok(l) => l,
+                    Err(e) => return Some(SessionEnd::Error(e)),
+                };
+                if let Err(e) = lease.localize() {
+                    return Some(SessionEnd::Error(ClientError::new(
+                        "08006",
+                        format!("server connection failed: {e}"),
+                    )));
+                }
+                lease
+            }
         };
         self.app.cancels.set_waiting(self.cancel, false);
-        let mut lease = match acquired {
-            Ok(l) => l,
-            Err(e) => return Some(SessionEnd::Error(e)),
-        };
-        if let Err(e) = lease.localize() {
-            return Some(SessionEnd::Error(ClientError::new(
-                "08006",
-                format!("server connection failed: {e}"),
-            )));
-        }
         self.idle_timeout = Some(lease.settings.client_idle_timeout);
+        let ryw = may_write && self.app.routing_anywhere() && self.app.read_limits().1;
+        self.want_commit_lsn = ryw && lease.host() == 0;
+        self.commit_lsn = None;
         let end = relay::run(self, buf, lease).await;
         if may_write {
-            // After the transaction's last reply: any check of the primary
-            // taken from now on sees its commit.
-            self.last_write = Some(std::time::Instant::now());
+            // After the transaction's last reply: the primary's position
+            // read now (or any check of it taken from now on) covers it.
+            self.last_write = Some(Written {
+                at: std::time::Instant::now(),
+                lsn: self.commit_lsn.take(),
+            });
         }
+        self.want_commit_lsn = false;
         match end {
             RelayEnd::Released => None,
             RelayEnd::ClientLeft => Some(SessionEnd::ClientLeft),
