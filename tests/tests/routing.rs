@@ -30,7 +30,11 @@ fn primary_and_replica_with(settings: &[(&str, &str)]) -> (Cluster, Cluster) {
             &format!(
                 "create table items (id int primary key, note text); \
                  grant all on items to {APP_USER}; \
-                 create sequence seq; grant all on seq to {APP_USER}"
+                 create sequence seq; grant all on seq to {APP_USER}; \
+                 create function app_price(int) returns int stable language sql \
+                   as 'select $1 * 2'; \
+                 create function app_bump(int) returns int language sql \
+                   as 'insert into items values ($1 + 1000, ''bump'') returning id'"
             ),
         )
         .expect("schema");
@@ -45,6 +49,15 @@ fn routed(
     extra: &str,
     sluice: &[(&str, &str)],
 ) -> SluiceProcess {
+    routed_config(primary, replica, extra, sluice).start()
+}
+
+fn routed_config(
+    primary: &Cluster,
+    replica: &Cluster,
+    extra: &str,
+    sluice: &[(&str, &str)],
+) -> ConfigBuilder {
     let entry = format!(
         "host={h},{h} port={p},{r} dbname=postgres {extra}",
         h = primary.host(),
@@ -59,7 +72,7 @@ fn routed(
     for (k, v) in sluice {
         builder = builder.sluice(k, v);
     }
-    builder.start()
+    builder
 }
 
 async fn console_rows(sluice: &SluiceProcess, command: &str) -> Vec<Vec<Option<String>>> {
@@ -158,7 +171,13 @@ async fn reads_go_to_the_replica_and_everything_else_to_the_primary() {
         .execute("insert into items values (1, 'one')", &[])
         .await
         .expect("a write goes to the primary");
+    // A STABLE function of the database's own (read from pg_proc) reads.
+    assert!(
+        in_recovery(&client, "select pg_is_in_recovery(), app_price(2)").await,
+        "a stable user function sent the read to the primary"
+    );
     for sql in [
+        "select pg_is_in_recovery(), app_bump(1)",
         "/* sluice: primary */ select pg_is_in_recovery()",
         "select pg_is_in_recovery(), nextval('seq')",
         "select pg_is_in_recovery() from items for update",
@@ -197,11 +216,12 @@ async fn reads_go_to_the_replica_and_everything_else_to_the_primary() {
         "BEGIN READ ONLY went to the primary"
     );
 
-    // What was written is read back once the replica has it.
+    // What was written (rows 1, 2 and app_bump's 1001) is read back once
+    // the replica has it.
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
         let n = scalar_text(&client, "select count(*) from items").await;
-        if n == "2" {
+        if n == "3" {
             break;
         }
         assert!(
@@ -464,4 +484,110 @@ async fn a_client_always_reads_its_own_writes() {
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
+}
+
+/// Reads back every reply up to `n` ReadyForQuery messages: the SQLSTATE
+/// of each error, in order.
+async fn errors_in_replies(client: &mut RawClient, n: usize) -> Vec<String> {
+    let mut errors = Vec::new();
+    let mut ready = 0;
+    while ready < n {
+        match client.read_message(Duration::from_secs(10)).await {
+            RawReply::Message(b'Z', _) => ready += 1,
+            RawReply::Message(b'E', body) => errors.push(
+                error_field(&error_fields(&body), b'C')
+                    .unwrap_or("")
+                    .to_owned(),
+            ),
+            RawReply::Message(..) => {}
+            other => panic!("{other:?} after {ready} replies"),
+        }
+    }
+    errors
+}
+
+/// What a client pipelines after a READ ONLY transaction routed to a
+/// replica does not run there; session objects taken on a replica do not
+/// keep the client on it.
+#[tokio::test]
+async fn nothing_after_a_read_only_transaction_runs_on_the_replica() {
+    use sluice_tests::msg::query;
+    let (primary, replica) = primary_and_replica();
+    let sluice = routed(
+        &primary,
+        &replica,
+        "route_reads=1",
+        &[("read_your_writes", "off")],
+    );
+    wait_for_roles(&sluice, &primary, &replica).await;
+    let mut raw = RawClient::connect(sluice.port()).await;
+    raw.startup(APP_USER, "postgres").await;
+    raw.read_until_ready(Duration::from_secs(10)).await;
+    let mut bytes = query("begin read only");
+    bytes.extend(query("select pg_is_in_recovery()"));
+    bytes.extend(query("commit"));
+    bytes.extend(query(
+        "insert into items values (7, 'after a read-only transaction')",
+    ));
+    raw.send(&bytes).await.expect("send");
+    assert_eq!(
+        errors_in_replies(&mut raw, 4).await,
+        Vec::<String>::new(),
+        "the insert pipelined after COMMIT ran on the replica"
+    );
+    // An advisory lock taken on the replica: the client is not kept there
+    // (its next statements are read, and writes reach the primary).
+    let mut bytes = query("/* sluice: replica */ select pg_advisory_lock(43)");
+    bytes.extend(query("select 1"));
+    bytes.extend(query(
+        "insert into items values (8, 'after a lock on the replica')",
+    ));
+    raw.send(&bytes).await.expect("send");
+    assert_eq!(
+        errors_in_replies(&mut raw, 3).await,
+        Vec::<String>::new(),
+        "after a session lock on the replica"
+    );
+}
+
+/// The replica listed first: before the checks have found the primary, a
+/// write waits for it instead of going to the first host.
+#[tokio::test]
+async fn a_write_before_the_first_checks_waits_for_the_primary() {
+    let (primary, replica) = primary_and_replica();
+    let sluice = routed(&replica, &primary, "route_reads=1", &[]);
+    let client = connect_as(sluice.port(), APP_USER, "postgres").await;
+    let port = scalar_text(
+        &client,
+        "insert into items values (9, 'first') returning inet_server_port()",
+    )
+    .await;
+    assert_eq!(
+        port,
+        primary.port().to_string(),
+        "the first write went to the replica"
+    );
+}
+
+/// RELOAD turning route_reads off: reads go back to the first host and the
+/// checks stop.
+#[tokio::test]
+async fn reload_turns_routing_off() {
+    let (primary, replica) = primary_and_replica();
+    let config = routed_config(&primary, &replica, "route_reads=1", &[]);
+    let sluice = config.start();
+    wait_for_roles(&sluice, &primary, &replica).await;
+    let client = connect_as(sluice.port(), APP_USER, "postgres").await;
+    assert!(in_recovery(&client, "select pg_is_in_recovery()").await);
+    sluice.rewrite_config(&routed_config(&primary, &replica, "", &[]).render());
+    sluice.reload();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while in_recovery(&client, "select pg_is_in_recovery()").await {
+        assert!(Instant::now() < deadline, "reads still routed after RELOAD");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(
+        hosts(&sluice).await.is_empty(),
+        "checks still listed after RELOAD"
+    );
 }

@@ -263,6 +263,60 @@ impl App {
         crate::backend::monitor::start(host, &topology, pool, |task| self.spawn_on_worker(task));
     }
 
+    /// RELOAD: a database that stopped routing reads, or whose host list
+    /// changed, loses its topology (its checks end) and its host pools
+    /// (they drain); one that routes reads now gets a fresh topology.
+    fn reload_topologies(&self, config: &Config) {
+        let addrs_of = |entry: &Database| -> Vec<ServerAddr> {
+            entry
+                .hosts()
+                .into_iter()
+                .map(|h| ServerAddr::new(h.host.as_deref(), h.port))
+                .collect()
+        };
+        let stale: Vec<String> = self
+            .topologies()
+            .into_iter()
+            .filter(|t| match Self::database_entry(config, &t.database) {
+                Some(entry) => {
+                    !Self::routes_reads(config, &entry)
+                        || !t
+                            .hosts()
+                            .iter()
+                            .map(|h| &h.addr)
+                            .eq(addrs_of(&entry).iter())
+                }
+                None => true,
+            })
+            .map(|t| t.database.clone())
+            .collect();
+        {
+            let mut map = self.topologies.lock().unwrap_or_else(|p| p.into_inner());
+            for db in &stale {
+                map.remove(db);
+            }
+            self.routing.store(!map.is_empty(), Ordering::Relaxed);
+        }
+        self.host_pools
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .retain(|(db, _, _), pool| {
+                let keep = !stale.contains(db);
+                if !keep {
+                    // Idle servers close now, busy ones when they return.
+                    pool.reconnect();
+                }
+                keep
+            });
+        for pool in self.main_pools() {
+            if let Some(entry) = Self::database_entry(config, &pool.database)
+                && Self::routes_reads(config, &entry)
+            {
+                self.ensure_topology(&entry, &pool);
+            }
+        }
+    }
+
     /// The pool of host `index` for the clients of `main`.
     pub fn host_pool(&self, main: &Arc<Pool>, index: usize) -> Option<Arc<Pool>> {
         let key = (main.database.clone(), main.user.clone(), index);
@@ -523,6 +577,7 @@ impl App {
         }
         *self.config.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(config);
         let config = self.config();
+        self.reload_topologies(&config);
         let pools = self.pools();
         for pool in pools {
             let Some(entry) = Self::database_entry(&config, &pool.database) else {

@@ -21,6 +21,17 @@ const CHECK_SQL: &str = "select pg_is_in_recovery(), \
      case when pg_is_in_recovery() then (select received_tli from pg_stat_wal_receiver) \
      else ('x' || substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8))::bit(32)::int end";
 
+/// Every function outside pg_catalog, by schema and name, with whether
+/// all its overloads are STABLE or IMMUTABLE (PostgreSQL runs those with
+/// a read-only snapshot: they cannot write).
+const FUNCTIONS_SQL: &str = "select n.nspname, p.proname, bool_and(p.provolatile <> 'v') \
+     from pg_proc p join pg_namespace n on n.oid = p.pronamespace \
+     where n.nspname not in ('pg_catalog', 'information_schema') \
+     group by 1, 2 limit 100000";
+
+/// How often the primary's functions are read again.
+const FUNCTIONS_EVERY: Duration = Duration::from_secs(60);
+
 /// What a check task needs from the daemon, without importing it.
 pub trait MonitorHost: Send + Sync + 'static {
     /// (period, timeout, threshold) as configured now.
@@ -75,6 +86,27 @@ async fn watch(host: Arc<dyn MonitorHost>, topology: Weak<Topology>, pool: Weak<
             .unwrap_or_else(|_| Err("check timed out".to_owned()));
         if result.is_err() {
             conn = None;
+        }
+        if result.as_ref().is_ok_and(|s| !s.in_recovery)
+            && !topo.functions_fresh(FUNCTIONS_EVERY)
+            && let Some(server) = conn.as_mut()
+        {
+            match tokio::time::timeout(timeout, login::run_query_rows(server, FUNCTIONS_SQL)).await
+            {
+                Ok(Ok(rows)) => {
+                    let rows: Vec<(String, String, bool)> = rows
+                        .into_iter()
+                        .filter_map(|r| match r.as_slice() {
+                            [Some(schema), Some(name), Some(ok)] => {
+                                Some((schema.clone(), name.clone(), ok == "t"))
+                            }
+                            _ => None,
+                        })
+                        .collect();
+                    topo.set_functions(&rows);
+                }
+                _ => conn = None,
+            }
         }
         let changes = topo.record(i, result, at, threshold);
         if !changes.is_empty() {

@@ -302,6 +302,10 @@ impl Drop for SlotGuard<'_> {
     }
 }
 
+/// Times a connection opened for an address the pool has since left is
+/// opened again before the acquire fails.
+const RETARGET_RETRIES: u32 = 3;
+
 impl Pool {
     pub fn new(
         database: String,
@@ -362,6 +366,11 @@ impl Pool {
             self.close_counted(&mut st, s);
         }
         true
+    }
+
+    /// Where new server connections go.
+    pub fn addr(&self) -> super::target::ServerAddr {
+        self.lock().target.addr.clone()
     }
 
     /// Lets the next acquire try to log in even if a login failed within
@@ -704,40 +713,68 @@ impl Pool {
             pool: self,
             armed: true,
         };
-        let (target, credential, retry) = {
-            let st = self.lock();
-            let retry = st.settings.server_login_retry.min(RESTART_GRACE);
-            (st.target.clone(), st.credential.clone(), retry)
-        };
         let started = Instant::now();
-        let mut opened = login::open(&target, &credential).await;
-        // A server restarting refuses connections, then says it is starting
-        // up, for a moment: the client waits that moment out instead of
-        // getting an error.
-        while let Err(e) = &opened
-            && is_transient(e)
-            && started.elapsed() + RESTART_POLL < retry
-        {
-            tokio::time::sleep(RESTART_POLL).await;
-            opened = login::open(&target, &credential).await;
-        }
-        match opened {
-            Ok((server, reported)) => {
-                guard.armed = false;
-                tracing::debug!(db = %self.database, user = %self.user, server = server.id, "new server connection");
-                Ok(self.opened(server, reported))
+        let mut retargeted = 0;
+        loop {
+            let (target, credential, retry) = {
+                let st = self.lock();
+                let retry = st.settings.server_login_retry.min(RESTART_GRACE);
+                (st.target.clone(), st.credential.clone(), retry)
+            };
+            let mut opened = login::open(&target, &credential).await;
+            // A server restarting refuses connections, then says it is
+            // starting up, for a moment: the client waits that moment out
+            // instead of getting an error.
+            while let Err(e) = &opened
+                && is_transient(e)
+                && started.elapsed() + RESTART_POLL < retry
+            {
+                tokio::time::sleep(RESTART_POLL).await;
+                opened = login::open(&target, &credential).await;
             }
-            Err(e) => {
-                tracing::warn!(db = %self.database, user = %self.user, "server login failed: {e}");
-                self.lock().last_login_failure =
-                    Some((Instant::now(), e.sqlstate().to_owned(), e.to_string()));
-                Err(e.into())
+            match opened {
+                Ok((server, reported)) => {
+                    let id = server.id;
+                    match self.opened(server, reported, &target.addr) {
+                        Some(lease) => {
+                            guard.armed = false;
+                            tracing::debug!(db = %self.database, user = %self.user, server = id, "new server connection");
+                            return Ok(lease);
+                        }
+                        // The pool moved (the primary changed) while this
+                        // connection was being opened: it was made for the
+                        // old address, and is closed.
+                        None if retargeted < RETARGET_RETRIES => retargeted += 1,
+                        None => {
+                            return Err(login::LoginError::Unsupported(
+                                "the pool's server address keeps changing".into(),
+                            )
+                            .into());
+                        }
+                    }
+                }
+                Err(e) => {
+                    tracing::warn!(db = %self.database, user = %self.user, "server login failed: {e}");
+                    self.lock().last_login_failure =
+                        Some((Instant::now(), e.sqlstate().to_owned(), e.to_string()));
+                    return Err(e.into());
+                }
             }
         }
     }
 
-    fn opened(self: &Arc<Self>, server: Box<ServerConn>, reported: Reported) -> Lease {
+    /// A server opened for `addr` joins the pool, unless the pool has moved
+    /// to another address meanwhile (`None`: the server is dropped).
+    fn opened(
+        self: &Arc<Self>,
+        server: Box<ServerConn>,
+        reported: Reported,
+        addr: &super::target::ServerAddr,
+    ) -> Option<Lease> {
         let mut st = self.lock();
+        if st.target.addr != *addr {
+            return None;
+        }
         st.last_login_failure = None;
         if st.welcome.is_none() {
             st.welcome = Some(Arc::new(Welcome {
@@ -746,7 +783,7 @@ impl Pool {
             }));
         }
         st.active += 1;
-        self.lease(&mut st, server)
+        Some(self.lease(&mut st, server))
     }
 
     /// Returns a server from a lease: to the first waiter, else to the idle

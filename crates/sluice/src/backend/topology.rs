@@ -11,9 +11,11 @@
 //! the last transaction".
 
 use std::collections::VecDeque;
-use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
+
+use sluice_router::Classifier;
 
 use super::target::ServerAddr;
 
@@ -117,6 +119,9 @@ pub struct LagLimits {
 pub struct Topology {
     pub database: String,
     state: Mutex<State>,
+    /// The classifier with this database's own functions known not to
+    /// write (from pg_proc), and when they were last read.
+    classifier: std::sync::RwLock<(Option<Arc<Classifier>>, Option<Instant>)>,
     next: AtomicU64,
     /// Transactions routed to a replica, and reads that went to the
     /// primary because no replica qualified.
@@ -128,6 +133,32 @@ struct State {
     hosts: Vec<HostState>,
     /// (time, position) of primary samples, oldest first.
     primary_history: VecDeque<(Instant, u64)>,
+    /// The primary (host, timeline) those samples are of: another one
+    /// starts a new history.
+    history_of: Option<(usize, Option<u32>)>,
+}
+
+impl State {
+    /// The one primary that is up, on the newest timeline.
+    fn primary(&self) -> Option<usize> {
+        let mut best: Option<(usize, &HostState)> = None;
+        let mut tie = false;
+        for (i, h) in self.hosts.iter().enumerate() {
+            if h.role != Role::Primary || h.health != Health::Up {
+                continue;
+            }
+            match best {
+                None => best = Some((i, h)),
+                Some((_, b)) if h.timeline > b.timeline => {
+                    best = Some((i, h));
+                    tie = false;
+                }
+                Some((_, b)) if h.timeline == b.timeline => tie = true,
+                Some(_) => {}
+            }
+        }
+        if tie { None } else { best.map(|(i, _)| i) }
+    }
 }
 
 impl Topology {
@@ -137,11 +168,58 @@ impl Topology {
             state: Mutex::new(State {
                 hosts: addrs.into_iter().map(HostState::new).collect(),
                 primary_history: VecDeque::new(),
+                history_of: None,
             }),
+            classifier: std::sync::RwLock::new((None, None)),
             next: AtomicU64::new(0),
             reads_on_replicas: AtomicU64::new(0),
             reads_on_primary: AtomicU64::new(0),
         }
+    }
+
+    /// The classifier with this database's own functions that cannot
+    /// write (`None`: it has none, the built-in list is all).
+    pub fn classifier(&self) -> Option<Arc<Classifier>> {
+        self.classifier
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .0
+            .clone()
+    }
+
+    /// Whether the database's functions were read less than `every` ago.
+    pub fn functions_fresh(&self, every: Duration) -> bool {
+        let c = self.classifier.read().unwrap_or_else(|p| p.into_inner());
+        c.1.is_some_and(|at| at.elapsed() < every)
+    }
+
+    /// Functions of this database that cannot write (pg_proc rows of
+    /// schema, name, and whether every overload is STABLE or IMMUTABLE):
+    /// a name is trusted only if no function of that name may write,
+    /// qualified within its schema and unqualified across all schemas.
+    pub fn set_functions(&self, rows: &[(String, String, bool)]) {
+        let mut qualified = Vec::new();
+        let mut unqualified: std::collections::HashMap<&str, bool> =
+            std::collections::HashMap::new();
+        for (schema, name, read_only) in rows {
+            if *read_only {
+                qualified.push(format!("{schema}.{name}"));
+            }
+            *unqualified.entry(name.as_str()).or_insert(true) &= *read_only;
+        }
+        let names: Vec<String> = qualified
+            .into_iter()
+            .chain(
+                unqualified
+                    .into_iter()
+                    .filter(|(_, ok)| *ok)
+                    .map(|(n, _)| n.to_owned()),
+            )
+            .collect();
+        let classifier = (!names.is_empty())
+            .then(|| Arc::new(Classifier::default().with_read_only_functions(names)));
+        *self.classifier.write().unwrap_or_else(|p| p.into_inner()) =
+            (classifier, Some(Instant::now()));
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, State> {
@@ -166,96 +244,103 @@ impl Topology {
         threshold: u32,
     ) -> Vec<Change> {
         let mut st = self.lock();
-        let State {
-            hosts,
-            primary_history,
-        } = &mut *st;
-        let Some(host) = hosts.get_mut(i) else {
-            return Vec::new();
-        };
-        let mut changes = Vec::new();
-        let before = host.health;
-        host.last_check = Some(SystemTime::now());
-        match result {
-            Err(why) => {
-                host.last_error = Some(why);
-                host.passes = 0;
-                host.fails = host.fails.saturating_add(1);
-                if before != Health::Down && host.fails >= threshold.max(1) {
-                    host.health = Health::Down;
-                }
+        let changes = record_host(&mut st, i, result, at, threshold);
+        // Only the settled primary's positions make the history lag is
+        // measured against; a new primary (or timeline) starts it afresh.
+        if let Some(p) = st.primary()
+            && p == i
+            && let Some(lsn) = st.hosts[i].lsn
+        {
+            let owner = Some((i, st.hosts[i].timeline));
+            if st.history_of != owner {
+                st.primary_history.clear();
+                st.history_of = owner;
             }
-            Ok(sample) => {
-                host.last_error = None;
-                host.fails = 0;
-                host.passes = host.passes.saturating_add(1);
-                if before == Health::Unknown
-                    || (before == Health::Down && host.passes >= threshold.max(1))
-                {
-                    host.health = Health::Up;
+            if st.primary_history.back().is_none_or(|&(_, l)| lsn >= l) {
+                if st.primary_history.len() >= HISTORY {
+                    st.primary_history.pop_front();
                 }
-                let role = if sample.in_recovery {
-                    Role::Replica
-                } else {
-                    Role::Primary
-                };
-                if role != host.role {
-                    changes.push(Change::Role(host.role, role));
-                    host.role = role;
-                }
-                host.timeline = sample.timeline.or(host.timeline);
-                host.lsn = sample.lsn;
-                if role == Role::Primary {
-                    host.lag_bytes = Some(0);
-                    host.lag = Some(Duration::ZERO);
-                    if let Some(lsn) = sample.lsn
-                        && primary_history.back().is_none_or(|&(_, l)| lsn >= l)
-                    {
-                        if primary_history.len() >= HISTORY {
-                            primary_history.pop_front();
-                        }
-                        primary_history.push_back((at, lsn));
-                    }
-                } else {
-                    let (bytes, lag) = match sample.lsn {
-                        Some(replayed) => lag_of(primary_history, replayed, at),
-                        None => (None, None),
-                    };
-                    host.lag_bytes = bytes;
-                    host.lag = lag;
-                }
+                st.primary_history.push_back((at, lsn));
             }
-        }
-        if host.health != before {
-            changes.push(Change::Health(before, host.health));
         }
         changes
     }
+}
 
+/// Records a check of host `i` (see `Topology::record`).
+fn record_host(
+    st: &mut State,
+    i: usize,
+    result: Result<Sample, String>,
+    at: Instant,
+    threshold: u32,
+) -> Vec<Change> {
+    let State {
+        hosts,
+        primary_history,
+        ..
+    } = st;
+    let Some(host) = hosts.get_mut(i) else {
+        return Vec::new();
+    };
+    let mut changes = Vec::new();
+    let before = host.health;
+    host.last_check = Some(SystemTime::now());
+    match result {
+        Err(why) => {
+            host.last_error = Some(why);
+            host.passes = 0;
+            host.fails = host.fails.saturating_add(1);
+            if before != Health::Down && host.fails >= threshold.max(1) {
+                host.health = Health::Down;
+            }
+        }
+        Ok(sample) => {
+            host.last_error = None;
+            host.fails = 0;
+            host.passes = host.passes.saturating_add(1);
+            if before == Health::Unknown
+                || (before == Health::Down && host.passes >= threshold.max(1))
+            {
+                host.health = Health::Up;
+            }
+            let role = if sample.in_recovery {
+                Role::Replica
+            } else {
+                Role::Primary
+            };
+            if role != host.role {
+                changes.push(Change::Role(host.role, role));
+                host.role = role;
+            }
+            host.timeline = sample.timeline.or(host.timeline);
+            host.lsn = sample.lsn;
+            if role == Role::Primary {
+                host.lag_bytes = Some(0);
+                host.lag = Some(Duration::ZERO);
+            } else {
+                let (bytes, lag) = match sample.lsn {
+                    Some(replayed) => lag_of(primary_history, replayed, at),
+                    None => (None, None),
+                };
+                host.lag_bytes = bytes;
+                host.lag = lag;
+            }
+        }
+    }
+    if host.health != before {
+        changes.push(Change::Health(before, host.health));
+    }
+    changes
+}
+
+impl Topology {
     /// The one primary that is up (on the newest timeline when several
     /// claim it; none when that is still ambiguous).
     pub fn primary(&self) -> Option<(usize, ServerAddr)> {
         let st = self.lock();
-        let mut best: Option<(usize, &HostState)> = None;
-        let mut tie = false;
-        for (i, h) in st.hosts.iter().enumerate() {
-            if h.role != Role::Primary || h.health != Health::Up {
-                continue;
-            }
-            match best {
-                None => best = Some((i, h)),
-                Some((_, b)) if h.timeline > b.timeline => {
-                    best = Some((i, h));
-                    tie = false;
-                }
-                Some((_, b)) if h.timeline == b.timeline => tie = true,
-                Some(_) => {}
-            }
-        }
-        if tie {
-            return None;
-        }
-        best.map(|(i, h)| (i, h.addr.clone()))
+        let i = st.primary()?;
+        Some((i, st.hosts[i].addr.clone()))
     }
 
     /// The primary's position at its first check taken after `t`: every
@@ -331,6 +416,7 @@ pub fn parse_lsn(text: &str) -> Option<u64> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use sluice_router::Route;
 
     fn addr(port: u16) -> ServerAddr {
         ServerAddr::Tcp {
@@ -416,6 +502,27 @@ mod tests {
         assert_eq!(t.pick_replica(LIMITS, Some(180)), None, "replayed 100");
         t.record(1, sample(true, 180), t0 + Duration::from_millis(260), 3);
         assert_eq!(t.pick_replica(LIMITS, Some(180)), Some(1));
+    }
+
+    #[test]
+    fn functions_that_cannot_write_make_reads() {
+        let t = Topology::new("db".into(), vec![addr(1)]);
+        let sql = |s: &str| t.classifier().unwrap_or_default().classify(s.as_bytes());
+        assert_eq!(sql("select price(1)"), Route::Primary, "unknown function");
+        t.set_functions(&[
+            ("public".into(), "price".into(), true),
+            ("public".into(), "bump".into(), false),
+            ("audit".into(), "price".into(), false),
+            ("app".into(), "total".into(), true),
+        ]);
+        assert_eq!(sql("select public.price(1)"), Route::Replica);
+        assert_eq!(
+            sql("select price(1)"),
+            Route::Primary,
+            "another schema's price may write"
+        );
+        assert_eq!(sql("select total(1), app.total(2)"), Route::Replica);
+        assert_eq!(sql("select bump(1)"), Route::Primary);
     }
 
     #[test]

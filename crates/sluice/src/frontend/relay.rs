@@ -237,13 +237,11 @@ pub async fn run(client: &mut Client, cbuf: &mut BytesMut, mut lease: Lease) -> 
         if cycle.client_terminated && cycle.to_server == 0 {
             break Ok(Outcome::ClientGone);
         }
-        if cycle.cap.is_some()
-            && cycle.req.outstanding == 0
-            && cycle.status != TransactionStatus::Idle
-        {
+        if cycle.capped() && cycle.req.outstanding == 0 && cycle.status != TransactionStatus::Idle {
             // The routed request opened a READ ONLY transaction: the rest
-            // of it follows on this server.
-            cycle.cap = None;
+            // of it follows on this server, one request at a time, so that
+            // nothing sent after its end comes here.
+            cycle.cap = Some(cycle.req.sent() + 1);
         }
         // A part of the client's next message may be in `cbuf`: the
         // session reads the rest before it asks for a server again.
@@ -262,6 +260,16 @@ pub async fn run(client: &mut Client, cbuf: &mut BytesMut, mut lease: Lease) -> 
                     match Box::pin(tracked::after_transaction(&mut lease, client, t)).await {
                         AfterTx::Release => break Ok(Outcome::Release),
                         AfterTx::Close => break Ok(Outcome::Close),
+                        // On a replica the client may not stay: its
+                        // session objects go with the server.
+                        AfterTx::Pinned if cycle.cap.is_some() => {
+                            tracing::warn!(
+                                user = %client.user(), db = %client.database(),
+                                "session objects left on a replica are dropped (the server is closed); \
+                                 take them on the primary"
+                            );
+                            break Ok(Outcome::Close);
+                        }
                         // Pinned: stay linked, wait for the client.
                         AfterTx::Pinned => {}
                     }

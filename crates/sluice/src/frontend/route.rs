@@ -12,28 +12,42 @@ use sluice_wire::tags::frontend as f;
 
 use crate::prepared::registry::Statement;
 
-/// The classifier with PostgreSQL's built-in read-only functions.
-static CLASSIFIER: LazyLock<Classifier> = LazyLock::new(Classifier::default);
-
 /// Messages of one batch looked at before giving up (to the primary).
 const BATCH_LIMIT: usize = 64;
 
+/// PostgreSQL's built-in functions only.
+static BUILT_IN: LazyLock<Classifier> = LazyLock::new(Classifier::default);
+
 /// Route of one statement text: a hint in it wins.
-fn of_text(text: &[u8]) -> Route {
-    sluice_router::hint(text).unwrap_or_else(|| CLASSIFIER.classify(text))
+fn of_text(text: &[u8], classifier: &Classifier) -> Route {
+    sluice_router::hint(text).unwrap_or_else(|| classifier.classify(text))
 }
 
-/// Route of a prepared statement, classified once.
-fn of_statement(statement: &Statement) -> Route {
+/// Route of a prepared statement. The verdict with the built-in functions
+/// is cached on the statement (shared by every database); one it sends to
+/// the primary is classified again with the database's own functions, if
+/// it has any that cannot write.
+fn of_statement(statement: &Statement, own: Option<&Classifier>) -> Route {
     let read = *statement
         .read_only
-        .get_or_init(|| of_text(statement.query()) == Route::Replica);
-    if read { Route::Replica } else { Route::Primary }
+        .get_or_init(|| of_text(statement.query(), &BUILT_IN) == Route::Replica);
+    match (read, own) {
+        (true, _) => Route::Replica,
+        (false, Some(own)) => of_text(statement.query(), own),
+        (false, None) => Route::Primary,
+    }
 }
 
 /// The route of the request at the start of `buf`; `named` finds a
 /// client's prepared statement by name.
-pub fn request(buf: &[u8], named: impl Fn(&[u8]) -> Option<Arc<Statement>>) -> Route {
+/// `own`: the classifier with the database's own read-only functions, if
+/// it has any.
+pub fn request(
+    buf: &[u8],
+    own: Option<&Classifier>,
+    named: impl Fn(&[u8]) -> Option<Arc<Statement>>,
+) -> Route {
+    let classifier = own.unwrap_or(&BUILT_IN);
     let mut pos = 0;
     // Statements parsed earlier in this batch: (name, route).
     let mut parsed: Vec<(&[u8], Route)> = Vec::new();
@@ -44,14 +58,14 @@ pub fn request(buf: &[u8], named: impl Fn(&[u8]) -> Option<Arc<Statement>>) -> R
         pos += 5 + body.len();
         match tag {
             f::QUERY if pos == 5 + body.len() => {
-                return of_text(body.strip_suffix(b"\0").unwrap_or(body));
+                return of_text(body.strip_suffix(b"\0").unwrap_or(body), classifier);
             }
             f::PARSE => {
                 let Some((name, rest)) = cstr(body) else {
                     return Route::Primary;
                 };
                 let text = rest.split(|&b| b == 0).next().unwrap_or(&[]);
-                let route = of_text(text);
+                let route = of_text(text, classifier);
                 if route == Route::Primary {
                     return Route::Primary;
                 }
@@ -68,7 +82,7 @@ pub fn request(buf: &[u8], named: impl Fn(&[u8]) -> Option<Arc<Statement>>) -> R
                 let route = match parsed.iter().rev().find(|(n, _)| *n == statement) {
                     Some((_, r)) => *r,
                     None if statement.is_empty() => Route::Primary,
-                    None => named(statement).map_or(Route::Primary, |s| of_statement(&s)),
+                    None => named(statement).map_or(Route::Primary, |s| of_statement(&s, own)),
                 };
                 if route == Route::Primary {
                     return Route::Primary;
@@ -127,17 +141,21 @@ mod tests {
         None
     }
 
+    fn request_with(buf: &[u8], named: impl Fn(&[u8]) -> Option<Arc<Statement>>) -> Route {
+        request(buf, None, named)
+    }
+
     #[test]
     fn simple_queries() {
-        assert_eq!(request(&query("select 1"), none), Route::Replica);
-        assert_eq!(request(&query("delete from t"), none), Route::Primary);
+        assert_eq!(request_with(&query("select 1"), none), Route::Replica);
+        assert_eq!(request_with(&query("delete from t"), none), Route::Primary);
         assert_eq!(
-            request(&query("/* sluice: primary */ select 1"), none),
+            request_with(&query("/* sluice: primary */ select 1"), none),
             Route::Primary
         );
         // Incomplete: primary.
         let q = query("select 1");
-        assert_eq!(request(&q[..q.len() - 1], none), Route::Primary);
+        assert_eq!(request_with(&q[..q.len() - 1], none), Route::Primary);
     }
 
     #[test]
@@ -145,7 +163,7 @@ mod tests {
         let exec = msg(f::EXECUTE, b"\0\0\0\0\0");
         let sync = msg(f::SYNC, b"");
         let reads = batch(&[parse("", "select 1"), bind(""), exec.clone(), sync.clone()]);
-        assert_eq!(request(&reads, none), Route::Replica);
+        assert_eq!(request_with(&reads, none), Route::Replica);
         let mixed = batch(&[
             parse("", "select 1"),
             bind(""),
@@ -155,23 +173,23 @@ mod tests {
             exec.clone(),
             sync.clone(),
         ]);
-        assert_eq!(request(&mixed, none), Route::Primary);
+        assert_eq!(request_with(&mixed, none), Route::Primary);
         // No Sync yet: more may follow.
         let open = batch(&[parse("", "select 1"), bind(""), exec.clone()]);
-        assert_eq!(request(&open, none), Route::Primary);
+        assert_eq!(request_with(&open, none), Route::Primary);
         // A Bind of an unknown name, or of the unnamed statement not
         // parsed here: primary.
         let unknown = batch(&[bind("s1"), exec.clone(), sync.clone()]);
-        assert_eq!(request(&unknown, none), Route::Primary);
+        assert_eq!(request_with(&unknown, none), Route::Primary);
         let unnamed = batch(&[bind(""), exec, sync]);
-        assert_eq!(request(&unnamed, none), Route::Primary);
+        assert_eq!(request_with(&unnamed, none), Route::Primary);
     }
 
     #[test]
     fn garbage_goes_to_the_primary() {
-        assert_eq!(request(b"", none), Route::Primary);
-        assert_eq!(request(&[b'Q', 0, 0, 0, 1], none), Route::Primary);
-        assert_eq!(request(&msg(b'P', b"no-nul"), none), Route::Primary);
-        assert_eq!(request(&msg(f::SYNC, b""), none), Route::Primary);
+        assert_eq!(request_with(b"", none), Route::Primary);
+        assert_eq!(request_with(&[b'Q', 0, 0, 0, 1], none), Route::Primary);
+        assert_eq!(request_with(&msg(b'P', b"no-nul"), none), Route::Primary);
+        assert_eq!(request_with(&msg(f::SYNC, b""), none), Route::Primary);
     }
 }

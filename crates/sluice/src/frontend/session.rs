@@ -213,7 +213,8 @@ impl Client {
             return primary(true);
         }
         let named = |name: &[u8]| self.carried.as_ref()?.statements.get(name).cloned();
-        if super::route::request(buf, named) == sluice_router::Route::Primary {
+        let own = topology.classifier();
+        if super::route::request(buf, own.as_deref(), named) == sluice_router::Route::Primary {
             return primary(true);
         }
         let (limits, ryw) = self.app.read_limits();
@@ -279,48 +280,61 @@ impl Client {
         }
     }
 
-    /// The primary of a database that routes reads is unreachable (a
-    /// failover, a restart): waits up to `failover_hold` for the checks to
-    /// find a primary, trying it each time they do, instead of failing the
-    /// transaction. The pool follows the new primary on its own.
-    async fn hold_for_primary(&self, first: AcquireError) -> Result<Lease, ClientError> {
+    /// Whether the clients' pool points at the primary the checks found
+    /// (none while a failover is under way or two hosts claim the role on
+    /// one timeline).
+    fn primary_settled(&self, topology: &crate::backend::topology::Topology) -> bool {
+        topology
+            .primary()
+            .is_some_and(|(_, addr)| self.pool.addr() == addr)
+    }
+
+    /// A transaction for the primary of a database that routes reads, when
+    /// there is no settled primary or it is unreachable (a failover, a
+    /// restart; `first` says why): waits up to `failover_hold` for the
+    /// checks to find one, trying it each time they do, instead of failing
+    /// the transaction. The pool follows the new primary on its own.
+    async fn hold_for_primary(&self, first: Option<AcquireError>) -> Result<Lease, ClientError> {
         let fail = |e: &AcquireError| ClientError::new(e.sqlstate(), e.to_string());
-        let Some(topology) = self.app.topology(&self.pool.database) else {
-            return Err(fail(&first));
-        };
+        let topology = self.app.topology(&self.pool.database);
         let hold = self.app.config().settings.failover_hold;
-        if hold.is_zero() {
-            return Err(fail(&first));
-        }
+        let (Some(topology), false) = (topology, hold.is_zero()) else {
+            return match first {
+                Some(e) => Err(fail(&e)),
+                None => Err(no_primary(self.database(), hold, "no primary")),
+            };
+        };
+        let why = first
+            .as_ref()
+            .map_or("no primary known".to_owned(), |e| e.to_string());
         tracing::info!(
             user = %self.user(), db = %self.database(),
-            "the primary is unreachable ({first}): holding the transaction up to {hold:?}"
+            "holding a transaction up to {hold:?} for the primary ({why})"
         );
         let deadline = tokio::time::Instant::now() + hold;
-        let mut last = first;
+        let mut last = why;
+        let mut first_pass = first.is_none();
         while self.app.phase() < Phase::WaitForServers {
             let now = tokio::time::Instant::now();
             if now >= deadline {
                 break;
             }
-            tokio::time::sleep((deadline - now).min(HOLD_POLL)).await;
-            if topology.primary().is_none() {
+            if !std::mem::take(&mut first_pass) {
+                tokio::time::sleep((deadline - now).min(HOLD_POLL)).await;
+            }
+            if !self.primary_settled(&topology) {
                 continue;
             }
             self.pool.forget_login_failure();
-            match self.pool.acquire().await {
-                Ok(lease) => return Ok(lease),
-                Err(e) if unreachable(&e) => last = e,
-                Err(e) => return Err(fail(&e)),
+            let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+            match tokio::time::timeout(left, self.pool.acquire()).await {
+                Ok(Ok(lease)) => return Ok(lease),
+                Ok(Err(e)) if unreachable(&e) => last = e.to_string(),
+                Ok(Err(e)) => return Err(fail(&e)),
+                Err(_) => break,
             }
         }
-        Err(ClientError::new(
-            "08006",
-            format!(
-                "no primary for database \"{}\" within failover_hold ({hold:?}): {last}",
-                self.database()
-            ),
-        ))
+        Err(no_primary(self.database(), hold, &last))
     }
 
     /// Serves one request: a server from the pool, then the relay until
@@ -372,9 +386,18 @@ impl Client {
         let lease = match lease {
             Some(l) => l,
             None => {
-                let acquired = match pool.acquire().await {
-                    Err(e) if pool.host == 0 && unreachable(&e) => self.hold_for_primary(e).await,
-                    other => other.map_err(|e| ClientError::new(e.sqlstate(), e.to_string())),
+                let topology = (pool.host == 0 && self.app.routing_anywhere())
+                    .then(|| self.app.topology(&self.pool.database))
+                    .flatten();
+                let acquired = if topology.is_some_and(|t| !self.primary_settled(&t)) {
+                    self.hold_for_primary(None).await
+                } else {
+                    match pool.acquire().await {
+                        Err(e) if pool.host == 0 && unreachable(&e) => {
+                            self.hold_for_primary(Some(e)).await
+                        }
+                        other => other.map_err(|e| ClientError::new(e.sqlstate(), e.to_string())),
+                    }
                 };
                 self.app.cancels.set_waiting(self.cancel, false);
                 let mut lease = match acquired {
@@ -646,4 +669,12 @@ fn unreachable(e: &AcquireError) -> bool {
         }
         _ => false,
     }
+}
+
+/// A transaction that waited `failover_hold` for a primary in vain.
+fn no_primary(database: &str, hold: Duration, why: &str) -> ClientError {
+    ClientError::new(
+        "08006",
+        format!("no primary for database \"{database}\" within failover_hold ({hold:?}): {why}"),
+    )
 }
