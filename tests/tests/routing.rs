@@ -231,6 +231,29 @@ async fn reads_go_to_the_replica_and_everything_else_to_the_primary() {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 
+    // A session setting keeps reads on the primary, as does a serializable
+    // default (a standby refuses serializable transactions).
+    for (set, reset) in [
+        ("set sluice.route = 'primary'", "reset sluice.route"),
+        (
+            "set default_transaction_isolation = serializable",
+            "reset default_transaction_isolation",
+        ),
+    ] {
+        client.simple_query(set).await.expect(set);
+        for _ in 0..3 {
+            assert!(
+                !in_recovery(&client, "select pg_is_in_recovery()").await,
+                "{set}: a read ran on the replica"
+            );
+        }
+        client.simple_query(reset).await.expect(reset);
+        assert!(
+            in_recovery(&client, "select pg_is_in_recovery()").await,
+            "{reset}: reads stayed on the primary"
+        );
+    }
+
     let rows = hosts(&sluice).await;
     assert!(
         rows.iter()

@@ -87,6 +87,17 @@ impl SessionVars {
             .filter(|name| name.contains('.'))
     }
 
+    /// Reads may not go to a replica for this session: it asked for the
+    /// primary (`SET sluice.route = 'primary'`), or its transactions would be
+    /// refused by a standby (serializable by default).
+    pub fn keeps_reads_on_primary(&self) -> bool {
+        self.get("sluice.route")
+            .is_some_and(|v| v.eq_ignore_ascii_case("primary"))
+            || self
+                .get("default_transaction_isolation")
+                .is_some_and(|v| v.eq_ignore_ascii_case("serializable"))
+    }
+
     fn get(&self, name: &str) -> Option<&str> {
         self.vars
             .iter()
@@ -185,6 +196,16 @@ fn quote_ident(s: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn sessions_that_keep_reads_on_the_primary() {
+        let v = SessionVars::from_pairs([("sluice.route", "primary")]);
+        assert!(v.keeps_reads_on_primary());
+        let v = SessionVars::from_pairs([("default_transaction_isolation", "serializable")]);
+        assert!(v.keeps_reads_on_primary());
+        let v = SessionVars::from_pairs([("default_transaction_isolation", "read committed")]);
+        assert!(!v.keeps_reads_on_primary());
+    }
 
     #[test]
     fn applies_the_difference() {

@@ -209,8 +209,14 @@ impl Client {
         let Some(topology) = self.app.topology(&self.pool.database) else {
             return primary(false);
         };
-        if self.is_listening() || self.pool.settings().mode == sluice_config::PoolMode::Session {
-            return primary(true);
+        if self.is_listening()
+            || self.pool.settings().mode == sluice_config::PoolMode::Session
+            || self
+                .session()
+                .as_deref()
+                .is_some_and(crate::session_vars::SessionVars::keeps_reads_on_primary)
+        {
+            return primary(false);
         }
         let named = |name: &[u8]| self.carried.as_ref()?.statements.get(name).cloned();
         let own = topology.classifier();
