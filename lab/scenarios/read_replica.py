@@ -5,7 +5,9 @@ A primary and a streaming replica; two pgbench at once, write-only (-N) and sele
 [databases] entries: `app` is the leader (port 5000 in the seed) and takes the writes; the
 selects use a second entry - `app_reads`, which points at the primary in the first phase
 and at the replica in the second (port 5001).  Same pool size for both entries in both
-phases, so the only change is where the selects run.
+phases, so the only change is where the selects run.  A third phase uses one endpoint:
+`app` names both servers (`host=..,.. port=primary,replica route_reads=1`) and both pgbench
+connect to it; sluice sends the select-only transactions to the replica by itself.
 
 A replica only adds capacity if it has hardware of its own; the seed's ran on its own VM.
 Here everything shares one machine, so the phases run in two layouts: "shared" (both
@@ -29,8 +31,9 @@ NAME = "read-replica"
 EXPERIMENT = "E5"
 TITLE = "selects to a streaming replica: write-only and select-only at once"
 
-SEED = {"primary": (82.0, 109.5), "replica": (124.0, 247.6)}
-PHASES = (("primary", "both to the primary"), ("replica", "selects to the replica"))
+SEED = {"primary": (82.0, 109.5), "replica": (124.0, 247.6), "routed": (None, None)}
+PHASES = (("primary", "both to the primary"), ("replica", "selects to the replica"),
+          ("routed", "one endpoint, route_reads"))
 LAYOUTS = {"shared": "shared cores", "pinned": "a core each"}
 
 
@@ -88,8 +91,14 @@ def run(s, ctx: Context) -> Report:
                 report.data["pinned_cpus"] = {"primary": cpus[0], "replica": cpus[1]}
             for phase, _ in PHASES:
                 reads = server(pg, pg.port if phase == "primary" else pg.replica_port)
+                databases = {"app": server(pg), "app_reads": reads}
+                if phase == "routed":
+                    # One entry for both: the selects find the replica by themselves.
+                    both = (f"host={pg.host},{pg.host} port={pg.port},{pg.replica_port} "
+                            f"dbname={pg.db} route_reads=1")
+                    databases = {"app": both, "app_reads": both}
                 with open_target(st, "sluice", pg, pool_size=s["pool_size"],
-                                 databases={"app": server(pg), "app_reads": reads}) as t:
+                                 databases=databases) as t:
                     report.data.setdefault("configs", {})[phase] = t.config
                     with ctx.progress.step(f"{NAME}: {layout}, {phase} phase warm-up"):
                         _both(st, t, s, s["warmup"], log=False)
@@ -145,6 +154,12 @@ def _table(report, s, results):
         gs = pct_change(_tps(results, layout, "replica", "select"),
                         _tps(results, layout, "primary", "select"))
         t.add(LAYOUTS[layout], "gain", gw, gs, None, None, "+51 %", "+126 %")
+        rw = pct_change(_tps(results, layout, "routed", "write"),
+                        _tps(results, layout, "primary", "write"))
+        rs = pct_change(_tps(results, layout, "routed", "select"),
+                        _tps(results, layout, "primary", "select"))
+        if rw or rs:
+            t.add(LAYOUTS[layout], "gain, one endpoint", rw, rs, None, None, None, None)
     errors = {f"{lay}/{ph}/{k}": v.get("error") for lay, phases in results.items()
               for ph, d in phases.items() for k, v in d.items() if v.get("error")}
     for where, e in errors.items():
@@ -166,6 +181,13 @@ def _table(report, s, results):
                         _tps(results, layout, "primary", "select"))
         if gw and gs:
             parts.append(f"with {LAYOUTS[layout]} write-only {gw}, select-only {gs}")
+        rw = pct_change(_tps(results, layout, "routed", "write"),
+                        _tps(results, layout, "primary", "write"))
+        rs = pct_change(_tps(results, layout, "routed", "select"),
+                        _tps(results, layout, "primary", "select"))
+        if rw and rs:
+            parts.append(f"through one endpoint with route_reads ({LAYOUTS[layout]}) "
+                         f"write-only {rw}, select-only {rs}")
     if parts:
         report.notes.append("=> Sending the selects to the replica: " + "; ".join(parts)
                             + " (seed: +51 % and +126 %). A replica adds capacity only when it "
@@ -191,7 +213,7 @@ def _figure(report, s, results):
         for label in series:
             v = vals.get((g, label))
             rel[(g, label)] = round(v / base * 100, 1) if v and base else None
-    colors = {series[0]: "#94a3b8", series[1]: "#0f766e"}
+    colors = {series[0]: "#94a3b8", series[1]: "#0f766e", series[2]: "#2563eb"}
     report.figures.append(svg.Figure(
         name=NAME, title=f"{EXPERIMENT} — selects to a replica help when it has a core of its own",
         subtitle=f"-N and -S at once, {s['clients']} + {s['clients']} clients, scale "
