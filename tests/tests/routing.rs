@@ -558,19 +558,31 @@ async fn nothing_after_a_read_only_transaction_runs_on_the_replica() {
         Vec::<String>::new(),
         "the insert pipelined after COMMIT ran on the replica"
     );
-    // An advisory lock taken on the replica: the client is not kept there
-    // (its next statements are read, and writes reach the primary).
+    // An advisory lock taken on the replica cannot stay there: the client
+    // is told (0A000) and disconnected, not kept on the replica or left
+    // believing it holds the lock.
     let mut bytes = query("/* sluice: replica */ select pg_advisory_lock(43)");
     bytes.extend(query("select 1"));
-    bytes.extend(query(
-        "insert into items values (8, 'after a lock on the replica')",
-    ));
     raw.send(&bytes).await.expect("send");
-    assert_eq!(
-        errors_in_replies(&mut raw, 3).await,
-        Vec::<String>::new(),
-        "after a session lock on the replica"
-    );
+    let mut codes = Vec::new();
+    loop {
+        match raw.read_message(Duration::from_secs(10)).await {
+            RawReply::Message(b'E', body) => codes.push(
+                error_field(&error_fields(&body), b'C')
+                    .unwrap_or("")
+                    .to_owned(),
+            ),
+            RawReply::Message(..) => {}
+            RawReply::Closed => break,
+            RawReply::TimedOut => panic!("no answer after a lock on the replica ({codes:?})"),
+        }
+    }
+    assert_eq!(codes, ["0A000"], "the lost lock is reported");
+    let client = connect_as(sluice.port(), APP_USER, "postgres").await;
+    client
+        .simple_query("insert into items values (8, 'after a lock on the replica')")
+        .await
+        .expect("a new connection writes");
 }
 
 /// The replica listed first: before the checks have found the primary, a
@@ -613,4 +625,53 @@ async fn reload_turns_routing_off() {
         hosts(&sluice).await.is_empty(),
         "checks still listed after RELOAD"
     );
+}
+
+/// RELOADs that take replica pools out of use give their servers' units of
+/// `max_db_connections` back (a budget of 2 would otherwise run dry).
+#[tokio::test]
+async fn reloads_do_not_leak_the_connection_budget() {
+    let (primary, replica) = primary_and_replica();
+    let config = |route: &str| {
+        routed_config(&primary, &replica, route, &[("read_your_writes", "off")])
+            .set("max_db_connections", "2")
+            .set("default_pool_size", "2")
+            .set("query_wait_timeout", "5")
+    };
+    let sluice = config("route_reads=1").start();
+    wait_for_roles(&sluice, &primary, &replica).await;
+    // Four clients read and write while routing is turned off and on.
+    let port = sluice.port();
+    let mut workers = Vec::new();
+    for w in 0..4 {
+        workers.push(tokio::spawn(async move {
+            let client = connect_as(port, APP_USER, "postgres").await;
+            for i in 0..150 {
+                let _ = client.simple_query("select pg_is_in_recovery()").await;
+                let _ = client
+                    .simple_query(&format!(
+                        "insert into items values ({}, 'w')",
+                        1000 * (w + 1) + i
+                    ))
+                    .await;
+            }
+        }));
+    }
+    for round in 0..6 {
+        let route = if round % 2 == 0 { "" } else { "route_reads=1" };
+        sluice.rewrite_config(&config(route).render());
+        sluice.reload();
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    for w in workers {
+        w.await.expect("worker");
+    }
+    let client = connect_as(sluice.port(), APP_USER, "postgres").await;
+    for i in 0..6 {
+        client
+            .simple_query(&format!("insert into items values ({}, 'after')", 200 + i))
+            .await
+            .unwrap_or_else(|e| panic!("after the reloads: {e}\n{}", sluice.log_tail(20)));
+        scalar_text(&client, "select count(*) from items").await;
+    }
 }

@@ -145,13 +145,15 @@ impl Database {
     /// Every server the entry names, in order: `host=a,b,c` with one port
     /// for all or a `port` list of the same length (PgBouncer 1.25).
     pub fn hosts(&self) -> Vec<HostPort> {
+        // Split as the pool does (`resolve` takes the first item): a socket
+        // directory may be one item of a list.
         let names: Vec<Option<String>> = match &self.host {
-            Some(h) if !h.starts_with('/') && !h.starts_with('@') => h
+            Some(h) => h
                 .split(',')
                 .map(|x| Some(x.trim().to_owned()))
                 .filter(|x| x.as_deref().is_some_and(|x| !x.is_empty()))
                 .collect(),
-            other => vec![other.clone()],
+            None => vec![None],
         };
         let names = if names.is_empty() { vec![None] } else { names };
         let port_of = |i: usize| self.ports.get(i).copied().or(self.port).unwrap_or(5432);
@@ -293,6 +295,12 @@ mod tests {
         assert_eq!(d.port, Some(1));
         let d = parse("host=/tmp").unwrap();
         assert_eq!(d.hosts().len(), 1);
+        let d = parse("host=/tmp,10.0.0.2 port=5432,5433").unwrap();
+        let hosts: Vec<Option<String>> = d.hosts().into_iter().map(|h| h.host).collect();
+        assert_eq!(
+            hosts,
+            [Some("/tmp".to_owned()), Some("10.0.0.2".to_owned())]
+        );
         assert!(parse("port=1,x").is_err());
         assert_eq!(parse("route_reads=on").unwrap().route_reads, Some(true));
     }

@@ -21,13 +21,14 @@ const CHECK_SQL: &str = "select pg_is_in_recovery(), \
      case when pg_is_in_recovery() then (select received_tli from pg_stat_wal_receiver) \
      else ('x' || substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8))::bit(32)::int end";
 
-/// Every function outside pg_catalog, by schema and name, with whether
-/// all its overloads are STABLE or IMMUTABLE (PostgreSQL runs those with
-/// a read-only snapshot: they cannot write).
+/// Every function, by schema and name, with whether all its overloads are
+/// STABLE or IMMUTABLE (PostgreSQL runs those with a read-only snapshot:
+/// they cannot write). pg_catalog's names come too, so that a function of
+/// another schema named like a built-in never vouches for the built-in.
 const FUNCTIONS_SQL: &str = "select n.nspname, p.proname, bool_and(p.provolatile <> 'v') \
-     from pg_proc p join pg_namespace n on n.oid = p.pronamespace \
-     where n.nspname not in ('pg_catalog', 'information_schema') \
-     group by 1, 2 limit 100000";
+     from pg_catalog.pg_proc p join pg_catalog.pg_namespace n on n.oid = p.pronamespace \
+     where n.nspname <> 'information_schema' \
+     group by 1, 2 limit 200000";
 
 /// How often the primary's functions are read again.
 const FUNCTIONS_EVERY: Duration = Duration::from_secs(60);

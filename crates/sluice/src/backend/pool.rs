@@ -302,6 +302,22 @@ impl Drop for SlotGuard<'_> {
     }
 }
 
+/// A pool dropped with servers still counted (a host pool RELOAD took out
+/// of use, whose last lease came back with its server kept idle) gives
+/// their units of the shared budgets back.
+impl Drop for Pool {
+    fn drop(&mut self) {
+        let total = self
+            .state
+            .get_mut()
+            .map_or_else(|p| p.into_inner().total, |st| st.total);
+        for _ in 0..total {
+            self.db_limit.give_back();
+            self.user_limit.give_back();
+        }
+    }
+}
+
 /// Times a connection opened for an address the pool has since left is
 /// opened again before the acquire fails.
 const RETARGET_RETRIES: u32 = 3;

@@ -202,10 +202,13 @@ impl Topology {
         let mut unqualified: std::collections::HashMap<&str, bool> =
             std::collections::HashMap::new();
         for (schema, name, read_only) in rows {
-            if *read_only {
+            // A bare call of a built-in's name is the built-in: only the
+            // classifier's own list speaks for it.
+            let built_in = schema == "pg_catalog";
+            if *read_only && !built_in {
                 qualified.push(format!("{schema}.{name}"));
             }
-            *unqualified.entry(name.as_str()).or_insert(true) &= *read_only;
+            *unqualified.entry(name.as_str()).or_insert(true) &= *read_only && !built_in;
         }
         let names: Vec<String> = qualified
             .into_iter()
@@ -228,6 +231,11 @@ impl Topology {
 
     pub fn hosts(&self) -> Vec<HostState> {
         self.lock().hosts.clone()
+    }
+
+    /// Some host has been checked (passed or failed a check).
+    pub fn checked(&self) -> bool {
+        self.lock().hosts.iter().any(|h| h.last_check.is_some())
     }
 
     pub fn len(&self) -> usize {
@@ -514,7 +522,14 @@ mod tests {
             ("public".into(), "bump".into(), false),
             ("audit".into(), "price".into(), false),
             ("app".into(), "total".into(), true),
+            ("evil".into(), "nextval".into(), true),
+            ("pg_catalog".into(), "nextval".into(), false),
         ]);
+        assert_eq!(
+            sql("select nextval('s')"),
+            Route::Primary,
+            "a stable evil.nextval does not vouch for pg_catalog's"
+        );
         assert_eq!(sql("select public.price(1)"), Route::Replica);
         assert_eq!(
             sql("select price(1)"),

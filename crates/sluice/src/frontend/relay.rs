@@ -261,14 +261,17 @@ pub async fn run(client: &mut Client, cbuf: &mut BytesMut, mut lease: Lease) -> 
                         AfterTx::Release => break Ok(Outcome::Release),
                         AfterTx::Close => break Ok(Outcome::Close),
                         // On a replica the client may not stay: its
-                        // session objects go with the server.
+                        // session objects are dropped with the server, and
+                        // the client is told, and disconnected.
                         AfterTx::Pinned if cycle.cap.is_some() => {
-                            tracing::warn!(
-                                user = %client.user(), db = %client.database(),
-                                "session objects left on a replica are dropped (the server is closed); \
-                                 take them on the primary"
-                            );
-                            break Ok(Outcome::Close);
+                            let why = t.pinned.map(|r| r.describe()).unwrap_or_default();
+                            break Err(End::Client(ClientError::new(
+                                "0A000",
+                                format!(
+                                    "session objects ({why}) cannot stay on a replica and were \
+                                     dropped; take them on the primary (/* sluice: primary */)"
+                                ),
+                            )));
                         }
                         // Pinned: stay linked, wait for the client.
                         AfterTx::Pinned => {}
@@ -379,8 +382,18 @@ pub async fn run(client: &mut Client, cbuf: &mut BytesMut, mut lease: Lease) -> 
             if client.want_commit_lsn && cycle.xacts_done > 0 {
                 // Read-your-writes: the primary's position now covers what
                 // this transaction committed.
-                const SQL: &str = "select pg_current_wal_insert_lsn()";
-                match Box::pin(run_query_rows(lease.server(), SQL)).await {
+                const SQL: &str = "select pg_catalog.pg_current_wal_insert_lsn()";
+                let read = tokio::time::timeout(
+                    CLEANUP_TIMEOUT,
+                    Box::pin(run_query_rows(lease.server(), SQL)),
+                )
+                .await
+                .unwrap_or_else(|_| {
+                    Err(crate::backend::login::LoginError::Unsupported(
+                        "the WAL position query timed out".into(),
+                    ))
+                });
+                match read {
                     Ok(rows) => {
                         client.commit_lsn = rows
                             .first()

@@ -260,12 +260,13 @@ impl Client {
     /// replays that far within `REPLAY_WAIT`, else given back (`None`: the
     /// read goes to the primary).
     async fn replayed(&self, mut lease: Lease, lsn: u64) -> Option<Lease> {
-        const SQL: &str = "select pg_last_wal_replay_lsn()";
+        const SQL: &str = "select pg_catalog.pg_last_wal_replay_lsn()";
         let deadline = tokio::time::Instant::now() + REPLAY_WAIT;
         loop {
-            let rows = match crate::backend::login::run_query_rows(lease.server(), SQL).await {
-                Ok(rows) => rows,
-                Err(_) => {
+            let check = crate::backend::login::run_query_rows(lease.server(), SQL);
+            let rows = match tokio::time::timeout(REPLAY_WAIT, check).await {
+                Ok(Ok(rows)) => rows,
+                _ => {
                     lease.close();
                     return None;
                 }
@@ -303,7 +304,17 @@ impl Client {
     async fn hold_for_primary(&self, first: Option<AcquireError>) -> Result<Lease, ClientError> {
         let fail = |e: &AcquireError| ClientError::new(e.sqlstate(), e.to_string());
         let topology = self.app.topology(&self.pool.database);
-        let hold = self.app.config().settings.failover_hold;
+        let config = self.app.config();
+        let s = &config.settings;
+        // Before the first checks have come back (a new topology) there is
+        // nothing to fail over from: wait for them whatever the hold.
+        let first_checks = topology.as_ref().is_some_and(|t| !t.checked());
+        let hold = if first_checks {
+            s.failover_hold
+                .max(s.health_check_timeout + s.health_check_period)
+        } else {
+            s.failover_hold
+        };
         let (Some(topology), false) = (topology, hold.is_zero()) else {
             return match first {
                 Some(e) => Err(fail(&e)),
