@@ -34,7 +34,9 @@ fn primary_and_replica_with(settings: &[(&str, &str)]) -> (Cluster, Cluster) {
                  create function app_price(int) returns int stable language sql \
                    as 'select $1 * 2'; \
                  create function app_bump(int) returns int language sql \
-                   as 'insert into items values ($1 + 1000, ''bump'') returning id'"
+                   as 'insert into items values ($1 + 1000, ''bump'') returning id'; \
+                 create function app_sneaky() returns bigint stable language sql \
+                   as 'select nextval(''seq'')'"
             ),
         )
         .expect("schema");
@@ -176,6 +178,15 @@ async fn reads_go_to_the_replica_and_everything_else_to_the_primary() {
         in_recovery(&client, "select pg_is_in_recovery(), app_price(2)").await,
         "a stable user function sent the read to the primary"
     );
+    // A STABLE function that writes all the same (nextval) is taken for a
+    // read, refused by the replica (25006), and run again on the primary:
+    // the client sees only the primary's answer.
+    for _ in 0..3 {
+        assert!(
+            !in_recovery(&client, "select pg_is_in_recovery(), app_sneaky()").await,
+            "the refused read was not run on the primary"
+        );
+    }
     for sql in [
         "select pg_is_in_recovery(), app_bump(1)",
         "/* sluice: primary */ select pg_is_in_recovery()",

@@ -127,6 +127,9 @@ pub struct Topology {
     /// primary because no replica qualified.
     pub reads_on_replicas: AtomicU64,
     pub reads_on_primary: AtomicU64,
+    /// Reads a replica refused (25006) or lost, run again on the primary:
+    /// misclassified statements show here.
+    pub replica_retries: AtomicU64,
 }
 
 struct State {
@@ -174,6 +177,7 @@ impl Topology {
             next: AtomicU64::new(0),
             reads_on_replicas: AtomicU64::new(0),
             reads_on_primary: AtomicU64::new(0),
+            replica_retries: AtomicU64::new(0),
         }
     }
 

@@ -29,6 +29,10 @@ use crate::scan::{Scanner, Visit};
 pub enum RelayEnd {
     /// The server went back to the pool; the client continues.
     Released,
+    /// A read routed to a replica was refused there (25006) or lost with
+    /// the replica before anything reached the client: run it again on
+    /// the primary.
+    Retry,
     ClientLeft,
     Error(ClientError),
 }
@@ -59,6 +63,24 @@ pub(super) struct Cycle {
     /// been sent, and the rest waits for the next lease, routed afresh
     /// (lifted when the request leaves a READ ONLY transaction open).
     pub(super) cap: Option<u64>,
+    /// The read-on-a-replica safety net (see `Retry`).
+    pub(super) retry: Retry,
+    /// A RowDescription kept from the client while `retry` is armed.
+    pub(super) retry_kept: Vec<u8>,
+}
+
+/// A simple-Query read routed to a replica: if the replica's first answer
+/// is a 25006 error ("cannot execute … in a read-only transaction"), the
+/// reply is kept from the client and the query runs again on the primary.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Retry {
+    Off,
+    /// Waiting for the replica's first answer.
+    Armed,
+    /// Refused: the rest of the reply is swallowed.
+    Swallowing,
+    /// The refused reply is over: give the server back and retry.
+    Done,
 }
 
 impl Cycle {
@@ -131,6 +153,12 @@ pub async fn run(client: &mut Client, cbuf: &mut BytesMut, mut lease: Lease) -> 
         written: (0, 0),
         error_classes: Vec::new(),
         cap: (lease.host() != 0).then_some(1),
+        retry: if lease.host() != 0 && client.retry_query.is_some() {
+            Retry::Armed
+        } else {
+            Retry::Off
+        },
+        retry_kept: Vec::new(),
     };
     let linked_at = std::time::Instant::now();
     let release_each = match settings.mode {
@@ -197,11 +225,13 @@ pub async fn run(client: &mut Client, cbuf: &mut BytesMut, mut lease: Lease) -> 
                             server.params = client.params.clone();
                         }
                         if !tracked::release_held(
-                            &cycle,
+                            &mut cycle,
                             held,
                             &mut server.buf,
                             t,
                             &mut server.statements,
+                            &mut client.params,
+                            refuse,
                         ) {
                             break Ok(false);
                         }
@@ -249,6 +279,21 @@ pub async fn run(client: &mut Client, cbuf: &mut BytesMut, mut lease: Lease) -> 
             && cycle.clean()
             && cycle.flushed(&server.buf)
             && tracking.as_deref().is_none_or(Tracking::settled);
+        if at_end && cycle.retry == Retry::Done {
+            break Ok(Outcome::Retry);
+        }
+        if cycle.retry == Retry::Done
+            && cycle.req.outstanding == 0
+            && cycle.status != TransactionStatus::Idle
+        {
+            // Cannot happen for the queries armed (they open no
+            // transaction); never leave the client waiting for the reply
+            // that was kept from it.
+            break Err(End::Client(ClientError::new(
+                "25006",
+                "a read routed to a replica was refused there inside a transaction",
+            )));
+        }
         if at_end && cycle.req.unsure() {
             // The reply count cannot be trusted: the client goes on, the
             // server is not shared.
@@ -367,6 +412,10 @@ pub async fn run(client: &mut Client, cbuf: &mut BytesMut, mut lease: Lease) -> 
     lease.stats.linked = linked_at.elapsed();
     lease.stats.error_classes = std::mem::take(&mut cycle.error_classes);
     let ended = match end {
+        Ok(Outcome::Retry) => {
+            lease.release();
+            RelayEnd::Retry
+        }
         Ok(Outcome::Close) => {
             lease.close();
             if let Some(t) = tracking.as_deref_mut()
@@ -434,6 +483,13 @@ pub async fn run(client: &mut Client, cbuf: &mut BytesMut, mut lease: Lease) -> 
             Box::pin(finish_abandoned(lease, &cycle, &settings, cleanup, owed)).await;
             RelayEnd::Error(e)
         }
+        Err(End::Server(why))
+            if cycle.retry != Retry::Off && cycle.written.1 == 0 && !cycle.client_terminated =>
+        {
+            tracing::warn!(user = %client.user(), db = %client.database(), "replica connection failed before any reply ({why}): the read runs on the primary");
+            lease.close();
+            RelayEnd::Retry
+        }
         Err(End::Server(why)) => {
             tracing::warn!(user = %client.user(), db = %client.database(), "server connection failed: {why}");
             lease.close();
@@ -452,6 +508,8 @@ pub async fn run(client: &mut Client, cbuf: &mut BytesMut, mut lease: Lease) -> 
 
 enum Outcome {
     Release,
+    /// See `Retry`.
+    Retry,
     /// The transaction ended but the server cannot be trusted.
     Close,
     ClientGone,

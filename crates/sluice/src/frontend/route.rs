@@ -96,6 +96,24 @@ pub fn request(
     Route::Primary
 }
 
+/// Largest simple Query kept to run again on the primary.
+const RETRY_LIMIT: usize = 64 * 1024;
+
+/// The length of the simple Query at the start of `buf` if it may run
+/// again on the primary after a replica refused it: its error leaves no
+/// transaction open (nothing in it could open one: no BEGIN or START
+/// anywhere, even in a string).
+pub fn retry_safe(buf: &[u8]) -> Option<usize> {
+    let (tag, body) = message(buf)?;
+    let len = 5 + body.len();
+    if tag != f::QUERY || len > RETRY_LIMIT {
+        return None;
+    }
+    let lower = body.to_ascii_lowercase();
+    let mentions = |word: &[u8]| lower.windows(word.len()).any(|w| w == word);
+    (!mentions(b"begin") && !mentions(b"start")).then_some(len)
+}
+
 /// One whole message at the start of `buf`: (type, body).
 fn message(buf: &[u8]) -> Option<(u8, &[u8])> {
     let tag = *buf.first()?;
@@ -183,6 +201,14 @@ mod tests {
         assert_eq!(request_with(&unknown, none), Route::Primary);
         let unnamed = batch(&[bind(""), exec, sync]);
         assert_eq!(request_with(&unnamed, none), Route::Primary);
+    }
+
+    #[test]
+    fn only_queries_that_leave_no_transaction_are_retried() {
+        assert!(retry_safe(&query("select f(1)")).is_some());
+        assert!(retry_safe(&query("begin read only; select 1")).is_none());
+        assert!(retry_safe(&query("start transaction; select 1")).is_none());
+        assert!(retry_safe(&parse("", "select 1")).is_none());
     }
 
     #[test]

@@ -43,6 +43,11 @@ pub struct Client {
     /// `commit_lsn`.
     pub(super) want_commit_lsn: bool,
     pub(super) commit_lsn: Option<u64>,
+    /// A read routed to a replica, kept to run again on the primary if the
+    /// replica refuses it (see `relay::Retry`).
+    pub(super) retry_query: Option<bytes::Bytes>,
+    /// The next request goes to the primary (its retry).
+    force_primary: bool,
 }
 
 /// When a client's transaction that may have written ended, and the
@@ -139,6 +144,8 @@ impl Client {
             last_write: None,
             want_commit_lsn: false,
             commit_lsn: None,
+            retry_query: None,
+            force_primary: false,
         }
     }
 
@@ -209,6 +216,9 @@ impl Client {
         let Some(topology) = self.app.topology(&self.pool.database) else {
             return primary(false);
         };
+        if self.force_primary {
+            return primary(false);
+        }
         if self.is_listening()
             || self.pool.settings().mode == sluice_config::PoolMode::Session
             || self
@@ -435,7 +445,28 @@ impl Client {
         let ryw = may_write && self.app.routing_anywhere() && self.app.read_limits().1;
         self.want_commit_lsn = ryw && lease.host() == 0;
         self.commit_lsn = None;
+        self.force_primary = false;
+        self.retry_query = (lease.host() != 0)
+            .then(|| super::route::retry_safe(buf))
+            .flatten()
+            .map(|n| bytes::Bytes::copy_from_slice(&buf[..n]));
         let end = relay::run(self, buf, lease).await;
+        if let RelayEnd::Retry = end
+            && let Some(query) = self.retry_query.take()
+        {
+            // Refused by the replica (or lost with it) before anything
+            // reached the client: the same query, first, on the primary.
+            if let Some(t) = self.app.topology(&self.pool.database) {
+                t.replica_retries.fetch_add(1, Relaxed);
+            }
+            let mut again = BytesMut::with_capacity(query.len() + buf.len());
+            again.extend_from_slice(&query);
+            again.extend_from_slice(buf);
+            *buf = again;
+            self.force_primary = true;
+            return None;
+        }
+        self.retry_query = None;
         if may_write {
             // After the transaction's last reply: the primary's position
             // read now (or any check of it taken from now on) covers it.
@@ -446,7 +477,7 @@ impl Client {
         }
         self.want_commit_lsn = false;
         match end {
-            RelayEnd::Released => None,
+            RelayEnd::Released | RelayEnd::Retry => None,
             RelayEnd::ClientLeft => Some(SessionEnd::ClientLeft),
             RelayEnd::Error(e) => Some(SessionEnd::Error(e)),
         }

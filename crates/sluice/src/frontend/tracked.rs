@@ -9,7 +9,7 @@ use bytes::{Buf, BytesMut};
 use sluice_wire::{TransactionStatus, WireError, split_frame, tags};
 
 use super::relay::{
-    Cycle, CycleView, SERVER_MESSAGE_LIMIT, ServerSeen, cycle_view, on_server_message,
+    Cycle, CycleView, Retry, SERVER_MESSAGE_LIMIT, ServerSeen, cycle_view, on_server_message,
     server_needs_body,
 };
 use super::relay_io::BUFFER_LIMIT;
@@ -325,12 +325,29 @@ fn note_effects(t: &mut Tracking, effects: Effects, text: &[u8]) {
 const MAX_CUSTOM_NAMES: usize = 1000;
 
 /// A server message that cannot be forwarded in place yet.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub(super) enum Held {
     /// Drop this message (`len` bytes) once everything before it is written.
     Drop { tag: u8, len: usize },
     /// Write sluice's own replies first.
     LocalFirst,
+    /// A step of the read-on-a-replica safety net (`relay::Retry`) for this
+    /// message (type, body), taken once everything before it is written.
+    Retry(RetryStep, u8, Vec<u8>),
+}
+
+/// What the safety net does with a held message.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum RetryStep {
+    /// A RowDescription: kept from the client until the replica's first
+    /// answer.
+    Keep,
+    /// The kept RowDescription goes to the client before this message
+    /// (the read was not refused).
+    Emit,
+    /// The replica refused the read, or this is the rest of that reply:
+    /// accounted for, not forwarded.
+    Swallow,
 }
 
 /// Scans server bytes after `cycle.to_client`, forwarding in place until a
@@ -347,18 +364,53 @@ pub(super) fn scan_server(
     let mut seen = ServerSeen::default();
     let mut held = None;
     let expected = &mut t.expected;
+    let swallowing = cycle.retry == Retry::Swallowing;
+    let armed = cycle.retry == Retry::Armed;
     let end = cycle.server_scan.scan(
         sbuf,
         cycle.to_client,
         SERVER_MESSAGE_LIMIT,
         |tag| {
-            server_needs_body(tag)
+            // (the safety net looks at every message while it is on)
+            swallowing
+                || armed
+                || server_needs_body(tag)
                 || matches!(
                     tag,
                     b::PARSE_COMPLETE | b::CLOSE_COMPLETE | b::NOTIFICATION_RESPONSE
                 )
         },
         |tag, body| {
+            let asynchronous = matches!(
+                tag,
+                b::NOTICE_RESPONSE | b::PARAMETER_STATUS | b::NOTIFICATION_RESPONSE
+            );
+            // The safety net decides here, and acts in `release_held` (a
+            // held message is looked at again until it is released).
+            let step = match cycle.retry {
+                _ if asynchronous => None,
+                Retry::Armed if tag == b::ROW_DESCRIPTION && cycle.retry_kept.is_empty() => {
+                    Some(RetryStep::Keep)
+                }
+                Retry::Armed
+                    if tag == b::ERROR_RESPONSE
+                        && sluice_wire::ErrorFields::decode(body)
+                            .is_ok_and(|f| f.code == "25006") =>
+                {
+                    Some(RetryStep::Swallow)
+                }
+                Retry::Armed if !cycle.retry_kept.is_empty() => Some(RetryStep::Emit),
+                Retry::Armed => {
+                    cycle.retry = Retry::Off;
+                    None
+                }
+                Retry::Swallowing => Some(RetryStep::Swallow),
+                _ => None,
+            };
+            if let Some(step) = step {
+                held = Some(Held::Retry(step, tag, body.to_vec()));
+                return Visit::StopBefore;
+            }
             // Notifications reach transaction-mode clients through the
             // pool's LISTEN hub; a pooled server that briefly listened for
             // the client must not deliver them twice.
@@ -409,11 +461,13 @@ pub(super) fn scan_server(
 /// Acts on a held message once the bytes before it are written; returns
 /// whether anything changed (scan again).
 pub(super) fn release_held(
-    cycle: &Cycle,
+    cycle: &mut Cycle,
     held: Held,
     sbuf: &mut BytesMut,
     t: &mut Tracking,
     server: &mut ServerStatements,
+    client_params: &mut std::sync::Arc<crate::params::ParamSet>,
+    refuse_transactions: bool,
 ) -> bool {
     if cycle.to_client != 0 {
         return false;
@@ -424,6 +478,39 @@ pub(super) fn release_held(
             sbuf.advance(len);
         }
         Held::LocalFirst => t.expected.settle(&mut t.extra, cycle.status, server),
+        Held::Retry(RetryStep::Emit, _, _) => {
+            t.extra.extend_from_slice(&std::mem::take(&mut cycle.retry_kept));
+            cycle.retry = Retry::Off;
+        }
+        Held::Retry(step, tag, body) => {
+            let mut seen = ServerSeen::default();
+            on_server_message(
+                &mut seen,
+                cycle_view!(cycle),
+                tag,
+                &body,
+                client_params,
+                refuse_transactions,
+            );
+            if seen.ignored_syncs > 0 {
+                t.expected.forget_ignored_syncs(seen.ignored_syncs);
+            }
+            t.expected.consume(tag, &body, server);
+            if step == RetryStep::Keep {
+                let len = i32::try_from(body.len() + 4).unwrap_or(i32::MAX);
+                cycle.retry_kept.push(tag);
+                cycle.retry_kept.extend_from_slice(&len.to_be_bytes());
+                cycle.retry_kept.extend_from_slice(&body);
+            } else {
+                cycle.retry_kept.clear();
+                cycle.retry = if tag == tags::backend::READY_FOR_QUERY {
+                    Retry::Done
+                } else {
+                    Retry::Swallowing
+                };
+            }
+            sbuf.advance(body.len() + sluice_wire::HEADER_LEN);
+        }
     }
     true
 }

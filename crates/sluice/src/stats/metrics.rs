@@ -350,6 +350,22 @@ fn hosts(encoder: &mut DescriptorEncoder, app: &App) -> std::fmt::Result {
             t.reads_on_primary.load(Relaxed) as f64,
         ));
     }
+    let retries: Vec<(Labels, f64)> = topologies
+        .iter()
+        .map(|t| {
+            (
+                vec![("database", t.database.as_str())],
+                t.replica_retries.load(std::sync::atomic::Ordering::Relaxed) as f64,
+            )
+        })
+        .collect();
+    counter(
+        encoder,
+        "sluice_replica_retries",
+        "Reads a replica refused as writes (25006) or lost before answering, run again on the \
+         primary: each is a statement the classifier took for a read",
+        &retries,
+    )?;
     gauge(
         encoder,
         "sluice_host_up",
