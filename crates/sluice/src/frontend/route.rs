@@ -109,8 +109,10 @@ pub fn retry_safe(buf: &[u8]) -> Option<usize> {
     if tag != f::QUERY || len > RETRY_LIMIT {
         return None;
     }
-    let lower = body.to_ascii_lowercase();
-    let mentions = |word: &[u8]| lower.windows(word.len()).any(|w| w == word);
+    let mentions = |word: &[u8]| {
+        body.windows(word.len())
+            .any(|w| w.eq_ignore_ascii_case(word))
+    };
     (!mentions(b"begin") && !mentions(b"start")).then_some(len)
 }
 

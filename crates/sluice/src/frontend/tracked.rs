@@ -336,6 +336,24 @@ pub(super) enum Held {
     Retry(RetryStep, u8, Vec<u8>),
 }
 
+/// An ErrorResponse body with SQLSTATE 25006 (read_only_sql_transaction).
+fn is_read_only_refusal(body: &[u8]) -> bool {
+    sluice_wire::ErrorFields::decode(body).is_ok_and(|f| f.code == "25006")
+}
+
+/// The whole message after the one whose body is `body` (a slice of
+/// `buf`), if it is already in `buf`: (type, body).
+fn next_message<'a>(buf: &'a [u8], body: &[u8]) -> Option<(u8, &'a [u8])> {
+    let start = (body.as_ptr() as usize)
+        .checked_sub(buf.as_ptr() as usize)?
+        .checked_add(body.len())?;
+    let rest = buf.get(start..)?;
+    let tag = *rest.first()?;
+    let len = i32::from_be_bytes(rest.get(1..5)?.try_into().ok()?);
+    let len = usize::try_from(len).ok()?.checked_sub(4)?;
+    Some((tag, rest.get(5..5 + len)?))
+}
+
 /// What the safety net does with a held message.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum RetryStep {
@@ -389,14 +407,23 @@ pub(super) fn scan_server(
             // held message is looked at again until it is released).
             let step = match cycle.retry {
                 _ if asynchronous => None,
+                // The replica describes the result before it runs the
+                // query. Usually its first answer is already here (one
+                // flush): decide now and forward in one piece; else keep
+                // the description until it comes.
                 Retry::Armed if tag == b::ROW_DESCRIPTION && cycle.retry_kept.is_empty() => {
-                    Some(RetryStep::Keep)
+                    match next_message(sbuf, body) {
+                        Some((b::ERROR_RESPONSE, next)) if is_read_only_refusal(next) => {
+                            Some(RetryStep::Keep)
+                        }
+                        Some(_) => {
+                            cycle.retry = Retry::Off;
+                            None
+                        }
+                        None => Some(RetryStep::Keep),
+                    }
                 }
-                Retry::Armed
-                    if tag == b::ERROR_RESPONSE
-                        && sluice_wire::ErrorFields::decode(body)
-                            .is_ok_and(|f| f.code == "25006") =>
-                {
+                Retry::Armed if tag == b::ERROR_RESPONSE && is_read_only_refusal(body) => {
                     Some(RetryStep::Swallow)
                 }
                 Retry::Armed if !cycle.retry_kept.is_empty() => Some(RetryStep::Emit),
@@ -479,7 +506,8 @@ pub(super) fn release_held(
         }
         Held::LocalFirst => t.expected.settle(&mut t.extra, cycle.status, server),
         Held::Retry(RetryStep::Emit, _, _) => {
-            t.extra.extend_from_slice(&std::mem::take(&mut cycle.retry_kept));
+            t.extra
+                .extend_from_slice(&std::mem::take(&mut cycle.retry_kept));
             cycle.retry = Retry::Off;
         }
         Held::Retry(step, tag, body) => {
