@@ -178,6 +178,13 @@ async fn reads_go_to_the_replica_and_everything_else_to_the_primary() {
         in_recovery(&client, "select pg_is_in_recovery(), app_price(2)").await,
         "a stable user function sent the read to the primary"
     );
+    // A first row larger than sluice holds whole streams from the replica
+    // (the safety net decides on the description and the first answer's
+    // type alone).
+    assert!(
+        in_recovery(&client, "select pg_is_in_recovery(), repeat('x', 20000000)").await,
+        "a 20 MB row was not read on the replica"
+    );
     // A STABLE function that writes all the same (nextval) is taken for a
     // read, refused by the replica (25006), and run again on the primary:
     // the client sees only the primary's answer.

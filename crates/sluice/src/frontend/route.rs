@@ -109,9 +109,13 @@ pub fn retry_safe(buf: &[u8]) -> Option<usize> {
     if tag != f::QUERY || len > RETRY_LIMIT {
         return None;
     }
+    let ident = |b: Option<&u8>| b.is_some_and(|c| c.is_ascii_alphanumeric() || *c == b'_');
     let mentions = |word: &[u8]| {
-        body.windows(word.len())
-            .any(|w| w.eq_ignore_ascii_case(word))
+        body.windows(word.len()).enumerate().any(|(i, w)| {
+            w.eq_ignore_ascii_case(word)
+                && !ident(i.checked_sub(1).and_then(|j| body.get(j)))
+                && !ident(body.get(i + word.len()))
+        })
     };
     (!mentions(b"begin") && !mentions(b"start")).then_some(len)
 }
@@ -210,6 +214,7 @@ mod tests {
         assert!(retry_safe(&query("select f(1)")).is_some());
         assert!(retry_safe(&query("begin read only; select 1")).is_none());
         assert!(retry_safe(&query("start transaction; select 1")).is_none());
+        assert!(retry_safe(&query("select started_at, begin_date from t")).is_some());
         assert!(retry_safe(&parse("", "select 1")).is_none());
     }
 

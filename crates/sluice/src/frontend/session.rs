@@ -217,7 +217,8 @@ impl Client {
             return primary(false);
         };
         if self.force_primary {
-            return primary(false);
+            // A "read" a replica refused: it writes.
+            return primary(true);
         }
         if self.is_listening()
             || self.pool.settings().mode == sluice_config::PoolMode::Session

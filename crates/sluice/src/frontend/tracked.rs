@@ -341,17 +341,24 @@ fn is_read_only_refusal(body: &[u8]) -> bool {
     sluice_wire::ErrorFields::decode(body).is_ok_and(|f| f.code == "25006")
 }
 
-/// The whole message after the one whose body is `body` (a slice of
-/// `buf`), if it is already in `buf`: (type, body).
-fn next_message<'a>(buf: &'a [u8], body: &[u8]) -> Option<(u8, &'a [u8])> {
-    let start = (body.as_ptr() as usize)
+/// The first message after the one whose body is `body` (a slice of
+/// `buf`) that is not a notice, if it is already whole in `buf`: (type,
+/// body).
+fn next_answer<'a>(buf: &'a [u8], body: &[u8]) -> Option<(u8, &'a [u8])> {
+    let mut start = (body.as_ptr() as usize)
         .checked_sub(buf.as_ptr() as usize)?
         .checked_add(body.len())?;
-    let rest = buf.get(start..)?;
-    let tag = *rest.first()?;
-    let len = i32::from_be_bytes(rest.get(1..5)?.try_into().ok()?);
-    let len = usize::try_from(len).ok()?.checked_sub(4)?;
-    Some((tag, rest.get(5..5 + len)?))
+    loop {
+        let rest = buf.get(start..)?;
+        let tag = *rest.first()?;
+        let len = i32::from_be_bytes(rest.get(1..5)?.try_into().ok()?);
+        let len = usize::try_from(len).ok()?.checked_sub(4)?;
+        let next = rest.get(5..5 + len)?;
+        if tag != tags::backend::NOTICE_RESPONSE {
+            return Some((tag, next));
+        }
+        start = start.checked_add(5 + len)?;
+    }
 }
 
 /// What the safety net does with a held message.
@@ -389,9 +396,14 @@ pub(super) fn scan_server(
         cycle.to_client,
         SERVER_MESSAGE_LIMIT,
         |tag| {
-            // (the safety net looks at every message while it is on)
+            // (the safety net looks at the description, the notices and
+            // the errors while it waits, at everything while it swallows)
             swallowing
-                || armed
+                || (armed
+                    && matches!(
+                        tag,
+                        b::ROW_DESCRIPTION | b::ERROR_RESPONSE | b::NOTICE_RESPONSE
+                    ))
                 || server_needs_body(tag)
                 || matches!(
                     tag,
@@ -405,14 +417,18 @@ pub(super) fn scan_server(
             );
             // The safety net decides here, and acts in `release_held` (a
             // held message is looked at again until it is released).
+            let keeping = !cycle.retry_kept.is_empty();
             let step = match cycle.retry {
+                // A notice after the kept description goes with it (if the
+                // read is refused, the primary's run sends it again).
+                Retry::Armed if keeping && tag == b::NOTICE_RESPONSE => Some(RetryStep::Keep),
                 _ if asynchronous => None,
                 // The replica describes the result before it runs the
                 // query. Usually its first answer is already here (one
                 // flush): decide now and forward in one piece; else keep
                 // the description until it comes.
-                Retry::Armed if tag == b::ROW_DESCRIPTION && cycle.retry_kept.is_empty() => {
-                    match next_message(sbuf, body) {
+                Retry::Armed if tag == b::ROW_DESCRIPTION && !keeping => {
+                    match next_answer(sbuf, body) {
                         Some((b::ERROR_RESPONSE, next)) if is_read_only_refusal(next) => {
                             Some(RetryStep::Keep)
                         }
@@ -426,7 +442,7 @@ pub(super) fn scan_server(
                 Retry::Armed if tag == b::ERROR_RESPONSE && is_read_only_refusal(body) => {
                     Some(RetryStep::Swallow)
                 }
-                Retry::Armed if !cycle.retry_kept.is_empty() => Some(RetryStep::Emit),
+                Retry::Armed if keeping => Some(RetryStep::Emit),
                 Retry::Armed => {
                     cycle.retry = Retry::Off;
                     None
@@ -435,7 +451,13 @@ pub(super) fn scan_server(
                 _ => None,
             };
             if let Some(step) = step {
-                held = Some(Held::Retry(step, tag, body.to_vec()));
+                // Emit needs no body (the message itself is forwarded next).
+                let body = if step == RetryStep::Emit {
+                    Vec::new()
+                } else {
+                    body.to_vec()
+                };
+                held = Some(Held::Retry(step, tag, body));
                 return Visit::StopBefore;
             }
             // Notifications reach transaction-mode clients through the
