@@ -48,6 +48,10 @@ pub struct Client {
     pub(super) retry_query: Option<bytes::Bytes>,
     /// The next request goes to the primary (its retry).
     force_primary: bool,
+    /// The client has sent a transaction that reads only: the primary's
+    /// WAL position is read after its writes (read-your-writes). A client
+    /// that only ever writes does not pay for it.
+    reads_routed: std::sync::atomic::AtomicBool,
 }
 
 /// When a client's transaction that may have written ended, and the
@@ -146,6 +150,7 @@ impl Client {
             commit_lsn: None,
             retry_query: None,
             force_primary: false,
+            reads_routed: std::sync::atomic::AtomicBool::new(false),
         }
     }
 
@@ -234,6 +239,8 @@ impl Client {
         if super::route::request(buf, own.as_deref(), named) == sluice_router::Route::Primary {
             return primary(true);
         }
+        // From now on its writes are worth the read-your-writes position.
+        self.reads_routed.store(true, Relaxed);
         let (limits, ryw) = self.app.read_limits();
         // Read-your-writes: a replica must have replayed the client's last
         // write: its position read right after it, or else the primary's
@@ -444,7 +451,7 @@ impl Client {
         self.app.cancels.set_waiting(self.cancel, false);
         self.idle_timeout = Some(lease.settings.client_idle_timeout);
         let ryw = may_write && self.app.routing_anywhere() && self.app.read_limits().1;
-        self.want_commit_lsn = ryw && lease.host() == 0;
+        self.want_commit_lsn = ryw && lease.host() == 0 && self.reads_routed.load(Relaxed);
         self.commit_lsn = None;
         self.force_primary = false;
         self.retry_query = (lease.host() != 0)
