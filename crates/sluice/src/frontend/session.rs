@@ -65,6 +65,9 @@ struct Written {
 /// Where a transaction goes (see `Client::route`).
 struct Routed {
     pool: Arc<Pool>,
+    /// The database's topology when it routes reads (looked up once per
+    /// transaction).
+    topology: Option<Arc<crate::backend::topology::Topology>>,
     /// It may write: remember its end for read-your-writes.
     may_write: bool,
     /// A replica whose last check is behind the client's last write: it
@@ -210,15 +213,22 @@ impl Client {
     /// read-your-writes); otherwise the client's own pool (the primary).
     /// LISTEN and session mode always use the primary.
     fn route(&self, buf: &[u8]) -> Routed {
+        if !self.app.routing_anywhere() {
+            return Routed {
+                pool: self.pool.clone(),
+                topology: None,
+                may_write: false,
+                verify: None,
+            };
+        }
+        let topology = self.app.topology(&self.pool.database);
         let primary = |may_write| Routed {
             pool: self.pool.clone(),
+            topology: topology.clone(),
             may_write,
             verify: None,
         };
-        if !self.app.routing_anywhere() {
-            return primary(false);
-        }
-        let Some(topology) = self.app.topology(&self.pool.database) else {
+        let Some(topology) = topology.as_ref() else {
             return primary(false);
         };
         if self.force_primary {
@@ -264,6 +274,7 @@ impl Client {
         match picked.and_then(|i| self.app.host_pool(&self.pool, i)) {
             Some(pool) => Routed {
                 pool,
+                topology: Some(topology.clone()),
                 may_write: false,
                 verify,
             },
@@ -391,6 +402,7 @@ impl Client {
         self.app.cancels.set_waiting(self.cancel, true);
         let Routed {
             mut pool,
+            topology,
             may_write,
             verify,
         } = self.route(buf);
@@ -402,8 +414,7 @@ impl Client {
             {
                 lease = Box::pin(self.replayed(l, lsn)).await;
             }
-            let topology = self.app.topology(&self.pool.database);
-            if let Some(t) = topology {
+            if let Some(t) = &topology {
                 let counter = match lease {
                     Some(_) => &t.reads_on_replicas,
                     None => &t.reads_on_primary,
@@ -414,17 +425,15 @@ impl Client {
                 pool = self.pool.clone();
             }
         } else if pool.host != 0
-            && let Some(t) = self.app.topology(&self.pool.database)
+            && let Some(t) = &topology
         {
             t.reads_on_replicas.fetch_add(1, Relaxed);
         }
         let lease = match lease {
             Some(l) => l,
             None => {
-                let topology = (pool.host == 0 && self.app.routing_anywhere())
-                    .then(|| self.app.topology(&self.pool.database))
-                    .flatten();
-                let acquired = if topology.is_some_and(|t| !self.primary_settled(&t)) {
+                let gate = topology.as_ref().filter(|_| pool.host == 0);
+                let acquired = if gate.is_some_and(|t| !self.primary_settled(t)) {
                     self.hold_for_primary(None).await
                 } else {
                     match pool.acquire().await {
@@ -464,7 +473,7 @@ impl Client {
         {
             // Refused by the replica (or lost with it) before anything
             // reached the client: the same query, first, on the primary.
-            if let Some(t) = self.app.topology(&self.pool.database) {
+            if let Some(t) = &topology {
                 t.replica_retries.fetch_add(1, Relaxed);
             }
             let mut again = BytesMut::with_capacity(query.len() + buf.len());
