@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs what sluice's demo, tests and benchmarks need on a fresh Debian
-# machine: PostgreSQL's server and pgbench, and the peers the benchmark
+# machine: PostgreSQL's server and pgbench, Patroni and etcd for the
+# switchover test, and the peers the benchmark
 # compares with (PgBouncer, Pgpool-II). Idempotent; quiet when all is there.
 set -euo pipefail
 
@@ -16,6 +17,9 @@ if [ -z "$pg_bindir" ] || [ ! -x "$pg_bindir/initdb" ] || [ ! -x "$pg_bindir/pgb
   need+=(postgresql postgresql-contrib)
 fi
 command -v psql >/dev/null 2>&1 || need+=(postgresql-client)
+# The routing tests run a Patroni + etcd cluster (tests/tests/patroni.rs).
+command -v patroni >/dev/null 2>&1 || need+=(patroni)
+command -v etcd >/dev/null 2>&1 || need+=(etcd-server)
 if [ "${1:-}" = "--peers" ]; then
   command -v pgbouncer >/dev/null 2>&1 || [ -x /usr/sbin/pgbouncer ] || need+=(pgbouncer)
   command -v pgpool >/dev/null 2>&1 || [ -x /usr/sbin/pgpool ] || need+=(pgpool2)
@@ -33,7 +37,8 @@ if [ ${#need[@]} -gt 0 ]; then
     done
   fi
   # Peers started by their packages would hold ports; the lab starts its own.
-  $sudo_cmd systemctl stop pgbouncer pgpool2 2>/dev/null || true
+  $sudo_cmd systemctl stop pgbouncer pgpool2 etcd patroni 2>/dev/null || true
+  $sudo_cmd service etcd stop 2>/dev/null || true
   $sudo_cmd service pgbouncer stop 2>/dev/null || true
   $sudo_cmd service pgpool2 stop 2>/dev/null || true
 fi

@@ -342,3 +342,81 @@ async fn postgres_outage_gives_errors_not_hangs() {
         "sluice never served queries again after PostgreSQL came back"
     );
 }
+
+/// A server that dies after the pool handed it out and before it answers
+/// (a backend terminated while a request is on its way: a restart or a
+/// switchover under load). Made deterministic with SIGSTOP: the backend
+/// gets its SIGTERM while stopped, the request is sent, then SIGCONT lets
+/// it die with FATAL 57P01 before reading it. A lone BEGIN (or a read)
+/// runs again on another server and the client never knows; anything
+/// else may have committed and gets the error.
+#[tokio::test]
+async fn a_request_whose_server_dies_before_answering_runs_again_only_if_safe() {
+    let cluster = app_cluster(ServerAuth::Trust);
+    cluster
+        .psql(
+            "postgres",
+            &format!("create table marks (n int); grant all on marks to {APP_USER}"),
+        )
+        .expect("schema");
+    let sluice = ConfigBuilder::for_cluster(&cluster)
+        .set("pool_mode", "transaction")
+        .set("default_pool_size", "1")
+        .start();
+    let admin = superuser_connect(&cluster, "postgres").await;
+    let client = connect_as(sluice.port(), APP_USER, "postgres").await;
+
+    // The server the next request will get, stopped with a SIGTERM pending.
+    let doomed = || async {
+        let pid: i32 = scalar_text(&client, "select pg_backend_pid()")
+            .await
+            .parse()
+            .expect("pid");
+        // SAFETY: kill(2) on a PostgreSQL backend of this test's cluster.
+        assert_eq!(unsafe { libc::kill(pid, libc::SIGSTOP) }, 0, "SIGSTOP");
+        admin
+            .simple_query(&format!("select pg_terminate_backend({pid})"))
+            .await
+            .expect("terminate");
+        pid
+    };
+    let wake = |pid: i32| {
+        tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            // SAFETY: as above.
+            unsafe { libc::kill(pid, libc::SIGCONT) };
+        })
+    };
+
+    let pid = doomed().await;
+    let woken = wake(pid);
+    client
+        .simple_query("begin")
+        .await
+        .expect("BEGIN, run again");
+    let now: i32 = scalar_text(&client, "select pg_backend_pid()")
+        .await
+        .parse()
+        .expect("pid");
+    assert_ne!(now, pid, "the transaction runs on another server");
+    client.simple_query("commit").await.expect("COMMIT");
+    woken.await.expect("SIGCONT");
+    assert!(
+        sluice.log().contains("the request runs on another server"),
+        "{}",
+        sluice.log_tail(20)
+    );
+
+    // A write is not run again: its client gets the server's error, and
+    // the row is not written twice (here: not at all).
+    let pid = doomed().await;
+    let woken = wake(pid);
+    let err = client
+        .simple_query("insert into marks values (1)")
+        .await
+        .expect_err("the server died under the insert");
+    woken.await.expect("SIGCONT");
+    assert_eq!(sqlstate(&err), Some("57P01"), "{err:?}");
+    let rows = scalar_text(&admin, "select count(*) from marks").await;
+    assert_eq!(rows, "0");
+}

@@ -27,6 +27,10 @@ pub struct Database {
     pub ports: Vec<u16>,
     /// Overrides `[sluice] route_reads`.
     pub route_reads: Option<bool>,
+    /// Patroni REST API addresses (`host:port`, from `http://host:port`)
+    /// of the cluster's members: its leader is the only host that may be
+    /// the primary. Empty: roles from the hosts' own checks alone.
+    pub patroni: Vec<String>,
     /// Server database name; `None` means the same as `name`.
     pub dbname: Option<String>,
     /// Forced server user: every client shares one pool under this user.
@@ -82,6 +86,11 @@ pub(crate) const DATABASE_PARAMETERS: &[(&str, &str)] = &[
     (
         "route_reads",
         "Overrides [sluice] route_reads: send read-only transactions to replicas.",
+    ),
+    (
+        "patroni",
+        "Patroni REST API URLs of the cluster (http://host:port, comma-separated): with route_reads, \
+         only the member Patroni names leader may take writes.",
     ),
     (
         "user",
@@ -204,6 +213,12 @@ impl Database {
                 self.ports = if ports.len() > 1 { ports } else { Vec::new() };
             }
             "route_reads" => self.route_reads = Some(parse_flag(text)?),
+            "patroni" => {
+                self.patroni = text
+                    .split(',')
+                    .map(parse_patroni_url)
+                    .collect::<Result<Vec<String>, String>>()?;
+            }
             "user" => self.user = Some(value),
             "password" => self.password = Some(value),
             "auth_user" => self.auth_user = Some(value),
@@ -242,6 +257,24 @@ impl Database {
     }
 }
 
+/// `http://host:port[/]` (or `host:port`) → `host:port`.
+fn parse_patroni_url(text: &str) -> Result<String, String> {
+    let text = text.trim();
+    if text.starts_with("https://") {
+        return Err("https is not supported for the Patroni REST API yet: use http://".to_owned());
+    }
+    let rest = text.strip_prefix("http://").unwrap_or(text);
+    let rest = rest.strip_suffix('/').unwrap_or(rest);
+    let (host, port) = rest
+        .rsplit_once(':')
+        .ok_or_else(|| format!("expected http://host:port, got \"{text}\""))?;
+    if host.is_empty() || host.contains('/') || host.contains('@') {
+        return Err(format!("expected http://host:port, got \"{text}\""));
+    }
+    parse_port(port)?;
+    Ok(rest.to_owned())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -274,6 +307,7 @@ mod tests {
                 "load_balance_hosts" => "disable",
                 "target_session_attrs" => "primary",
                 "route_reads" => "1",
+                "patroni" => "http://127.0.0.1:8008",
                 _ => "x",
             };
             parse(&format!("{name}={value}")).unwrap();
@@ -303,6 +337,15 @@ mod tests {
         );
         assert!(parse("port=1,x").is_err());
         assert_eq!(parse("route_reads=on").unwrap().route_reads, Some(true));
+        assert_eq!(
+            parse("patroni=http://10.0.0.1:8008/,10.0.0.2:8008")
+                .unwrap()
+                .patroni,
+            ["10.0.0.1:8008", "10.0.0.2:8008"]
+        );
+        assert!(parse("patroni=https://a:8008").is_err());
+        assert!(parse("patroni=http://a").is_err());
+        assert!(parse("patroni=http://a:99999").is_err());
     }
 
     #[test]

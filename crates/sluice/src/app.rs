@@ -251,15 +251,21 @@ impl App {
             let mut map = self.topologies.lock().unwrap_or_else(|p| p.into_inner());
             if let Some(t) = map.get(&pool.database)
                 && t.hosts().iter().map(|h| &h.addr).eq(addrs.iter())
+                && t.patroni == entry.patroni
             {
                 return;
             }
-            let t = Arc::new(Topology::new(pool.database.clone(), addrs));
+            let t = Arc::new(Topology::new(
+                pool.database.clone(),
+                addrs,
+                entry.patroni.clone(),
+            ));
             map.insert(pool.database.clone(), t.clone());
             self.routing.store(true, Ordering::Relaxed);
             t
         };
         let host: Arc<dyn crate::backend::monitor::MonitorHost> = me;
+        crate::backend::patroni::start(host.clone(), &topology, |task| self.spawn_on_worker(task));
         crate::backend::monitor::start(host, &topology, pool, |task| self.spawn_on_worker(task));
     }
 
@@ -280,6 +286,7 @@ impl App {
             .filter(|t| match Self::database_entry(config, &t.database) {
                 Some(entry) => {
                     !Self::routes_reads(config, &entry)
+                        || t.patroni != entry.patroni
                         || !t
                             .hosts()
                             .iter()

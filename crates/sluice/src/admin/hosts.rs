@@ -22,8 +22,9 @@ pub fn hosts(app: &App) -> ResultSet {
             "last_check_ms",
             "servers",
             "error",
+            "patroni_role",
         ],
-        "ssissiiiiis",
+        "ssissiiiiiss",
     );
     let pools = app.pools();
     for topology in app.topologies() {
@@ -59,6 +60,7 @@ pub fn hosts(app: &App) -> ResultSet {
                 since.map(|d| v(d.as_millis())).unwrap_or(None),
                 v(servers),
                 h.last_error.map(v).unwrap_or(None),
+                h.patroni_role.map(v).unwrap_or(None),
             ]);
         }
     }

@@ -7,6 +7,7 @@ pub mod limits;
 pub mod login;
 pub mod monitor;
 pub mod notify_hub;
+pub mod patroni;
 pub mod pool;
 pub mod server;
 pub mod stats;

@@ -740,13 +740,23 @@ impl Pool {
             let mut opened = login::open(&target, &credential).await;
             // A server restarting refuses connections, then says it is
             // starting up, for a moment: the client waits that moment out
-            // instead of getting an error.
+            // instead of getting an error; unless the pool moves to another
+            // address meanwhile (a failover): then it tries that one.
+            let mut moved = false;
             while let Err(e) = &opened
                 && is_transient(e)
                 && started.elapsed() + RESTART_POLL < retry
             {
                 tokio::time::sleep(RESTART_POLL).await;
+                if self.lock().target.addr != target.addr {
+                    moved = true;
+                    break;
+                }
                 opened = login::open(&target, &credential).await;
+            }
+            if moved && retargeted < RETARGET_RETRIES {
+                retargeted += 1;
+                continue;
             }
             match opened {
                 Ok((server, reported)) => {

@@ -79,6 +79,9 @@ pub struct HostState {
     pub lag: Option<Duration>,
     pub last_check: Option<SystemTime>,
     pub last_error: Option<String>,
+    /// The host's role as Patroni reports it (`leader`, `replica`, …),
+    /// where the database names its Patroni.
+    pub patroni_role: Option<String>,
     fails: u32,
     passes: u32,
 }
@@ -95,6 +98,7 @@ impl HostState {
             lag: None,
             last_check: None,
             last_error: None,
+            patroni_role: None,
             fails: 0,
             passes: 0,
         }
@@ -108,6 +112,29 @@ pub enum Change {
     Role(Role, Role),
 }
 
+/// A member of a Patroni cluster, from `GET /cluster`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Member {
+    pub name: String,
+    /// `leader`, `standby_leader`, `replica`, `sync_standby`, …
+    pub role: String,
+    pub state: String,
+    pub host: String,
+    pub port: u16,
+}
+
+/// What Patroni says of the leader.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Leader {
+    /// No Patroni configured, or no answer for a while: the hosts' own
+    /// checks decide alone.
+    Unknown,
+    /// Patroni names no leader (between two holders of the key).
+    None,
+    /// The member holding the leader key: (name, host, port).
+    Member(String, String, u16),
+}
+
 /// Limits a replica must meet to serve reads.
 #[derive(Debug, Clone, Copy)]
 pub struct LagLimits {
@@ -118,6 +145,8 @@ pub struct LagLimits {
 /// The hosts of one database entry.
 pub struct Topology {
     pub database: String,
+    /// Patroni REST API addresses (`host:port`) of the cluster, if any.
+    pub patroni: Vec<String>,
     state: Mutex<State>,
     /// The classifier with this database's own functions known not to
     /// write (from pg_proc), and when they were last read.
@@ -139,6 +168,9 @@ struct State {
     /// The primary (host, timeline) those samples are of: another one
     /// starts a new history.
     history_of: Option<(usize, Option<u32>)>,
+    /// Patroni's leader, and when Patroni last answered.
+    leader: Leader,
+    leader_at: Option<Instant>,
 }
 
 impl State {
@@ -149,6 +181,17 @@ impl State {
         for (i, h) in self.hosts.iter().enumerate() {
             if h.role != Role::Primary || h.health != Health::Up {
                 continue;
+            }
+            // Where Patroni speaks, only its leader may take writes.
+            match &self.leader {
+                Leader::Unknown => {}
+                Leader::None => return None,
+                Leader::Member(_, host, port) => {
+                    if !matches!(&h.addr, ServerAddr::Tcp { host: a, port: p } if a == host && p == port)
+                    {
+                        continue;
+                    }
+                }
             }
             match best {
                 None => best = Some((i, h)),
@@ -165,13 +208,16 @@ impl State {
 }
 
 impl Topology {
-    pub fn new(database: String, addrs: Vec<ServerAddr>) -> Self {
+    pub fn new(database: String, addrs: Vec<ServerAddr>, patroni: Vec<String>) -> Self {
         Self {
             database,
+            patroni,
             state: Mutex::new(State {
                 hosts: addrs.into_iter().map(HostState::new).collect(),
                 primary_history: VecDeque::new(),
                 history_of: None,
+                leader: Leader::Unknown,
+                leader_at: None,
             }),
             classifier: std::sync::RwLock::new((None, None)),
             next: AtomicU64::new(0),
@@ -276,6 +322,73 @@ impl Topology {
             }
         }
         changes
+    }
+}
+
+impl Topology {
+    /// Records Patroni's answer taken at `at` (`Err`: no member answered):
+    /// its leader, and each host's Patroni role. A failed ask keeps the
+    /// last answer for `keep_for`, then the hosts' checks decide alone.
+    /// Returns what changed, for the log.
+    pub fn record_patroni(
+        &self,
+        answer: Result<Vec<Member>, String>,
+        at: Instant,
+        keep_for: Duration,
+    ) -> Option<String> {
+        let mut st = self.lock();
+        let before = st.leader.clone();
+        match answer {
+            Ok(members) => {
+                st.leader_at = Some(at);
+                st.leader = members
+                    .iter()
+                    .find(|m| m.role == "leader" || m.role == "master" || m.role == "primary")
+                    .map_or(Leader::None, |m| {
+                        Leader::Member(m.name.clone(), m.host.clone(), m.port)
+                    });
+                for h in &mut st.hosts {
+                    h.patroni_role = members
+                        .iter()
+                        .find(|m| matches!(&h.addr, ServerAddr::Tcp { host, port } if *host == m.host && *port == m.port))
+                        .map(|m| m.role.clone());
+                }
+            }
+            Err(why) => {
+                if st
+                    .leader_at
+                    .is_none_or(|t| at.saturating_duration_since(t) > keep_for)
+                    && st.leader != Leader::Unknown
+                {
+                    st.leader = Leader::Unknown;
+                    for h in &mut st.hosts {
+                        h.patroni_role = None;
+                    }
+                    return Some(format!(
+                        "no answer ({why}): roles from the hosts' checks alone"
+                    ));
+                }
+                return None;
+            }
+        }
+        if st.leader == before {
+            return None;
+        }
+        Some(match &st.leader {
+            Leader::Member(name, host, port)
+                if !st.hosts.iter().any(|h| h.patroni_role.is_some() && {
+                    matches!(&h.addr, ServerAddr::Tcp { host: a, port: p } if a == host && p == port)
+                }) =>
+            {
+                format!(
+                    "leader is {name} ({host}:{port}), which is not among this database's hosts \
+                     (name them as Patroni does): writes wait"
+                )
+            }
+            Leader::Member(name, host, port) => format!("leader is {name} ({host}:{port})"),
+            Leader::None => "no leader: writes wait".to_owned(),
+            Leader::Unknown => "unknown".to_owned(),
+        })
     }
 }
 
@@ -450,6 +563,64 @@ mod tests {
         time: Duration::from_secs(1),
     };
 
+    fn member(name: &str, role: &str, port: u16) -> Member {
+        Member {
+            name: name.into(),
+            role: role.into(),
+            state: "running".into(),
+            host: "h".into(),
+            port,
+        }
+    }
+
+    #[test]
+    fn where_patroni_speaks_only_its_leader_takes_writes() {
+        let t = Topology::new("db".into(), vec![addr(1), addr(2)], vec!["x:8008".into()]);
+        let t0 = Instant::now();
+        let keep = Duration::from_secs(2);
+        // Both say they are primaries on one timeline (a demoted primary
+        // back up): the checks alone would pick none.
+        t.record(0, sample(false, 100), t0, 3);
+        t.record(1, sample(false, 100), t0, 3);
+        assert_eq!(t.primary(), None);
+        // Patroni's leader decides.
+        let change = t.record_patroni(
+            Ok(vec![member("a", "replica", 1), member("b", "leader", 2)]),
+            t0,
+            keep,
+        );
+        assert_eq!(change.as_deref(), Some("leader is b (h:2)"));
+        assert_eq!(t.primary().map(|p| p.0), Some(1));
+        assert_eq!(t.hosts()[0].patroni_role.as_deref(), Some("replica"));
+        // The leader's own check must agree.
+        t.record(1, sample(true, 100), t0, 3);
+        assert_eq!(t.primary(), None);
+        t.record(1, sample(false, 100), t0, 3);
+        // No leader (a switchover between holders): writes wait.
+        t.record_patroni(
+            Ok(vec![member("a", "replica", 1), member("b", "replica", 2)]),
+            t0,
+            keep,
+        );
+        assert_eq!(t.primary(), None);
+        t.record_patroni(Ok(vec![member("b", "leader", 2)]), t0, keep);
+        assert_eq!(t.primary().map(|p| p.0), Some(1));
+        // Patroni silent: its last word holds a while, then the checks
+        // decide alone.
+        assert_eq!(
+            t.record_patroni(Err("down".into()), t0 + Duration::from_secs(1), keep),
+            None
+        );
+        assert_eq!(t.primary().map(|p| p.0), Some(1));
+        assert!(
+            t.record_patroni(Err("down".into()), t0 + Duration::from_secs(3), keep)
+                .is_some()
+        );
+        assert_eq!(t.primary(), None, "two primaries on one timeline");
+        t.record(0, sample(true, 100), t0, 3);
+        assert_eq!(t.primary().map(|p| p.0), Some(1));
+    }
+
     #[test]
     fn lsn_text() {
         assert_eq!(parse_lsn("0/3000060"), Some(0x3000060));
@@ -460,7 +631,7 @@ mod tests {
 
     #[test]
     fn lag_in_time_counts_from_the_last_sample_caught_up_with() {
-        let t = Topology::new("db".into(), vec![addr(1), addr(2)]);
+        let t = Topology::new("db".into(), vec![addr(1), addr(2)], Vec::new());
         let t0 = Instant::now();
         t.record(0, sample(false, 100), t0, 3);
         t.record(0, sample(false, 200), t0 + Duration::from_millis(250), 3);
@@ -479,7 +650,7 @@ mod tests {
 
     #[test]
     fn a_lagging_or_failing_replica_is_not_picked() {
-        let t = Topology::new("db".into(), vec![addr(1), addr(2)]);
+        let t = Topology::new("db".into(), vec![addr(1), addr(2)], Vec::new());
         let t0 = Instant::now();
         t.record(0, sample(false, 5000), t0, 3);
         t.record(1, sample(true, 100), t0, 3);
@@ -503,7 +674,7 @@ mod tests {
 
     #[test]
     fn reads_after_a_write_wait_for_a_replica_past_it() {
-        let t = Topology::new("db".into(), vec![addr(1), addr(2)]);
+        let t = Topology::new("db".into(), vec![addr(1), addr(2)], Vec::new());
         let t0 = Instant::now();
         t.record(0, sample(false, 100), t0, 3);
         t.record(1, sample(true, 100), t0, 3);
@@ -518,7 +689,7 @@ mod tests {
 
     #[test]
     fn functions_that_cannot_write_make_reads() {
-        let t = Topology::new("db".into(), vec![addr(1)]);
+        let t = Topology::new("db".into(), vec![addr(1)], Vec::new());
         let sql = |s: &str| t.classifier().unwrap_or_default().classify(s.as_bytes());
         assert_eq!(sql("select price(1)"), Route::Primary, "unknown function");
         t.set_functions(&[
@@ -546,7 +717,7 @@ mod tests {
 
     #[test]
     fn two_primaries_on_one_timeline_make_none() {
-        let t = Topology::new("db".into(), vec![addr(1), addr(2)]);
+        let t = Topology::new("db".into(), vec![addr(1), addr(2)], Vec::new());
         let t0 = Instant::now();
         t.record(0, sample(false, 1), t0, 3);
         assert_eq!(t.primary().map(|p| p.0), Some(0));
@@ -567,7 +738,7 @@ mod tests {
 
     #[test]
     fn a_role_change_is_reported() {
-        let t = Topology::new("db".into(), vec![addr(1)]);
+        let t = Topology::new("db".into(), vec![addr(1)], Vec::new());
         let t0 = Instant::now();
         let first = t.record(0, sample(true, 1), t0, 3);
         assert!(first.contains(&Change::Role(Role::Unknown, Role::Replica)));

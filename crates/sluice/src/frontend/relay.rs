@@ -13,7 +13,7 @@ use std::sync::Arc;
 
 use bytes::BytesMut;
 use sluice_config::PoolMode;
-use sluice_wire::{ParameterStatus, TransactionStatus, tags};
+use sluice_wire::{ErrorFields, ParameterStatus, TransactionStatus, tags};
 
 use super::error::ClientError;
 use super::relay_io::{IoEvent, Sides};
@@ -67,6 +67,12 @@ pub(super) struct Cycle {
     pub(super) retry: Retry,
     /// A RowDescription kept from the client while `retry` is armed.
     pub(super) retry_kept: Vec<u8>,
+    /// On the primary of a database that routes reads: a server's FATAL
+    /// error is kept from the client, which gets it with what it means
+    /// for the pool (a failover may be under way) when the server's
+    /// connection ends right after it.
+    pub(super) keep_farewell: bool,
+    pub(super) farewell: Option<Vec<u8>>,
 }
 
 /// A simple-Query read routed to a replica: if the replica's first answer
@@ -77,6 +83,10 @@ pub(super) enum Retry {
     Off,
     /// Waiting for the replica's first answer.
     Armed,
+    /// A request on the primary that may run again on another server if
+    /// this one turns out dead before answering: its first answer is a
+    /// FATAL error (swallowed) or the end of the connection.
+    Lost,
     /// Refused: the rest of the reply is swallowed.
     Swallowing,
     /// The refused reply is over: give the server back and retry.
@@ -153,12 +163,14 @@ pub async fn run(client: &mut Client, cbuf: &mut BytesMut, mut lease: Lease) -> 
         written: (0, 0),
         error_classes: Vec::new(),
         cap: (lease.host() != 0).then_some(1),
-        retry: if lease.host() != 0 && client.retry_query.is_some() {
-            Retry::Armed
-        } else {
-            Retry::Off
+        retry: match (lease.host(), &client.retry_query) {
+            (_, None) => Retry::Off,
+            (0, Some(_)) => Retry::Lost,
+            (_, Some(_)) => Retry::Armed,
         },
         retry_kept: Vec::new(),
+        keep_farewell: client.on_routed_primary && lease.host() == 0,
+        farewell: None,
     };
     let linked_at = std::time::Instant::now();
     let release_each = match settings.mode {
@@ -484,19 +496,49 @@ pub async fn run(client: &mut Client, cbuf: &mut BytesMut, mut lease: Lease) -> 
             RelayEnd::Error(e)
         }
         Err(End::Server(why))
-            if cycle.retry != Retry::Off && cycle.written.1 == 0 && !cycle.client_terminated =>
+            if cycle.retry != Retry::Off
+                && cycle.written.1 == 0
+                && !cycle.client_terminated
+                && client
+                    .retry_query
+                    .as_ref()
+                    .is_some_and(|q| cycle.written.0 <= q.len() as u64) =>
         {
-            tracing::warn!(user = %client.user(), db = %client.database(), "replica connection failed before any reply ({why}): the read runs on the primary");
+            if lease.host() == 0 {
+                tracing::warn!(user = %client.user(), db = %client.database(), "server connection failed before any reply ({why}): the request runs on another server");
+            } else {
+                tracing::warn!(user = %client.user(), db = %client.database(), "replica connection failed before any reply ({why}): the read runs on the primary");
+            }
             lease.close();
             RelayEnd::Retry
+        }
+        Err(End::Server(why))
+            if release_each.is_some()
+                && cycle.req.at_rest()
+                && cycle.status == TransactionStatus::Idle
+                && cycle.to_server == 0
+                && !cycle.client_terminated
+                && tracking.as_deref().is_some_and(|t| t.pinned.is_none()) =>
+        {
+            // Its transaction was over (the server said so) before the
+            // server went (a shutdown right after the last reply): the
+            // client lost nothing and goes on with another server.
+            tracing::info!(user = %client.user(), db = %client.database(), "server connection ended between transactions ({why}): closed, the client goes on");
+            lease.close();
+            RelayEnd::Released
         }
         Err(End::Server(why)) => {
             tracing::warn!(user = %client.user(), db = %client.database(), "server connection failed: {why}");
             lease.close();
-            RelayEnd::Error(ClientError::new(
-                "08006",
-                format!("server connection failed: {why}"),
-            ))
+            let farewell = cycle.farewell.as_deref();
+            RelayEnd::Error(match farewell.and_then(|b| ErrorFields::decode(b).ok()) {
+                Some(f) => ClientError::new(f.code, format!("{}: {FAILOVER_NOTE}", f.message)),
+                None if cycle.keep_farewell => ClientError::new(
+                    "08006",
+                    format!("server connection failed: {why}: {FAILOVER_NOTE}"),
+                ),
+                None => ClientError::new("08006", format!("server connection failed: {why}")),
+            })
         }
     };
     if let Some(mut t) = tracking {
@@ -505,6 +547,11 @@ pub async fn run(client: &mut Client, cbuf: &mut BytesMut, mut lease: Lease) -> 
     }
     ended
 }
+
+/// What a client whose transaction lost the primary's connection is told.
+const FAILOVER_NOTE: &str = "the primary's connection ended during this transaction \
+     (a failover or restart may be under way); new transactions wait for the \
+     primary up to failover_hold";
 
 enum Outcome {
     Release,

@@ -120,6 +120,39 @@ pub fn retry_safe(buf: &[u8]) -> Option<usize> {
     (!mentions(b"begin") && !mentions(b"start")).then_some(len)
 }
 
+/// The length of the simple Query at the start of `buf` if it may run
+/// again on another server after its own died before answering (a stale
+/// pooled server after a restart or a switchover): it cannot have done
+/// anything. `read`: the router found it reads only; otherwise it must be
+/// a lone transaction start (`BEGIN`, `START TRANSACTION`, with modes).
+pub fn lost_retry_safe(buf: &[u8], read: bool) -> Option<usize> {
+    let (tag, body) = message(buf)?;
+    let len = 5 + body.len();
+    if tag != f::QUERY || len > RETRY_LIMIT {
+        return None;
+    }
+    if read {
+        return Some(len);
+    }
+    let text = body.strip_suffix(b"\0").unwrap_or(body).trim_ascii();
+    let text = text.strip_suffix(b";").unwrap_or(text).trim_ascii_end();
+    // Plain words only: no second statement, string, comment or quote
+    // that could hide one.
+    let plain = text
+        .iter()
+        .all(|&b| b.is_ascii_alphanumeric() || b == b'_' || b == b',' || b.is_ascii_whitespace());
+    let mut words = text
+        .split(|b| b.is_ascii_whitespace() || *b == b',')
+        .filter(|w| !w.is_empty());
+    let first = words.next().unwrap_or(&[]);
+    let starts = first.eq_ignore_ascii_case(b"begin")
+        || (first.eq_ignore_ascii_case(b"start")
+            && words
+                .next()
+                .is_some_and(|w| w.eq_ignore_ascii_case(b"transaction")));
+    (plain && starts).then_some(len)
+}
+
 /// One whole message at the start of `buf`: (type, body).
 fn message(buf: &[u8]) -> Option<(u8, &[u8])> {
     let tag = *buf.first()?;
@@ -216,6 +249,27 @@ mod tests {
         assert!(retry_safe(&query("start transaction; select 1")).is_none());
         assert!(retry_safe(&query("select started_at, begin_date from t")).is_some());
         assert!(retry_safe(&parse("", "select 1")).is_none());
+    }
+
+    #[test]
+    fn only_reads_and_lone_transaction_starts_run_again_after_a_lost_server() {
+        assert!(lost_retry_safe(&query("begin"), false).is_some());
+        assert!(lost_retry_safe(&query(" BEGIN ; "), false).is_some());
+        assert!(
+            lost_retry_safe(
+                &query("begin isolation level serializable, read only"),
+                false
+            )
+            .is_some()
+        );
+        assert!(lost_retry_safe(&query("start transaction read write"), false).is_some());
+        assert!(lost_retry_safe(&query("begin; delete from t"), false).is_none());
+        assert!(lost_retry_safe(&query("begin /* x */"), false).is_none());
+        assert!(lost_retry_safe(&query("start"), false).is_none());
+        assert!(lost_retry_safe(&query("delete from t"), false).is_none());
+        assert!(lost_retry_safe(&query("select 1"), false).is_none());
+        assert!(lost_retry_safe(&query("select 1"), true).is_some());
+        assert!(lost_retry_safe(&parse("", "begin"), false).is_none());
     }
 
     #[test]

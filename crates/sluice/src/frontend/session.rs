@@ -48,6 +48,10 @@ pub struct Client {
     pub(super) retry_query: Option<bytes::Bytes>,
     /// The next request goes to the primary (its retry).
     force_primary: bool,
+    /// This lease is the primary's, in a database that routes reads.
+    pub(super) on_routed_primary: bool,
+    /// Requests run again in a row because their server was found dead.
+    lost_retries: u8,
     /// The client has sent a transaction that reads only: the primary's
     /// WAL position is read after its writes (read-your-writes). A client
     /// that only ever writes does not pay for it.
@@ -73,6 +77,8 @@ struct Routed {
     /// A replica whose last check is behind the client's last write: it
     /// serves the read only if it has replayed this far by now.
     verify: Option<u64>,
+    /// The router found the request reads only (wherever it goes).
+    read: bool,
 }
 
 /// How long a read after a write may wait for a replica to replay that
@@ -153,6 +159,8 @@ impl Client {
             commit_lsn: None,
             retry_query: None,
             force_primary: false,
+            on_routed_primary: false,
+            lost_retries: 0,
             reads_routed: std::sync::atomic::AtomicBool::new(false),
         }
     }
@@ -219,6 +227,7 @@ impl Client {
                 topology: None,
                 may_write: false,
                 verify: None,
+                read: false,
             };
         }
         let topology = self.app.topology(&self.pool.database);
@@ -227,6 +236,11 @@ impl Client {
             topology: topology.clone(),
             may_write,
             verify: None,
+            read: false,
+        };
+        let read_on_primary = || Routed {
+            read: true,
+            ..primary(false)
         };
         let Some(topology) = topology.as_ref() else {
             return primary(false);
@@ -260,7 +274,7 @@ impl Client {
                 Some(lsn) => Some(lsn),
                 None => {
                     topology.reads_on_primary.fetch_add(1, Relaxed);
-                    return primary(false);
+                    return read_on_primary();
                 }
             },
             _ => None,
@@ -277,10 +291,11 @@ impl Client {
                 topology: Some(topology.clone()),
                 may_write: false,
                 verify,
+                read: true,
             },
             None => {
                 topology.reads_on_primary.fetch_add(1, Relaxed);
-                primary(false)
+                read_on_primary()
             }
         }
     }
@@ -405,6 +420,7 @@ impl Client {
             topology,
             may_write,
             verify,
+            read,
         } = self.route(buf);
         let mut lease = None;
         if let Some(lsn) = verify {
@@ -463,27 +479,44 @@ impl Client {
         self.want_commit_lsn = ryw && lease.host() == 0 && self.reads_routed.load(Relaxed);
         self.commit_lsn = None;
         self.force_primary = false;
-        self.retry_query = (lease.host() != 0)
-            .then(|| super::route::retry_safe(buf))
-            .flatten()
-            .map(|n| bytes::Bytes::copy_from_slice(&buf[..n]));
+        // A read on a replica may run again on the primary (refused or
+        // lost); a read or a lone BEGIN on the primary, on another server
+        // if its server turns out dead before it answers (a stale pooled
+        // server after a restart or switchover), a few times in a row.
+        let again = if lease.host() != 0 {
+            super::route::retry_safe(buf)
+        } else if lease.settings.mode != sluice_config::PoolMode::Session
+            && self.lost_retries < LOST_RETRIES
+        {
+            super::route::lost_retry_safe(buf, read)
+        } else {
+            None
+        };
+        self.retry_query = again.map(|n| bytes::Bytes::copy_from_slice(&buf[..n]));
+        let on_replica = lease.host() != 0;
+        self.on_routed_primary = topology.is_some() && !on_replica;
         let end = relay::run(self, buf, lease).await;
         if let RelayEnd::Retry = end
             && let Some(query) = self.retry_query.take()
         {
-            // Refused by the replica (or lost with it) before anything
-            // reached the client: the same query, first, on the primary.
-            if let Some(t) = &topology {
+            // Refused by the replica (or lost with it, or its primary
+            // server lost) before anything reached the client: the same
+            // query, first, on the primary.
+            if on_replica && let Some(t) = &topology {
                 t.replica_retries.fetch_add(1, Relaxed);
+            }
+            if !on_replica {
+                self.lost_retries += 1;
             }
             let mut again = BytesMut::with_capacity(query.len() + buf.len());
             again.extend_from_slice(&query);
             again.extend_from_slice(buf);
             *buf = again;
-            self.force_primary = true;
+            self.force_primary = on_replica;
             return None;
         }
         self.retry_query = None;
+        self.lost_retries = 0;
         if may_write {
             // After the transaction's last reply: the primary's position
             // read now (or any check of it taken from now on) covers it.
@@ -719,6 +752,10 @@ pub async fn run(client: &mut Client) -> SessionEnd {
 
 /// Timeout for best-effort cleanup queries (ROLLBACK, reset query).
 pub const CLEANUP_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// How many dead servers in a row a request may meet before its client
+/// gets the error (each is closed: a pool of stale servers empties fast).
+const LOST_RETRIES: u8 = 8;
 
 /// How often a held transaction looks for a primary.
 const HOLD_POLL: Duration = Duration::from_millis(50);

@@ -341,6 +341,12 @@ fn is_read_only_refusal(body: &[u8]) -> bool {
     sluice_wire::ErrorFields::decode(body).is_ok_and(|f| f.code == "25006")
 }
 
+/// An ErrorResponse body of severity FATAL or PANIC: the server closes
+/// the connection after it.
+fn is_fatal(body: &[u8]) -> bool {
+    sluice_wire::ErrorFields::decode(body).is_ok_and(|f| matches!(f.severity, "FATAL" | "PANIC"))
+}
+
 /// The first message after the one whose body is `body` (a slice of
 /// `buf`) that is not a notice, if it is already whole in `buf`: (type,
 /// body).
@@ -391,6 +397,7 @@ pub(super) fn scan_server(
     let expected = &mut t.expected;
     let swallowing = cycle.retry == Retry::Swallowing;
     let armed = cycle.retry == Retry::Armed;
+    let lost = cycle.retry == Retry::Lost;
     let end = cycle.server_scan.scan(
         sbuf,
         cycle.to_client,
@@ -399,6 +406,7 @@ pub(super) fn scan_server(
             // (the safety net looks at the description, the notices and
             // the errors while it waits, at everything while it swallows)
             swallowing
+                || (lost && tag == b::ERROR_RESPONSE)
                 || (armed
                     && matches!(
                         tag,
@@ -423,6 +431,10 @@ pub(super) fn scan_server(
                 // read is refused, the primary's run sends it again).
                 Retry::Armed if keeping && tag == b::NOTICE_RESPONSE => Some(RetryStep::Keep),
                 _ if asynchronous => None,
+                // A primary's farewell: kept (see `Cycle::keep_farewell`).
+                _ if cycle.keep_farewell && tag == b::ERROR_RESPONSE && is_fatal(body) => {
+                    Some(RetryStep::Swallow)
+                }
                 // The replica describes the result before it runs the
                 // query. Usually its first answer is already here (one
                 // flush): decide now and forward in one piece; else keep
@@ -448,6 +460,15 @@ pub(super) fn scan_server(
                     None
                 }
                 Retry::Swallowing => Some(RetryStep::Swallow),
+                // A dead server's farewell: nothing ran; the end of the
+                // connection follows and the request goes elsewhere.
+                Retry::Lost if tag == b::ERROR_RESPONSE && is_fatal(body) => {
+                    Some(RetryStep::Swallow)
+                }
+                Retry::Lost => {
+                    cycle.retry = Retry::Off;
+                    None
+                }
                 _ => None,
             };
             if let Some(step) = step {
@@ -546,6 +567,9 @@ pub(super) fn release_held(
                 t.expected.forget_ignored_syncs(seen.ignored_syncs);
             }
             t.expected.consume(tag, &body, server);
+            if cycle.keep_farewell && tag == tags::backend::ERROR_RESPONSE && is_fatal(&body) {
+                cycle.farewell = Some(body.clone());
+            }
             if step == RetryStep::Keep {
                 let len = i32::try_from(body.len() + 4).unwrap_or(i32::MAX);
                 cycle.retry_kept.push(tag);
