@@ -679,3 +679,95 @@ async fn reloads_do_not_leak_the_connection_budget() {
         scalar_text(&client, "select count(*) from items").await;
     }
 }
+
+/// `target_session_attrs` on an entry that routes reads: `standby` sends
+/// whole sessions (session mode) to a replica, `prefer-standby` every
+/// transaction (transaction mode), falling back to the primary when no
+/// replica qualifies, while `standby` then waits `failover_hold` and fails.
+/// A write on a standby gets the replica's 25006: it is not run again on
+/// the primary.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn entries_that_ask_for_standbys_get_replicas() {
+    let (primary, replica) = primary_and_replica();
+    let hosts_entry = format!(
+        "host={h},{h} port={p},{r} dbname=postgres route_reads=1",
+        h = primary.host(),
+        p = primary.port(),
+        r = replica.port()
+    );
+    let sluice = routed_config(
+        &primary,
+        &replica,
+        "route_reads=1",
+        &[("failover_hold", "2")],
+    )
+    .database(
+        "ro",
+        &format!("{hosts_entry} target_session_attrs=standby pool_mode=session"),
+    )
+    .database(
+        "maybe_ro",
+        &format!("{hosts_entry} target_session_attrs=prefer-standby"),
+    )
+    .start();
+    wait_for_roles(&sluice, &primary, &replica).await;
+
+    let ro = connect_as(sluice.port(), APP_USER, "ro").await;
+    assert!(in_recovery(&ro, "select pg_is_in_recovery()").await);
+    let pid = scalar_text(&ro, "select pg_backend_pid()").await;
+    let err = ro
+        .simple_query("insert into items values (7, 'on a standby')")
+        .await
+        .expect_err("a standby refuses writes");
+    assert_eq!(sqlstate(&err), Some("25006"), "{err:?}");
+    assert_eq!(
+        scalar_text(&ro, "select pg_backend_pid()").await,
+        pid,
+        "a session-mode session keeps its standby server"
+    );
+    let written = superuser_connect(&primary, "postgres").await;
+    assert_eq!(
+        scalar_text(&written, "select count(*) from items where id = 7").await,
+        "0",
+        "the write was not run on the primary"
+    );
+
+    let maybe = connect_as(sluice.port(), APP_USER, "maybe_ro").await;
+    // Its own checks start with its first client: until they are in, the
+    // primary (prefer-standby).
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !in_recovery(&maybe, "select pg_is_in_recovery()").await {
+        assert!(Instant::now() < deadline, "never on the replica");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    for _ in 0..3 {
+        assert!(in_recovery(&maybe, "select pg_is_in_recovery()").await);
+    }
+    maybe
+        .batch_execute("begin; select count(*) from items; commit")
+        .await
+        .expect("a transaction on a standby");
+
+    // No replica: prefer-standby falls back to the primary; standby waits
+    // failover_hold, then fails.
+    replica.stop().expect("stop the replica");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while hosts(&sluice)
+        .await
+        .iter()
+        .any(|(p, _, state, _)| *p == replica.port().to_string() && state != "down")
+    {
+        assert!(Instant::now() < deadline, "the replica never went down");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(!in_recovery(&maybe, "select pg_is_in_recovery()").await);
+    let started = Instant::now();
+    let err = connect_as(sluice.port(), APP_USER, "ro")
+        .await
+        .simple_query("select 1")
+        .await
+        .expect_err("no standby");
+    assert_eq!(sqlstate(&err), Some("08006"), "{err:?}");
+    assert!(format!("{err:?}").contains("no standby"), "{err:?}");
+    assert!(started.elapsed() >= Duration::from_millis(1500));
+}

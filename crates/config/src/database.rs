@@ -61,8 +61,10 @@ pub struct Database {
     pub application_name: Option<String>,
     /// How a host from a `host` list is picked; `None` means round-robin.
     pub load_balance_hosts: Option<LoadBalanceHosts>,
-    /// Which servers are acceptable: any, read-write, read-only, primary or
-    /// standby. `None` means any.
+    /// Which servers are acceptable: any, read-write, read-only, primary,
+    /// standby or prefer-standby (with route_reads: read-only and standby
+    /// send every transaction, or session, to a replica; prefer-standby
+    /// too, falling back to the primary). `None` means any.
     pub target_session_attrs: Option<String>,
     /// Line of the entry in the file that defined it.
     pub line: usize,
@@ -138,7 +140,9 @@ pub(crate) const DATABASE_PARAMETERS: &[(&str, &str)] = &[
     ),
     (
         "target_session_attrs",
-        "any (default), read-write, read-only, primary or standby.",
+        "any (default), read-write, read-only, primary, standby or prefer-standby; with route_reads, \
+         read-only and standby send every transaction (every session in session mode) to a replica, \
+         prefer-standby too unless none qualifies.",
     ),
 ];
 
@@ -181,7 +185,14 @@ impl Database {
     }
 }
 
-const SESSION_ATTRS: [&str; 5] = ["any", "read-write", "read-only", "primary", "standby"];
+const SESSION_ATTRS: [&str; 6] = [
+    "any",
+    "read-write",
+    "read-only",
+    "primary",
+    "standby",
+    "prefer-standby",
+];
 
 impl Database {
     /// Builds the entry `source.name = connstring`.

@@ -464,6 +464,9 @@ impl App {
             max_packet_size: s.max_packet_size as usize,
             max_prepared_statements: s.max_prepared_statements as usize,
             session_objects: s.track_session_objects,
+            standby: crate::backend::pool::Standby::from_attrs(
+                entry.target_session_attrs.as_deref(),
+            ),
         };
         let mut startup_params = Vec::new();
         for (k, v) in [

@@ -66,6 +66,32 @@ pub struct PoolSettings {
     /// Temporary tables, WITH HOLD cursors and session advisory locks:
     /// pin the client to its server, or remove them after the transaction.
     pub session_objects: sluice_config::SessionObjects,
+    /// `target_session_attrs` of the entry, where reads are routed.
+    pub standby: Standby,
+}
+
+/// Where a database entry's transactions go by `target_session_attrs`
+/// (only where it routes reads).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Standby {
+    /// As the router decides (any, read-write, primary).
+    #[default]
+    No,
+    /// A replica if one qualifies, else the primary (prefer-standby).
+    Prefer,
+    /// A replica only, waiting up to failover_hold for one (read-only,
+    /// standby).
+    Only,
+}
+
+impl Standby {
+    pub fn from_attrs(attrs: Option<&str>) -> Self {
+        match attrs {
+            Some("read-only" | "standby") => Standby::Only,
+            Some("prefer-standby") => Standby::Prefer,
+            _ => Standby::No,
+        }
+    }
 }
 
 /// Greeting for new clients: the ParameterStatus values of the first server.

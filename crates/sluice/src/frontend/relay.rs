@@ -162,7 +162,8 @@ pub async fn run(client: &mut Client, cbuf: &mut BytesMut, mut lease: Lease) -> 
         xacts_done: 0,
         written: (0, 0),
         error_classes: Vec::new(),
-        cap: (lease.host() != 0).then_some(1),
+        // (a session-mode session on a standby keeps it)
+        cap: (lease.host() != 0 && settings.mode != PoolMode::Session).then_some(1),
         retry: match (lease.host(), &client.retry_query) {
             (_, None) => Retry::Off,
             (0, Some(_)) => Retry::Lost,

@@ -14,7 +14,7 @@ use super::relay::{self, RelayEnd};
 use super::relay_io::READ_CHUNK;
 use crate::app::{App, Phase};
 use crate::backend::cancel::CancelHandle;
-use crate::backend::pool::{AcquireError, Lease, Pool};
+use crate::backend::pool::{AcquireError, Lease, Pool, Standby};
 use crate::net::Stream;
 use crate::params::ParamSet;
 
@@ -79,6 +79,9 @@ struct Routed {
     verify: Option<u64>,
     /// The router found the request reads only (wherever it goes).
     read: bool,
+    /// The entry wants a replica (`target_session_attrs`) and none
+    /// qualifies now: wait for one.
+    standby_wait: bool,
 }
 
 /// How long a read after a write may wait for a replica to replay that
@@ -228,6 +231,7 @@ impl Client {
                 may_write: false,
                 verify: None,
                 read: false,
+                standby_wait: false,
             };
         }
         let topology = self.app.topology(&self.pool.database);
@@ -237,6 +241,7 @@ impl Client {
             may_write,
             verify: None,
             read: false,
+            standby_wait: false,
         };
         let read_on_primary = || Routed {
             read: true,
@@ -249,8 +254,28 @@ impl Client {
             // A "read" a replica refused: it writes.
             return primary(true);
         }
+        let settings = self.pool.settings();
+        if settings.standby != Standby::No && !self.is_listening() {
+            // The entry asks for standbys: every transaction (every
+            // session in session mode) on a replica, whatever it is.
+            let (limits, _) = self.app.read_limits();
+            return match topology
+                .pick_replica(limits, None)
+                .and_then(|i| self.app.host_pool(&self.pool, i))
+            {
+                Some(pool) => Routed {
+                    pool,
+                    ..primary(false)
+                },
+                None if settings.standby == Standby::Prefer => primary(false),
+                None => Routed {
+                    standby_wait: true,
+                    ..primary(false)
+                },
+            };
+        }
         if self.is_listening()
-            || self.pool.settings().mode == sluice_config::PoolMode::Session
+            || settings.mode == sluice_config::PoolMode::Session
             || self
                 .session()
                 .as_deref()
@@ -292,6 +317,7 @@ impl Client {
                 may_write: false,
                 verify,
                 read: true,
+                standby_wait: false,
             },
             None => {
                 topology.reads_on_primary.fetch_add(1, Relaxed);
@@ -398,6 +424,37 @@ impl Client {
         Err(no_primary(self.database(), hold, &last))
     }
 
+    /// A replica's pool for an entry that asks for standbys
+    /// (`target_session_attrs`) when none qualifies: waits up to
+    /// `failover_hold` for one (a switchover, a lagging replica).
+    async fn wait_for_standby(&self) -> Result<Arc<Pool>, ClientError> {
+        let hold = self.app.config().settings.failover_hold;
+        let deadline = tokio::time::Instant::now() + hold;
+        loop {
+            if let Some(topology) = self.app.topology(&self.pool.database) {
+                let (limits, _) = self.app.read_limits();
+                if let Some(pool) = topology
+                    .pick_replica(limits, None)
+                    .and_then(|i| self.app.host_pool(&self.pool, i))
+                {
+                    return Ok(pool);
+                }
+            }
+            if tokio::time::Instant::now() >= deadline || self.app.phase() >= Phase::WaitForServers
+            {
+                return Err(ClientError::new(
+                    "08006",
+                    format!(
+                        "no standby of database \"{}\" within the lag limits for failover_hold ({hold:?}) \
+                         (target_session_attrs asks for one)",
+                        self.database()
+                    ),
+                ));
+            }
+            tokio::time::sleep(HOLD_POLL).await;
+        }
+    }
+
     /// Serves one request: a server from the pool, then the relay until
     /// the server goes back. `None`: the client goes on. Boxed by the
     /// caller, so its state exists only while a request is served.
@@ -421,7 +478,17 @@ impl Client {
             may_write,
             verify,
             read,
+            standby_wait,
         } = self.route(buf);
+        if standby_wait {
+            match self.wait_for_standby().await {
+                Ok(p) => pool = p,
+                Err(e) => {
+                    self.app.cancels.set_waiting(self.cancel, false);
+                    return Some(SessionEnd::Error(e));
+                }
+            }
+        }
         let mut lease = None;
         if let Some(lsn) = verify {
             // A read after a write, on a replica that may not have it yet.
@@ -484,7 +551,9 @@ impl Client {
         // if its server turns out dead before it answers (a stale pooled
         // server after a restart or switchover), a few times in a row.
         let again = if lease.host() != 0 {
-            super::route::retry_safe(buf)
+            // (a transaction sent to a standby because the entry asks for
+            // one stays there)
+            read.then(|| super::route::retry_safe(buf)).flatten()
         } else if lease.settings.mode != sluice_config::PoolMode::Session
             && self.lost_retries < LOST_RETRIES
         {
