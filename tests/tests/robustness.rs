@@ -407,6 +407,28 @@ async fn a_request_whose_server_dies_before_answering_runs_again_only_if_safe() 
         sluice.log_tail(20)
     );
 
+    // Pipelined behind the BEGIN: nothing after it is sent before the
+    // server's first answer, so the retry loses nothing and runs nothing
+    // twice.
+    let pid = doomed().await;
+    let woken = wake(pid);
+    let (begun, inside) = tokio::join!(
+        client.simple_query("begin"),
+        client.simple_query("select pg_backend_pid()")
+    );
+    begun.expect("BEGIN, run again");
+    let inside = inside
+        .expect("the pipelined query")
+        .iter()
+        .find_map(|m| match m {
+            tokio_postgres::SimpleQueryMessage::Row(r) => r.get(0).map(str::to_owned),
+            _ => None,
+        });
+    assert!(inside.is_some(), "no row");
+    assert_ne!(inside, Some(pid.to_string()), "ran on the dead server");
+    client.simple_query("commit").await.expect("COMMIT");
+    woken.await.expect("SIGCONT");
+
     // A write is not run again: its client gets the server's error, and
     // the row is not written twice (here: not at all).
     let pid = doomed().await;

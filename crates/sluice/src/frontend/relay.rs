@@ -73,6 +73,9 @@ pub(super) struct Cycle {
     /// connection ends right after it.
     pub(super) keep_farewell: bool,
     pub(super) farewell: Option<Vec<u8>>,
+    /// A FATAL error was kept from the client: the server must end now;
+    /// anything more it sends is a broken server.
+    pub(super) after_farewell: bool,
 }
 
 /// A simple-Query read routed to a replica: if the replica's first answer
@@ -85,7 +88,9 @@ pub(super) enum Retry {
     Armed,
     /// A request on the primary that may run again on another server if
     /// this one turns out dead before answering: its first answer is a
-    /// FATAL error (swallowed) or the end of the connection.
+    /// shutdown's FATAL error (swallowed) or the end of the connection.
+    /// Nothing after the request is sent until the first answer (the
+    /// cycle is capped at one request), so a retry loses nothing.
     Lost,
     /// Refused: the rest of the reply is swallowed.
     Swallowing,
@@ -163,7 +168,9 @@ pub async fn run(client: &mut Client, cbuf: &mut BytesMut, mut lease: Lease) -> 
         written: (0, 0),
         error_classes: Vec::new(),
         // (a session-mode session on a standby keeps it)
-        cap: (lease.host() != 0 && settings.mode != PoolMode::Session).then_some(1),
+        cap: ((lease.host() != 0 && settings.mode != PoolMode::Session)
+            || (lease.host() == 0 && client.retry_query.is_some()))
+        .then_some(1),
         retry: match (lease.host(), &client.retry_query) {
             (_, None) => Retry::Off,
             (0, Some(_)) => Retry::Lost,
@@ -172,6 +179,7 @@ pub async fn run(client: &mut Client, cbuf: &mut BytesMut, mut lease: Lease) -> 
         retry_kept: Vec::new(),
         keep_farewell: client.on_routed_primary && lease.host() == 0,
         farewell: None,
+        after_farewell: false,
     };
     let linked_at = std::time::Instant::now();
     let release_each = match settings.mode {
@@ -260,7 +268,7 @@ pub async fn run(client: &mut Client, cbuf: &mut BytesMut, mut lease: Lease) -> 
         };
         let held = cycle.server_scan.wanted().saturating_sub(cycle.to_client);
         if held > SERVER_HELD_LIMIT {
-            break Err(End::Server(format!(
+            break Err(End::server_broken(format!(
                 "server message of {held} bytes is larger than the {} MiB sluice holds whole",
                 SERVER_HELD_LIMIT >> 20
             )));
@@ -269,7 +277,16 @@ pub async fn run(client: &mut Client, cbuf: &mut BytesMut, mut lease: Lease) -> 
             Ok(false) => {}
             // The server reported a tracked parameter: both views follow.
             Ok(true) => server.params = client.params.clone(),
-            Err(e) => break Err(End::Server(format!("server sent a bad message: {e}"))),
+            Err(e) => {
+                break Err(End::server_broken(format!(
+                    "server sent a bad message: {e}"
+                )));
+            }
+        }
+        if cycle.after_farewell && !server.buf.is_empty() {
+            break Err(End::server_broken(
+                "server sent more after its FATAL error".into(),
+            ));
         }
         if cycle.refused_transaction {
             break Err(End::Client(ClientError::new(
@@ -396,11 +413,17 @@ pub async fn run(client: &mut Client, cbuf: &mut BytesMut, mut lease: Lease) -> 
                 }
             }
             IoEvent::ServerClosed => {
-                break Err(End::Server(
-                    "server closed the connection unexpectedly".into(),
-                ));
+                break Err(End::Server {
+                    why: "server closed the connection unexpectedly".into(),
+                    lost: true,
+                });
             }
-            IoEvent::ServerFailed(e) => break Err(End::Server(e.to_string())),
+            IoEvent::ServerFailed(e) => {
+                break Err(End::Server {
+                    why: e.to_string(),
+                    lost: true,
+                });
+            }
             IoEvent::ClientGone => break Ok(Outcome::ClientGone),
             IoEvent::IdleTimeout => {
                 break Err(End::Client(match idle_timer.as_ref().map(|(k, _)| *k) {
@@ -424,6 +447,7 @@ pub async fn run(client: &mut Client, cbuf: &mut BytesMut, mut lease: Lease) -> 
     lease.stats.sent = cycle.written.1;
     lease.stats.linked = linked_at.elapsed();
     lease.stats.error_classes = std::mem::take(&mut cycle.error_classes);
+    let server_drained = lease.server().buf.is_empty();
     let ended = match end {
         Ok(Outcome::Retry) => {
             lease.release();
@@ -496,7 +520,7 @@ pub async fn run(client: &mut Client, cbuf: &mut BytesMut, mut lease: Lease) -> 
             Box::pin(finish_abandoned(lease, &cycle, &settings, cleanup, owed)).await;
             RelayEnd::Error(e)
         }
-        Err(End::Server(why))
+        Err(End::Server { why, lost: true })
             if cycle.retry != Retry::Off
                 && cycle.written.1 == 0
                 && !cycle.client_terminated
@@ -513,22 +537,29 @@ pub async fn run(client: &mut Client, cbuf: &mut BytesMut, mut lease: Lease) -> 
             lease.close();
             RelayEnd::Retry
         }
-        Err(End::Server(why))
+        Err(End::Server { why, lost: true })
             if release_each.is_some()
-                && cycle.req.at_rest()
-                && cycle.status == TransactionStatus::Idle
+                && cycle.clean()
                 && cycle.to_server == 0
+                && cycle.to_client == 0
+                && server_drained
+                && !cycle.req.unsure()
                 && !cycle.client_terminated
-                && tracking.as_deref().is_some_and(|t| t.pinned.is_none()) =>
+                && tracking
+                    .as_deref()
+                    .is_some_and(|t| t.settled() && t.pinned.is_none() && !t.needs_after()) =>
         {
-            // Its transaction was over (the server said so) before the
-            // server went (a shutdown right after the last reply): the
-            // client lost nothing and goes on with another server.
+            // Nothing was in flight: its transaction was over (the server
+            // said so, the client has every reply, nothing is owed or
+            // left to undo) before the server went (a shutdown right after
+            // the last reply, or before the client's next message was
+            // whole): the client lost nothing and goes on with another
+            // server.
             tracing::info!(user = %client.user(), db = %client.database(), "server connection ended between transactions ({why}): closed, the client goes on");
             lease.close();
             RelayEnd::Released
         }
-        Err(End::Server(why)) => {
+        Err(End::Server { why, .. }) => {
             tracing::warn!(user = %client.user(), db = %client.database(), "server connection failed: {why}");
             lease.close();
             let farewell = cycle.farewell.as_deref();
@@ -607,8 +638,16 @@ const SERVER_HELD_LIMIT: usize = 16 << 20;
 enum End {
     /// The client broke a rule; it gets this error.
     Client(ClientError),
-    /// The server failed; the client gets 08006.
-    Server(String),
+    /// The server failed; the client gets 08006. `lost`: the connection
+    /// ended (an I/O ending), as opposed to a server that broke the
+    /// protocol; only a lost server's request may run again elsewhere.
+    Server { why: String, lost: bool },
+}
+
+impl End {
+    fn server_broken(why: String) -> Self {
+        End::Server { why, lost: false }
+    }
 }
 
 fn scan_client(

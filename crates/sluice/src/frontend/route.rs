@@ -123,18 +123,24 @@ pub fn retry_safe(buf: &[u8]) -> Option<usize> {
 /// The length of the simple Query at the start of `buf` if it may run
 /// again on another server after its own died before answering (a stale
 /// pooled server after a restart or a switchover): it cannot have done
-/// anything. `read`: the router found it reads only; otherwise it must be
-/// a lone transaction start (`BEGIN`, `START TRANSACTION`, with modes).
+/// anything. `read`: the router found it reads only, and the built-in
+/// classifier alone agrees (a hint or a database's own function is a
+/// claim, not a proof: a write could have committed before the server
+/// died); otherwise it must be a lone transaction start (`BEGIN`,
+/// `START TRANSACTION`, with modes).
 pub fn lost_retry_safe(buf: &[u8], read: bool) -> Option<usize> {
     let (tag, body) = message(buf)?;
     let len = 5 + body.len();
     if tag != f::QUERY || len > RETRY_LIMIT {
         return None;
     }
+    let text = body.strip_suffix(b"\0").unwrap_or(body);
     if read {
-        return Some(len);
+        let proven =
+            sluice_router::hint(text).is_none() && BUILT_IN.classify(text) == Route::Replica;
+        return proven.then_some(len);
     }
-    let text = body.strip_suffix(b"\0").unwrap_or(body).trim_ascii();
+    let text = text.trim_ascii();
     let text = text.strip_suffix(b";").unwrap_or(text).trim_ascii_end();
     // Plain words only: no second statement, string, comment or quote
     // that could hide one.
@@ -269,6 +275,9 @@ mod tests {
         assert!(lost_retry_safe(&query("delete from t"), false).is_none());
         assert!(lost_retry_safe(&query("select 1"), false).is_none());
         assert!(lost_retry_safe(&query("select 1"), true).is_some());
+        // Hints and a database's own functions are not proof.
+        assert!(lost_retry_safe(&query("/* sluice: replica */ delete from t"), true).is_none());
+        assert!(lost_retry_safe(&query("select my_stable_fn()"), true).is_none());
         assert!(lost_retry_safe(&parse("", "begin"), false).is_none());
     }
 

@@ -347,6 +347,15 @@ fn is_fatal(body: &[u8]) -> bool {
     sluice_wire::ErrorFields::decode(body).is_ok_and(|f| matches!(f.severity, "FATAL" | "PANIC"))
 }
 
+/// A FATAL error that a server sends when it goes away on its own
+/// (shutdown, crash recovery, still starting, idle session timeout):
+/// whatever the client sent was not run.
+fn is_shutdown_farewell(body: &[u8]) -> bool {
+    sluice_wire::ErrorFields::decode(body).is_ok_and(|f| {
+        f.severity == "FATAL" && matches!(f.code, "57P01" | "57P02" | "57P03" | "57P05")
+    })
+}
+
 /// The first message after the one whose body is `body` (a slice of
 /// `buf`) that is not a notice, if it is already whole in `buf`: (type,
 /// body).
@@ -462,11 +471,14 @@ pub(super) fn scan_server(
                 Retry::Swallowing => Some(RetryStep::Swallow),
                 // A dead server's farewell: nothing ran; the end of the
                 // connection follows and the request goes elsewhere.
-                Retry::Lost if tag == b::ERROR_RESPONSE && is_fatal(body) => {
+                Retry::Lost if tag == b::ERROR_RESPONSE && is_shutdown_farewell(body) => {
                     Some(RetryStep::Swallow)
                 }
+                // Answered: the request ran here; the client's next
+                // messages may follow (see `Cycle::cap`).
                 Retry::Lost => {
                     cycle.retry = Retry::Off;
+                    cycle.cap = None;
                     None
                 }
                 _ => None,
@@ -567,10 +579,20 @@ pub(super) fn release_held(
                 t.expected.forget_ignored_syncs(seen.ignored_syncs);
             }
             t.expected.consume(tag, &body, server);
-            if cycle.keep_farewell && tag == tags::backend::ERROR_RESPONSE && is_fatal(&body) {
+            let fatal = tag == tags::backend::ERROR_RESPONSE && is_fatal(&body);
+            if cycle.keep_farewell && fatal {
                 cycle.farewell = Some(body.clone());
             }
-            if step == RetryStep::Keep {
+            if fatal && (cycle.keep_farewell || cycle.retry == Retry::Lost) {
+                // A farewell: only the end of the connection may follow.
+                cycle.after_farewell = true;
+                cycle.retry_kept.clear();
+                cycle.retry = if cycle.retry == Retry::Lost && is_shutdown_farewell(&body) {
+                    Retry::Lost
+                } else {
+                    Retry::Off
+                };
+            } else if step == RetryStep::Keep {
                 let len = i32::try_from(body.len() + 4).unwrap_or(i32::MAX);
                 cycle.retry_kept.push(tag);
                 cycle.retry_kept.extend_from_slice(&len.to_be_bytes());
