@@ -338,22 +338,8 @@ impl Topology {
     ) -> Option<String> {
         let mut st = self.lock();
         let before = st.leader.clone();
-        match answer {
-            Ok(members) => {
-                st.leader_at = Some(at);
-                st.leader = members
-                    .iter()
-                    .find(|m| m.role == "leader" || m.role == "master" || m.role == "primary")
-                    .map_or(Leader::None, |m| {
-                        Leader::Member(m.name.clone(), m.host.clone(), m.port)
-                    });
-                for h in &mut st.hosts {
-                    h.patroni_role = members
-                        .iter()
-                        .find(|m| matches!(&h.addr, ServerAddr::Tcp { host, port } if *host == m.host && *port == m.port))
-                        .map(|m| m.role.clone());
-                }
-            }
+        let members = match answer {
+            Ok(members) => members,
             Err(why) => {
                 if st
                     .leader_at
@@ -370,24 +356,50 @@ impl Topology {
                 }
                 return None;
             }
+        };
+        st.leader_at = Some(at);
+        let leaders: Vec<&Member> = members
+            .iter()
+            .filter(|m| m.role == "leader" || m.role == "master" || m.role == "primary")
+            .collect();
+        let ours = |m: &Member| {
+            st.hosts.iter().any(|h| {
+                matches!(&h.addr, ServerAddr::Tcp { host, port } if *host == m.host && *port == m.port)
+            })
+        };
+        st.leader = match leaders.as_slice() {
+            [] => Leader::None,
+            [m] if ours(m) => Leader::Member(m.name.clone(), m.host.clone(), m.port),
+            // A leader named otherwise than this database's hosts (a
+            // configuration mistake): Patroni cannot be matched, so the
+            // hosts' own checks decide, as without it.
+            [_] => Leader::Unknown,
+            // Patroni never reports two; if it does, nobody is.
+            _ => Leader::None,
+        };
+        for h in &mut st.hosts {
+            h.patroni_role = members
+                .iter()
+                .find(|m| matches!(&h.addr, ServerAddr::Tcp { host, port } if *host == m.host && *port == m.port))
+                .map(|m| m.role.clone());
         }
         if st.leader == before {
             return None;
         }
         Some(match &st.leader {
-            Leader::Member(name, host, port)
-                if !st.hosts.iter().any(|h| h.patroni_role.is_some() && {
-                    matches!(&h.addr, ServerAddr::Tcp { host: a, port: p } if a == host && p == port)
-                }) =>
-            {
-                format!(
-                    "leader is {name} ({host}:{port}), which is not among this database's hosts \
-                     (name them as Patroni does): writes wait"
-                )
-            }
             Leader::Member(name, host, port) => format!("leader is {name} ({host}:{port})"),
+            Leader::None if leaders.len() > 1 => {
+                "reports more than one leader: writes wait".to_owned()
+            }
             Leader::None => "no leader: writes wait".to_owned(),
-            Leader::Unknown => "unknown".to_owned(),
+            Leader::Unknown => match leaders.first() {
+                Some(m) => format!(
+                    "leader is {} ({}:{}), which is not among this database's hosts (name them \
+                     as Patroni does): roles from the hosts' checks alone",
+                    m.name, m.host, m.port
+                ),
+                None => "unknown".to_owned(),
+            },
         })
     }
 }
@@ -618,6 +630,22 @@ mod tests {
         );
         assert_eq!(t.primary(), None, "two primaries on one timeline");
         t.record(0, sample(true, 100), t0, 3);
+        assert_eq!(t.primary().map(|p| p.0), Some(1));
+        // Two leaders reported: nobody takes writes.
+        let change = t.record_patroni(
+            Ok(vec![member("a", "leader", 1), member("b", "leader", 2)]),
+            t0,
+            keep,
+        );
+        assert_eq!(
+            change.as_deref(),
+            Some("reports more than one leader: writes wait")
+        );
+        assert_eq!(t.primary(), None);
+        // A leader that is none of the hosts (named otherwise): Patroni
+        // cannot be matched and the checks decide, as without it.
+        let change = t.record_patroni(Ok(vec![member("z", "leader", 9)]), t0, keep);
+        assert!(change.is_some_and(|c| c.contains("not among this database's hosts")));
         assert_eq!(t.primary().map(|p| p.0), Some(1));
     }
 
