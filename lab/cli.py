@@ -24,7 +24,7 @@ from lab.progress import Progress, fmt_duration
 from lab.report import Report
 from lab.scenarios import DEMO, SCENARIOS
 from lab.scenarios.common import Context
-from lab.targets import KINDS, Skipped
+from lab.targets import KINDS, OTHER_KINDS, Skipped
 
 
 def _int_list(text: str) -> list[int]:
@@ -36,9 +36,10 @@ def _int_list(text: str) -> list[int]:
 
 def _kinds(text: str) -> list[str]:
     kinds = [k.strip() for k in text.split(",") if k.strip()]
-    bad = [k for k in kinds if k not in KINDS]
+    bad = [k for k in kinds if k not in KINDS + OTHER_KINDS]
     if bad:
-        raise argparse.ArgumentTypeError(f"unknown target(s) {bad}: choose from {', '.join(KINDS)}")
+        raise argparse.ArgumentTypeError(f"unknown target(s) {bad}: choose from "
+                                         f"{', '.join(KINDS + OTHER_KINDS)}")
     return kinds
 
 
@@ -59,7 +60,8 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--clients", type=_int_list, help="client counts, comma list")
     ap.add_argument("--pool-size", type=_int_list, dest="pool_sizes",
                     help="pool size(s), comma list (pool-size sweeps them)")
-    ap.add_argument("--targets", type=_kinds, help=f"comma list of {', '.join(KINDS)}")
+    ap.add_argument("--targets", type=_kinds, help=f"comma list of {', '.join(KINDS)} "
+                    "(failover: sluice, haproxy)")
     ap.add_argument("--script", help="pgbench workload: tpcb, select, write, read5000")
     ap.add_argument("--p99-bound", type=float, dest="p99_bound_ms",
                     help="pool-size: latency bound (p99, ms) for the recommendation")
@@ -127,7 +129,8 @@ def main(argv=None) -> int:
         opts.extra["pin"] = a.pin
     if a.logical is not None:
         opts.extra["logical"] = a.logical
-    problem = missing_binaries()
+    problem = missing_binaries(testkit=any(getattr(SCENARIOS[n], "USES_TESTKIT", True)
+                                           for n in names))
     if problem:
         print(f"error: {problem}", file=sys.stderr)
         return 1
@@ -237,9 +240,11 @@ def save(report, out: Path) -> list[Path]:
     return written
 
 
-def missing_binaries() -> str | None:
+def missing_binaries(testkit: bool = True) -> str | None:
+    """What must exist before anything starts (failover starts its clusters with Patroni,
+    so it does without the testkit)."""
     tk = pglab.testkit_cmd()
-    if len(tk) == 1 and not Path(tk[0]).exists():
+    if testkit and len(tk) == 1 and not Path(tk[0]).exists():
         return (f"{tk[0]} not found: build it first (cargo build --release -p sluice "
                 "-p sluice-testkit, or make build)")
     if not Path(pglab.sluice_bin()).exists():

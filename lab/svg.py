@@ -22,6 +22,7 @@ COLORS = {
     "sluice": "#0f766e",
     "pgbouncer": "#d97706",
     "pgpool": "#7c3aed",
+    "haproxy": "#b91c1c",
 }
 CYCLE = ["#2563eb", "#dc2626", "#059669", "#9333ea", "#ea580c", "#0891b2", "#4b5563", "#ca8a04"]
 
@@ -84,6 +85,9 @@ class LinePanel:
     log_x: bool = False
     y_floor_zero: bool = True
     marks: list[tuple[float, str]] = field(default_factory=list)  # vertical marker lines
+    x_ticks: list[float] | None = None  # labelled x values (default: every x of the data)
+    dots: bool = True                   # a circle on each point (off for long time series)
+    y_top: float | None = None          # the y axis reaches at least this (e.g. all clients)
 
 
 @dataclass
@@ -215,8 +219,13 @@ def _line_panel(p: LinePanel) -> list[str]:
     if not xs or not ys:
         parts.append(_text(left + w / 2, top + h / 2, "no data", anchor="middle", fill="#9ca3af"))
         return parts
+    labelled = xs
+    if p.x_ticks:
+        labelled = sorted(p.x_ticks)
+        xs = sorted(set(xs) | {labelled[0], labelled[-1]})
     lo_y = 0.0 if p.y_floor_zero else min(ys)
-    ticks = nice_ticks(lo_y, max(ys) * 1.05 if max(ys) > 0 else 1)
+    hi_y = max(max(ys), p.y_top or 0)
+    ticks = nice_ticks(lo_y, hi_y * 1.05 if hi_y > 0 else 1)
     y_lo, y_hi = ticks[0], ticks[-1]
 
     def fx(x):
@@ -232,7 +241,7 @@ def _line_panel(p: LinePanel) -> list[str]:
     def fy(y):
         return top + h - (y - y_lo) / (y_hi - y_lo) * h
     _y_axis(parts, box, ticks, fy)
-    for x in xs:
+    for x in labelled:
         parts.append(f'<line x1="{fx(x):.1f}" y1="{top + h}" x2="{fx(x):.1f}" y2="{top + h + 4}" '
                      f'stroke="#9ca3af"/>')
         parts.append(_text(fx(x), top + h + 17, compact(x), size=10, anchor="middle",
@@ -251,7 +260,7 @@ def _line_panel(p: LinePanel) -> list[str]:
         dash = ' stroke-dasharray="6,4"' if s.dashed else ""
         d = " ".join(f"{'M' if j == 0 else 'L'}{x:.1f},{y:.1f}" for j, (x, y) in enumerate(pts))
         parts.append(f'<path d="{d}" fill="none" stroke="{color}" stroke-width="2.5"{dash}/>')
-        for x, y in pts:
+        for x, y in (pts if p.dots else ()):
             parts.append(f'<circle cx="{x:.1f}" cy="{y:.1f}" r="3.5" fill="#ffffff" '
                          f'stroke="{color}" stroke-width="2"/>')
     return parts

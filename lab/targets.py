@@ -18,11 +18,15 @@ from pathlib import Path
 import pglab
 from pglab import LabError
 
-from lab import pgpool
+from lab import haproxy, pgpool
 from lab.stack import APP_PASSWORD, APP_ROLE, Cluster, Stack
 
 KINDS = ("direct", "sluice", "pgbouncer", "pgpool")
-LABELS = {"direct": "direct", "sluice": "sluice", "pgbouncer": "PgBouncer", "pgpool": "Pgpool-II"}
+# Targets that only some scenarios run (not in the default list of the others): HAProxy, in
+# front of a Patroni cluster, in the failover scenario (lab/haproxy.py).
+OTHER_KINDS = ("haproxy",)
+LABELS = {"direct": "direct", "sluice": "sluice", "pgbouncer": "PgBouncer", "pgpool": "Pgpool-II",
+          "haproxy": "HAProxy"}
 
 
 class Skipped(Exception):
@@ -61,6 +65,8 @@ def available(kind: str) -> str | None:
         return "PgBouncer is not installed (make peers, or apt-get install pgbouncer)"
     if kind == "pgpool" and not pgpool.binary():
         return "Pgpool-II is not installed (make peers, or apt-get install pgpool2)"
+    if kind == "haproxy":
+        return haproxy.available()
     if kind == "sluice" and not Path(pglab.sluice_bin()).exists():
         return f"{pglab.sluice_bin()} not found (cargo build --release -p sluice)"
     return None
@@ -91,6 +97,8 @@ def open_target(stack: Stack, kind: str, cluster: Cluster, *, pool_size: int = 2
     why = available(kind)
     if why:
         raise Skipped(why)
+    if kind == "haproxy":
+        raise Skipped("HAProxy runs in the failover scenario only (in front of Patroni)")
     if kind == "direct":
         yield Target(kind="direct", port=cluster.port, dbname=cluster.db, host=cluster.host,
                      describe="no pooler")

@@ -2,7 +2,8 @@
 # Installs what sluice's demo, tests and benchmarks need on a fresh Debian
 # machine: PostgreSQL's server and pgbench, Patroni and etcd for the
 # switchover test, and the peers the benchmark
-# compares with (PgBouncer, Pgpool-II). Idempotent; quiet when all is there.
+# compares with (PgBouncer, Pgpool-II, and HAProxy for the lab's failover
+# scenario). Idempotent; quiet when all is there.
 set -euo pipefail
 
 need=()
@@ -23,6 +24,8 @@ command -v etcd >/dev/null 2>&1 || need+=(etcd-server)
 if [ "${1:-}" = "--peers" ]; then
   command -v pgbouncer >/dev/null 2>&1 || [ -x /usr/sbin/pgbouncer ] || need+=(pgbouncer)
   command -v pgpool >/dev/null 2>&1 || [ -x /usr/sbin/pgpool ] || need+=(pgpool2)
+  # The lab's failover scenario puts HAProxy in front of Patroni, as the seed did.
+  command -v haproxy >/dev/null 2>&1 || [ -x /usr/sbin/haproxy ] || need+=(haproxy)
 fi
 if [ ${#need[@]} -gt 0 ]; then
   echo "installing: ${need[*]}"
@@ -37,10 +40,11 @@ if [ ${#need[@]} -gt 0 ]; then
     done
   fi
   # Peers started by their packages would hold ports; the lab starts its own.
-  $sudo_cmd systemctl stop pgbouncer pgpool2 etcd patroni 2>/dev/null || true
+  $sudo_cmd systemctl stop pgbouncer pgpool2 etcd patroni haproxy 2>/dev/null || true
   $sudo_cmd service etcd stop 2>/dev/null || true
   $sudo_cmd service pgbouncer stop 2>/dev/null || true
   $sudo_cmd service pgpool2 stop 2>/dev/null || true
+  $sudo_cmd service haproxy stop 2>/dev/null || true
 fi
 if ! command -v cargo >/dev/null 2>&1; then
   echo "cargo is missing: install Rust (rustup) first" >&2

@@ -7,11 +7,11 @@ measured in report.data) and `render(report)` (tables, headline, figures from th
 also used by `--render DIR` to redraw saved results).
 """
 
-from lab.scenarios import (compare, idle, max_connections, pool_size, read_replica, reconnect,
-                           replication)
+from lab.scenarios import (compare, failover, idle, max_connections, pool_size, read_replica,
+                           reconnect, replication)
 
 SCENARIOS = {m.NAME: m for m in (max_connections, replication, reconnect, idle, read_replica,
-                                 pool_size, compare)}
+                                 pool_size, compare, failover)}
 
 # `make demo`: what a new user sees first, in quick mode.
 DEMO = ("max-connections", "idle", "read-replica")
