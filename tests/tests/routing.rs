@@ -336,6 +336,44 @@ async fn a_replica_past_the_lag_limit_gets_no_reads_until_it_catches_up() {
 }
 
 #[tokio::test]
+async fn an_idle_replica_after_a_wal_switch_is_caught_up() {
+    // After a WAL segment switch on an idle primary, its insert position
+    // points past the new segment's page header: a replica that has
+    // replayed everything must still show no lag, and keep its reads.
+    let (primary, replica) = primary_and_replica();
+    let sluice = routed(
+        &primary,
+        &replica,
+        "route_reads=1",
+        &[("replica_max_lag", "0.5"), ("read_your_writes", "off")],
+    );
+    wait_for_roles(&sluice, &primary, &replica).await;
+    let admin = superuser_connect(&primary, "postgres").await;
+    admin
+        .simple_query("select pg_switch_wal()")
+        .await
+        .expect("switch");
+    // Idle from now on: past the lag limit several times over.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let lag = hosts(&sluice)
+        .await
+        .into_iter()
+        .find(|h| h.0 == replica.port().to_string())
+        .and_then(|h| h.3);
+    assert_eq!(
+        lag,
+        Some(0),
+        "{:?}",
+        console_rows(&sluice, "SHOW HOSTS").await
+    );
+    let client = connect_as(sluice.port(), APP_USER, "postgres").await;
+    assert!(
+        in_recovery(&client, "select pg_is_in_recovery()").await,
+        "the idle, caught-up replica got no read"
+    );
+}
+
+#[tokio::test]
 async fn a_cancel_reaches_the_replica_the_query_runs_on() {
     let (primary, replica) = primary_and_replica();
     let sluice = routed(&primary, &replica, "route_reads=1", &[]);

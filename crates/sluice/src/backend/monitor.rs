@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use super::login::{self, LoginError};
 use super::pool::Pool;
 use super::server::ServerConn;
-use super::topology::{Change, Sample, Topology, parse_lsn};
+use super::topology::{Change, Sample, Topology, parse_lsn, record_end};
 
 /// Role, replay (or insert) position and timeline in one round trip. The
 /// timeline of a replica is only visible to pg_read_all_stats members.
@@ -163,7 +163,11 @@ async fn check(
     };
     Ok(Sample {
         in_recovery,
-        lsn: text(1).and_then(parse_lsn),
+        // (a primary's insert position, as a record's end: comparable
+        // with a replica's replay position)
+        lsn: text(1)
+            .and_then(parse_lsn)
+            .map(|l| if in_recovery { l } else { record_end(l) }),
         timeline: text(2).and_then(|t| t.parse().ok()),
     })
 }

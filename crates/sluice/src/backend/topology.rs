@@ -542,6 +542,22 @@ fn lag_of(
     (Some(bytes), Some(now.saturating_duration_since(since)))
 }
 
+/// The end of the last WAL record at or before a primary's insert
+/// position. `pg_current_wal_insert_lsn()` points past the header of the
+/// page it would write next (24 bytes, 40 at a segment's start) when the
+/// last record ended at a page boundary, while a replica's replay
+/// position is a record's end: without this, an idle replica would look
+/// 24 or 40 bytes behind for ever. No record ends inside a page header, so
+/// no replica's position lies between the two. (8 kB WAL pages, the only
+/// size Debian's and the usual builds use.)
+pub fn record_end(insert: u64) -> u64 {
+    const XLOG_BLCKSZ: u64 = 8192;
+    match insert % XLOG_BLCKSZ {
+        off @ (24 | 40) => insert - off,
+        _ => insert,
+    }
+}
+
 /// Parses PostgreSQL's text form of an LSN (`16/B374D848`).
 pub fn parse_lsn(text: &str) -> Option<u64> {
     let (hi, lo) = text.split_once('/')?;
@@ -647,6 +663,18 @@ mod tests {
         let change = t.record_patroni(Ok(vec![member("z", "leader", 9)]), t0, keep);
         assert!(change.is_some_and(|c| c.contains("not among this database's hosts")));
         assert_eq!(t.primary().map(|p| p.0), Some(1));
+    }
+
+    #[test]
+    fn an_insert_position_past_a_page_header_is_the_page_boundary() {
+        assert_eq!(
+            record_end(0x3000028),
+            0x3000000,
+            "long header at a segment start"
+        );
+        assert_eq!(record_end(0x3002018), 0x3002000, "short header");
+        assert_eq!(record_end(0x3002060), 0x3002060);
+        assert_eq!(record_end(0x3000000), 0x3000000);
     }
 
     #[test]

@@ -485,7 +485,8 @@ pub async fn run(client: &mut Client, cbuf: &mut BytesMut, mut lease: Lease) -> 
                             .first()
                             .and_then(|r| r.first())
                             .and_then(|v| v.as_deref())
-                            .and_then(crate::backend::topology::parse_lsn);
+                            .and_then(crate::backend::topology::parse_lsn)
+                            .map(crate::backend::topology::record_end);
                     }
                     Err(_) => kept = false,
                 }
