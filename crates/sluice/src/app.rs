@@ -80,6 +80,10 @@ pub struct App {
     me: OnceLock<std::sync::Weak<App>>,
     /// Some database routes reads (has a topology).
     routing: std::sync::atomic::AtomicBool,
+    /// Bumped whenever what a client's routing looked up may have changed
+    /// (a RELOAD, a topology made or dropped): clients keep those lookups
+    /// while it stands (see `route_epoch`).
+    route_epoch: std::sync::atomic::AtomicU64,
 }
 
 impl App {
@@ -108,6 +112,7 @@ impl App {
             next_worker: AtomicUsize::new(0),
             me: OnceLock::new(),
             routing: std::sync::atomic::AtomicBool::new(false),
+            route_epoch: std::sync::atomic::AtomicU64::new(0),
         }
     }
 
@@ -214,6 +219,17 @@ impl App {
         )
     }
 
+    /// The routing epoch: a client that looked up its database's
+    /// topology, settings, lag limits and host pools under this value may
+    /// use them until it changes. Read before those lookups.
+    pub fn route_epoch(&self) -> u64 {
+        self.route_epoch.load(Ordering::Acquire)
+    }
+
+    fn new_route_epoch(&self) {
+        self.route_epoch.fetch_add(1, Ordering::AcqRel);
+    }
+
     /// The topology of `database` when it routes reads.
     pub fn topology(&self, database: &str) -> Option<Arc<Topology>> {
         self.topologies
@@ -264,6 +280,7 @@ impl App {
             self.routing.store(true, Ordering::Relaxed);
             t
         };
+        self.new_route_epoch();
         let host: Arc<dyn crate::backend::monitor::MonitorHost> = me;
         crate::backend::patroni::start(host.clone(), &topology, |task| self.spawn_on_worker(task));
         crate::backend::monitor::start(host, &topology, pool, |task| self.spawn_on_worker(task));
@@ -614,6 +631,7 @@ impl App {
             limit_for(&self.user_limits, &pool.user, user_max(&config, &pool.user));
             pool.reconfigure(settings, target, credential);
         }
+        self.new_route_epoch();
         self.prewarm();
     }
 }

@@ -55,7 +55,41 @@ pub struct Client {
     /// The client has sent a transaction that reads only: the primary's
     /// WAL position is read after its writes (read-your-writes). A client
     /// that only ever writes does not pay for it.
-    reads_routed: std::sync::atomic::AtomicBool,
+    reads_routed: bool,
+    /// Routing's lookups, kept while they hold (see `RouteCache`).
+    route_cache: Option<Box<RouteCache>>,
+}
+
+/// What routing looked up for a client, kept while the app's routing
+/// epoch stands (a RELOAD or a topology made or dropped ends it): a
+/// transaction finds its database's topology, settings, lag limits and
+/// host pools without a shared lock or an allocation.
+struct RouteCache {
+    epoch: u64,
+    topology: Option<Arc<crate::backend::topology::Topology>>,
+    settings: Arc<crate::backend::pool::PoolSettings>,
+    limits: (crate::backend::topology::LagLimits, bool),
+    /// Host pools by host index, looked up on first use.
+    hosts: Vec<Option<Arc<Pool>>>,
+}
+
+/// The pool of host `i` for `main`'s clients, from `hosts` (a
+/// `RouteCache`'s) or looked up and kept there.
+fn cached_host_pool(
+    hosts: &mut Vec<Option<Arc<Pool>>>,
+    app: &App,
+    main: &Arc<Pool>,
+    i: usize,
+) -> Option<Arc<Pool>> {
+    if let Some(Some(pool)) = hosts.get(i) {
+        return Some(pool.clone());
+    }
+    let pool = app.host_pool(main, i)?;
+    if hosts.len() <= i {
+        hosts.resize(i + 1, None);
+    }
+    hosts[i] = Some(pool.clone());
+    Some(pool)
 }
 
 /// When a client's transaction that may have written ended, and the
@@ -164,7 +198,8 @@ impl Client {
             force_primary: false,
             on_routed_primary: false,
             lost_retries: 0,
-            reads_routed: std::sync::atomic::AtomicBool::new(false),
+            reads_routed: false,
+            route_cache: None,
         }
     }
 
@@ -223,7 +258,7 @@ impl Client {
     /// replica is up and caught up (with the client's own last write, for
     /// read-your-writes); otherwise the client's own pool (the primary).
     /// LISTEN and session mode always use the primary.
-    fn route(&self, buf: &[u8]) -> Routed {
+    fn route(&mut self, buf: &[u8]) -> Routed {
         if !self.app.routing_anywhere() {
             return Routed {
                 pool: self.pool.clone(),
@@ -234,34 +269,43 @@ impl Client {
                 standby_wait: false,
             };
         }
-        let topology = self.app.topology(&self.pool.database);
+        let epoch = self.app.route_epoch();
+        if self.route_cache.as_ref().is_none_or(|c| c.epoch != epoch) {
+            self.route_cache = Some(Box::new(RouteCache {
+                epoch,
+                topology: self.app.topology(&self.pool.database),
+                settings: self.pool.settings(),
+                limits: self.app.read_limits(),
+                hosts: Vec::new(),
+            }));
+        }
+        let Some(cache) = self.route_cache.as_deref_mut() else {
+            unreachable!("filled above");
+        };
         let primary = |may_write| Routed {
             pool: self.pool.clone(),
-            topology: topology.clone(),
+            topology: cache.topology.clone(),
             may_write,
             verify: None,
             read: false,
             standby_wait: false,
         };
-        let read_on_primary = || Routed {
-            read: true,
-            ..primary(false)
-        };
-        let Some(topology) = topology.as_ref() else {
+        let Some(topology) = cache.topology.clone() else {
             return primary(false);
         };
         if self.force_primary {
             // A "read" a replica refused: it writes.
             return primary(true);
         }
-        let settings = self.pool.settings();
-        if settings.standby != Standby::No && !self.is_listening() {
+        let listening = self.carried.as_ref().is_some_and(|c| c.listen.is_some());
+        let (limits, ryw) = cache.limits;
+        let settings = cache.settings.clone();
+        if settings.standby != Standby::No && !listening {
             // The entry asks for standbys: every transaction (every
             // session in session mode) on a replica, whatever it is.
-            let (limits, _) = self.app.read_limits();
-            return match topology
-                .pick_replica(limits, None)
-                .and_then(|i| self.app.host_pool(&self.pool, i))
+            let picked = topology.pick_replica(limits, None);
+            return match picked
+                .and_then(|i| cached_host_pool(&mut cache.hosts, &self.app, &self.pool, i))
             {
                 Some(pool) => Routed {
                     pool,
@@ -274,23 +318,25 @@ impl Client {
                 },
             };
         }
-        if self.is_listening()
+        let session = self.carried.as_ref().and_then(|c| c.session.as_deref());
+        if listening
             || settings.mode == sluice_config::PoolMode::Session
-            || self
-                .session()
-                .as_deref()
-                .is_some_and(crate::session_vars::SessionVars::keeps_reads_on_primary)
+            || session.is_some_and(crate::session_vars::SessionVars::keeps_reads_on_primary)
         {
             return primary(false);
         }
-        let named = |name: &[u8]| self.carried.as_ref()?.statements.get(name).cloned();
+        let carried = self.carried.as_deref();
+        let named = |name: &[u8]| carried?.statements.get(name).cloned();
         let own = topology.classifier();
         if super::route::request(buf, own.as_deref(), named) == sluice_router::Route::Primary {
             return primary(true);
         }
         // From now on its writes are worth the read-your-writes position.
-        self.reads_routed.store(true, Relaxed);
-        let (limits, ryw) = self.app.read_limits();
+        self.reads_routed = true;
+        let read_on_primary = || Routed {
+            read: true,
+            ..primary(false)
+        };
         // Read-your-writes: a replica must have replayed the client's last
         // write: its position read right after it, or else the primary's
         // first check after it.
@@ -310,7 +356,7 @@ impl Client {
             None if min_lsn.is_some() => (topology.pick_replica(limits, None), min_lsn),
             None => (None, None),
         };
-        match picked.and_then(|i| self.app.host_pool(&self.pool, i)) {
+        match picked.and_then(|i| cached_host_pool(&mut cache.hosts, &self.app, &self.pool, i)) {
             Some(pool) => Routed {
                 pool,
                 topology: Some(topology.clone()),
@@ -543,7 +589,7 @@ impl Client {
         self.app.cancels.set_waiting(self.cancel, false);
         self.idle_timeout = Some(lease.settings.client_idle_timeout);
         let ryw = may_write && self.app.routing_anywhere() && self.app.read_limits().1;
-        self.want_commit_lsn = ryw && lease.host() == 0 && self.reads_routed.load(Relaxed);
+        self.want_commit_lsn = ryw && lease.host() == 0 && self.reads_routed;
         self.commit_lsn = None;
         self.force_primary = false;
         // A read on a replica may run again on the primary (refused or
