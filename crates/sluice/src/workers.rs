@@ -206,7 +206,7 @@ pub fn start(
                 std::thread::Builder::new()
                     .name(format!("sluice-worker-{i}"))
                     .spawn(move || {
-                        crate::backend::idle::set_current_worker(i);
+                        crate::backend::worker_id::set_current_worker(i);
                         // SAFETY: gettid has no preconditions.
                         tid.store(unsafe { libc::gettid() }, Ordering::Relaxed);
                         rt.block_on(std::future::pending::<()>());

@@ -9,23 +9,7 @@
 // waiter), so each of those moves copies a pointer, not the connection.
 #![allow(clippy::vec_box)]
 
-use std::cell::Cell;
-
 use super::server::ServerConn;
-
-thread_local! {
-    static WORKER: Cell<usize> = const { Cell::new(0) };
-}
-
-/// Marks the calling thread as worker `index` (per-core layout).
-pub fn set_current_worker(index: usize) {
-    WORKER.with(|w| w.set(index));
-}
-
-/// The worker the calling thread is (0 outside the per-core layout).
-pub fn current_worker() -> usize {
-    WORKER.with(Cell::get)
-}
 
 /// Per-worker LIFO stacks of idle servers.
 #[derive(Debug, Default)]

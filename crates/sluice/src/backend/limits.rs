@@ -2,12 +2,19 @@
 //! pools of a database) and `max_user_connections` (all pools of a user).
 //! Atomics, so every worker thread sees the same count. A pool blocked by a
 //! full budget may close an idle server of another pool sharing it, as
-//! PgBouncer does, so idle servers never starve a waiting client.
+//! PgBouncer does, so idle servers never starve a waiting client. A
+//! budget knows its pools only as `Member`s (it does not depend on the
+//! pool, which depends on it).
 
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 
-use super::pool::Pool;
+/// What a budget asks of a pool that counts against it.
+pub trait Member: Send + Sync {
+    /// Closes the member's oldest idle server (giving its unit back);
+    /// true if there was one.
+    fn close_oldest_idle(&self) -> bool;
+}
 
 /// A counter with an optional ceiling (0 = unlimited).
 #[derive(Default)]
@@ -15,7 +22,7 @@ pub struct ConnLimit {
     max: AtomicU32,
     current: AtomicU32,
     /// Pools that count against this budget.
-    members: Mutex<Vec<Weak<Pool>>>,
+    members: Mutex<Vec<Weak<dyn Member>>>,
 }
 
 impl ConnLimit {
@@ -28,10 +35,11 @@ impl ConnLimit {
     }
 
     /// Registers a pool that counts against this budget.
-    pub fn join(&self, pool: &Arc<Pool>) {
+    pub fn join<M: Member + 'static>(&self, pool: &Arc<M>) {
         let mut m = self.members.lock().unwrap_or_else(|p| p.into_inner());
         m.retain(|w| w.strong_count() > 0);
-        m.push(Arc::downgrade(pool));
+        let pool: Arc<dyn Member> = pool.clone();
+        m.push(Arc::downgrade(&pool));
     }
 
     /// True when a ceiling is set and reached.
@@ -42,14 +50,15 @@ impl ConnLimit {
 
     /// Closes the oldest idle server of another member pool; true if one
     /// was closed (and its unit given back).
-    pub fn evict_idle(&self, except: &Pool) -> bool {
-        let members: Vec<Arc<Pool>> = {
+    pub fn evict_idle<M: Member>(&self, except: &M) -> bool {
+        let members: Vec<Arc<dyn Member>> = {
             let m = self.members.lock().unwrap_or_else(|p| p.into_inner());
             m.iter().filter_map(Weak::upgrade).collect()
         };
+        let except = std::ptr::from_ref(except).cast::<()>();
         members
             .iter()
-            .filter(|p| !std::ptr::eq(Arc::as_ptr(p), except))
+            .filter(|p| Arc::as_ptr(p).cast::<()>() != except)
             .any(|p| p.close_oldest_idle())
     }
 
@@ -93,5 +102,34 @@ mod tests {
         assert!(l.try_take());
         let u = ConnLimit::new(0);
         assert!((0..1000).all(|_| u.try_take()));
+    }
+
+    /// A member with `idle` idle servers.
+    struct Idle(AtomicU32);
+
+    impl Member for Idle {
+        fn close_oldest_idle(&self) -> bool {
+            self.0
+                .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| n.checked_sub(1))
+                .is_ok()
+        }
+    }
+
+    #[test]
+    fn a_full_budget_evicts_from_another_member_only() {
+        let l = ConnLimit::new(2);
+        let me = Arc::new(Idle(AtomicU32::new(5)));
+        let other = Arc::new(Idle(AtomicU32::new(1)));
+        l.join(&me);
+        l.join(&other);
+        assert!(l.evict_idle(&*me), "the other member's idle server");
+        assert_eq!(other.0.load(Ordering::Relaxed), 0);
+        assert!(!l.evict_idle(&*me), "never its own");
+        assert_eq!(me.0.load(Ordering::Relaxed), 5);
+        // A dropped member is forgotten.
+        drop(other);
+        let third = Arc::new(Idle(AtomicU32::new(1)));
+        l.join(&third);
+        assert_eq!(l.members.lock().map(|m| m.len()).unwrap_or(0), 2);
     }
 }

@@ -13,3 +13,4 @@ pub mod server;
 pub mod stats;
 pub mod target;
 pub mod topology;
+pub mod worker_id;

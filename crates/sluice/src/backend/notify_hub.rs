@@ -16,8 +16,17 @@ use tokio::io::AsyncWriteExt;
 use tokio::sync::{Notify, mpsc, oneshot};
 
 use super::login;
-use super::pool::Pool;
+use super::target::{ServerCredential, ServerTarget};
 use crate::codec::read_message;
+
+/// What the hub needs of the pool that owns it (the hub knows the pool
+/// only through this: the pool holds the hub, not the other way round).
+pub trait HubOwner: Send + Sync + 'static {
+    fn hub(&self) -> &NotifyHub;
+    fn database(&self) -> &str;
+    /// Where and as whom the hub's own server connection logs in.
+    fn target_and_credential(&self) -> (Arc<ServerTarget>, ServerCredential);
+}
 
 /// Notifications queued for one client that is busy or slow to read;
 /// beyond this, new ones for it are dropped (and logged).
@@ -64,7 +73,7 @@ impl NotifyHub {
     /// LISTEN returned reaches it.
     pub async fn subscribe(
         &self,
-        pool: &Arc<Pool>,
+        pool: &Arc<impl HubOwner>,
         id: u64,
         tx: &mpsc::Sender<Bytes>,
         channel: &str,
@@ -82,7 +91,8 @@ impl NotifyHub {
                 st.confirm.push((channel.to_owned(), done));
                 if !st.running {
                     st.running = true;
-                    tokio::spawn(run(Arc::downgrade(pool)));
+                    let owner: Arc<dyn HubOwner> = pool.clone();
+                    tokio::spawn(run(Arc::downgrade(&owner)));
                 }
                 Some(wait)
             }
@@ -91,7 +101,7 @@ impl NotifyHub {
         if let Some(wait) = wait
             && tokio::time::timeout(SUBSCRIBE_TIMEOUT, wait).await.is_err()
         {
-            tracing::warn!(db = %pool.database, channel, "LISTEN: the pool's listening connection is not ready; notifications may be missed");
+            tracing::warn!(db = %pool.database(), channel, "LISTEN: the pool's listening connection is not ready; notifications may be missed");
         }
     }
 
@@ -141,7 +151,7 @@ fn quote_ident(name: &str) -> String {
 
 /// The hub's task: keeps a server connection listening to the wanted
 /// channels and fans out what it receives; ends when nobody listens.
-async fn run(pool: Weak<Pool>) {
+async fn run(pool: Weak<dyn HubOwner>) {
     loop {
         let Some(p) = pool.upgrade() else { return };
         let (target, credential) = p.target_and_credential();
@@ -149,8 +159,8 @@ async fn run(pool: Weak<Pool>) {
         let mut server = match opened {
             Ok((server, _)) => server,
             Err(e) => {
-                tracing::warn!(db = %p.database, "LISTEN connection failed: {e}");
-                if stop_if_unused(&p) {
+                tracing::warn!(db = %p.database(), "LISTEN connection failed: {e}");
+                if stop_if_unused(&*p) {
                     return;
                 }
                 drop(p);
@@ -158,7 +168,7 @@ async fn run(pool: Weak<Pool>) {
                 continue;
             }
         };
-        p.notify.lock().listening.clear();
+        p.hub().lock().listening.clear();
         drop(p);
         match serve(&pool, &mut server).await {
             Served::Unused => return,
@@ -176,8 +186,8 @@ enum Served {
 }
 
 /// Marks the hub stopped if no client listens; true if so.
-fn stop_if_unused(pool: &Pool) -> bool {
-    let mut st = pool.notify.lock();
+fn stop_if_unused(pool: &dyn HubOwner) -> bool {
+    let mut st = pool.hub().lock();
     if st.channels.is_empty() {
         st.running = false;
         st.listening.clear();
@@ -189,17 +199,17 @@ fn stop_if_unused(pool: &Pool) -> bool {
     false
 }
 
-async fn serve(pool: &Weak<Pool>, server: &mut super::server::ServerConn) -> Served {
+async fn serve(pool: &Weak<dyn HubOwner>, server: &mut super::server::ServerConn) -> Served {
     loop {
         let Some(p) = pool.upgrade() else {
             return Served::Unused;
         };
-        if stop_if_unused(&p) {
+        if stop_if_unused(&*p) {
             return Served::Unused;
         }
         // Bring the server's LISTENs in line with the wanted channels.
         let sql = {
-            let st = p.notify.lock();
+            let st = p.hub().lock();
             let mut sql = String::new();
             for name in st.channels.keys().filter(|c| !st.listening.contains(*c)) {
                 sql.push_str(&format!("LISTEN {};", quote_ident(name)));
@@ -214,11 +224,11 @@ async fn serve(pool: &Weak<Pool>, server: &mut super::server::ServerConn) -> Ser
             sql
         };
         if !sql.is_empty() {
-            let wanted: HashSet<String> = p.notify.lock().channels.keys().cloned().collect();
-            if let Err(e) = query(&p, server, &sql).await {
+            let wanted: HashSet<String> = p.hub().lock().channels.keys().cloned().collect();
+            if let Err(e) = query(&*p, server, &sql).await {
                 return Served::Failed(e);
             }
-            let mut st = p.notify.lock();
+            let mut st = p.hub().lock();
             st.listening = wanted;
             let confirm = std::mem::take(&mut st.confirm);
             for (channel, done) in confirm {
@@ -230,14 +240,14 @@ async fn serve(pool: &Weak<Pool>, server: &mut super::server::ServerConn) -> Ser
             }
             continue;
         }
-        let changed = p.notify.changed.notified();
+        let changed = p.hub().changed.notified();
         tokio::pin!(changed);
         changed.as_mut().enable();
         tokio::select! {
             _ = &mut changed => {}
             read = read_message(&mut server.stream, &mut server.buf, MESSAGE_LIMIT) => {
                 match read {
-                    Ok((tag, body)) => on_message(&p, tag, body),
+                    Ok((tag, body)) => on_message(&*p, tag, body),
                     Err(e) => return Served::Failed(e.to_string()),
                 }
             }
@@ -245,20 +255,20 @@ async fn serve(pool: &Weak<Pool>, server: &mut super::server::ServerConn) -> Ser
     }
 }
 
-fn on_message(pool: &Pool, tag: u8, body: BytesMut) {
+fn on_message(pool: &dyn HubOwner, tag: u8, body: BytesMut) {
     if tag == tags::backend::NOTIFICATION_RESPONSE {
         let mut message = BytesMut::with_capacity(body.len() + sluice_wire::HEADER_LEN);
         sluice_wire::MessageBuilder::new(&mut message, tag)
             .bytes(&body)
             .finish();
-        pool.notify.deliver(message.freeze());
+        pool.hub().deliver(message.freeze());
     }
 }
 
 /// Runs `sql` on the hub's server, delivering notifications that arrive
 /// meanwhile.
 async fn query(
-    pool: &Pool,
+    pool: &dyn HubOwner,
     server: &mut super::server::ServerConn,
     sql: &str,
 ) -> Result<(), String> {
@@ -284,7 +294,7 @@ async fn query(
                 let why = sluice_wire::ErrorFields::decode(&body)
                     .map(|f| f.message.to_owned())
                     .unwrap_or_default();
-                tracing::warn!(db = %pool.database, "LISTEN connection: {why}");
+                tracing::warn!(db = %pool.database(), "LISTEN connection: {why}");
             }
             _ => on_message(pool, tag, body),
         }

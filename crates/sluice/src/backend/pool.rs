@@ -13,12 +13,13 @@ use std::time::{Duration, Instant};
 use sluice_config::PoolMode;
 use tokio::sync::oneshot;
 
-use super::idle::{IdleServers, current_worker};
+use super::idle::IdleServers;
 use super::limits::ConnLimit;
 use super::login::{self, LoginError, Reported};
 use super::server::ServerConn;
 use super::stats::{PoolStats, TxStats};
 use super::target::{ServerCredential, ServerTarget};
+use super::worker_id::current_worker;
 use crate::auth::scram::ScramKeys;
 use crate::params::ParamSet;
 
@@ -265,7 +266,7 @@ impl Lease {
         let Some(server) = self.server.take() else {
             return Ok(());
         };
-        if server.home_worker == super::idle::current_worker() {
+        if server.home_worker == current_worker() {
             self.server = Some(server);
             return Ok(());
         }
@@ -341,6 +342,28 @@ impl Drop for Pool {
             self.db_limit.give_back();
             self.user_limit.give_back();
         }
+    }
+}
+
+/// A pool owns its LISTEN hub.
+impl super::notify_hub::HubOwner for Pool {
+    fn hub(&self) -> &super::notify_hub::NotifyHub {
+        &self.notify
+    }
+
+    fn database(&self) -> &str {
+        &self.database
+    }
+
+    fn target_and_credential(&self) -> (Arc<ServerTarget>, ServerCredential) {
+        Pool::target_and_credential(self)
+    }
+}
+
+/// A pool counts against its database's and user's budgets.
+impl super::limits::Member for Pool {
+    fn close_oldest_idle(&self) -> bool {
+        Pool::close_oldest_idle(self)
     }
 }
 

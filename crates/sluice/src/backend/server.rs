@@ -51,7 +51,7 @@ impl ServerConn {
             params: Arc::new(params),
             created: now,
             last_used: now,
-            home_worker: super::idle::current_worker(),
+            home_worker: super::worker_id::current_worker(),
             statements: Box::default(),
             session: None,
         }
@@ -60,7 +60,7 @@ impl ServerConn {
     /// Makes the calling worker this server's home: a server used by a
     /// client on another worker would wake two threads per message.
     pub fn move_to_current_worker(self: Box<Self>) -> std::io::Result<Box<Self>> {
-        let here = super::idle::current_worker();
+        let here = super::worker_id::current_worker();
         if self.home_worker == here {
             return Ok(self);
         }
