@@ -675,9 +675,19 @@ impl crate::backend::monitor::MonitorHost for App {
         self.phase() >= Phase::WaitForServers
     }
 
+    fn is_current(&self, topology: &Arc<Topology>) -> bool {
+        self.topology(&topology.database)
+            .is_some_and(|t| Arc::ptr_eq(&t, topology))
+    }
+
     /// The pools clients log in to follow the primary of the newest
-    /// timeline; while there is none, they keep their address.
+    /// timeline; while there is none, they keep their address. Only the
+    /// database's current topology speaks (one a RELOAD replaced may live
+    /// on a while in a client's route cache).
     fn topology_changed(&self, topology: &Arc<Topology>) {
+        if !self.is_current(topology) {
+            return;
+        }
         let Some((_, addr)) = topology.primary() else {
             return;
         };

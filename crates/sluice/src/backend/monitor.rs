@@ -39,6 +39,9 @@ pub trait MonitorHost: Send + Sync + 'static {
     fn check_settings(&self) -> (Duration, Duration, u32);
     /// Whether the daemon is shutting down.
     fn stopping(&self) -> bool;
+    /// Whether `topology` is still its database's (a RELOAD may have
+    /// replaced it): the checks of a replaced one stop.
+    fn is_current(&self, topology: &Arc<Topology>) -> bool;
     /// The checks changed something (role or health): pools may need to
     /// follow the primary.
     fn topology_changed(&self, topology: &Arc<Topology>);
@@ -69,7 +72,7 @@ async fn watch(host: Arc<dyn MonitorHost>, topology: Weak<Topology>, pool: Weak<
         let (Some(topo), Some(p)) = (topology.upgrade(), pool.upgrade()) else {
             return;
         };
-        if host.stopping() {
+        if host.stopping() || !host.is_current(&topo) {
             return;
         }
         let Some(addr) = topo.hosts().get(i).map(|h| h.addr.clone()) else {

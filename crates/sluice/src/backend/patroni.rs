@@ -38,7 +38,7 @@ async fn watch(host: Arc<dyn MonitorHost>, topology: Weak<Topology>) {
         let Some(topo) = topology.upgrade() else {
             return;
         };
-        if host.stopping() {
+        if host.stopping() || !host.is_current(&topo) {
             return;
         }
         let at = Instant::now();

@@ -260,6 +260,10 @@ impl Client {
     /// LISTEN and session mode always use the primary.
     fn route(&mut self, buf: &[u8]) -> Routed {
         if !self.app.routing_anywhere() {
+            // (nothing kept alive that RELOAD took out of use)
+            if self.route_cache.is_some() {
+                self.route_cache = None;
+            }
             return Routed {
                 pool: self.pool.clone(),
                 topology: None,
