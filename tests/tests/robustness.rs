@@ -442,3 +442,117 @@ async fn a_request_whose_server_dies_before_answering_runs_again_only_if_safe() 
     let rows = scalar_text(&admin, "select count(*) from marks").await;
     assert_eq!(rows, "0");
 }
+
+/// A backend crash restarts PostgreSQL: every other backend gets a WARNING
+/// ("terminating connection because of crash of another server process")
+/// and exits. A lone BEGIN whose server goes that way before answering
+/// runs again once the server is back, and its client sees nothing.
+#[tokio::test]
+async fn a_lone_begin_outlives_a_crash_restart_of_its_server() {
+    let cluster = app_cluster(ServerAuth::Trust);
+    let sluice = ConfigBuilder::for_cluster(&cluster)
+        .set("pool_mode", "transaction")
+        .set("default_pool_size", "1")
+        .start();
+    let client = connect_as(sluice.port(), APP_USER, "postgres").await;
+    let pid: i32 = scalar_text(&client, "select pg_backend_pid()")
+        .await
+        .parse()
+        .expect("pid");
+    // SAFETY: kill(2) on a PostgreSQL backend of this test's cluster.
+    assert_eq!(unsafe { libc::kill(pid, libc::SIGSTOP) }, 0, "SIGSTOP");
+    let victim = superuser_connect(&cluster, "postgres").await;
+    // (the testkit's synchronous_commit = off: what recovery must keep,
+    // the app's role among it, is written out first)
+    victim.simple_query("checkpoint").await.expect("checkpoint");
+    let victim_pid: i32 = scalar_text(&victim, "select pg_backend_pid()")
+        .await
+        .parse()
+        .expect("pid");
+    // SAFETY: as above; the postmaster answers with a crash restart.
+    assert_eq!(
+        unsafe { libc::kill(victim_pid, libc::SIGKILL) },
+        0,
+        "SIGKILL"
+    );
+    let woken = tokio::spawn(async move {
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        // SAFETY: as above.
+        unsafe { libc::kill(pid, libc::SIGCONT) };
+    });
+    let begun = tokio::time::timeout(Duration::from_secs(30), client.simple_query("begin"))
+        .await
+        .expect("BEGIN answered");
+    woken.await.expect("SIGCONT");
+    begun.expect("BEGIN, run again after the restart");
+    let now: i32 = scalar_text(&client, "select pg_backend_pid()")
+        .await
+        .parse()
+        .expect("pid");
+    assert_ne!(now, pid, "the transaction runs on another server");
+    client.simple_query("commit").await.expect("COMMIT");
+    assert!(
+        sluice.log().contains("the request runs on another server"),
+        "{}",
+        sluice.log_tail(20)
+    );
+}
+
+/// The server a lone BEGIN gets may be dead before sluice sends the
+/// request: sluice first brings the server's settings in line with the
+/// client's (here its application_name), and that fails. The BEGIN runs on
+/// another server all the same, once.
+#[tokio::test]
+async fn a_lone_begin_whose_server_dies_before_it_is_sent_runs_elsewhere() {
+    let cluster = app_cluster(ServerAuth::Trust);
+    let sluice = ConfigBuilder::for_cluster(&cluster)
+        .set("pool_mode", "transaction")
+        .set("default_pool_size", "1")
+        .start();
+    let admin = superuser_connect(&cluster, "postgres").await;
+    let named = |name: &str| {
+        let mut config = tokio_postgres::Config::new();
+        config
+            .host("127.0.0.1")
+            .port(sluice.port())
+            .user(APP_USER)
+            .dbname("postgres")
+            .application_name(name);
+        config
+    };
+    let first = connect_config(&named("first")).await.expect("first");
+    let second = connect_config(&named("second")).await.expect("second");
+    // The pool's one server, last used by `first`, is killed while idle.
+    let pid: i32 = scalar_text(&first, "select pg_backend_pid()")
+        .await
+        .parse()
+        .expect("pid");
+    // SAFETY: kill(2) on a PostgreSQL backend of this test's cluster.
+    assert_eq!(unsafe { libc::kill(pid, libc::SIGSTOP) }, 0, "SIGSTOP");
+    admin
+        .simple_query(&format!("select pg_terminate_backend({pid})"))
+        .await
+        .expect("terminate");
+    let woken = tokio::spawn(async move {
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        // SAFETY: as above.
+        unsafe { libc::kill(pid, libc::SIGCONT) };
+    });
+    second
+        .simple_query("begin")
+        .await
+        .expect("BEGIN, run elsewhere");
+    woken.await.expect("SIGCONT");
+    let app = scalar_text(&second, "select current_setting('application_name')").await;
+    assert_eq!(app, "second");
+    let open = scalar_text(
+        &admin,
+        &format!(
+            "select count(*) from pg_stat_activity where usename = '{APP_USER}' \
+             and state = 'idle in transaction'"
+        ),
+    )
+    .await;
+    assert_eq!(open, "1", "the BEGIN ran once, on the new server");
+    second.simple_query("commit").await.expect("COMMIT");
+}

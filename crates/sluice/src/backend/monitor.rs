@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use super::login::{self, LoginError};
 use super::pool::Pool;
 use super::server::ServerConn;
-use super::topology::{Change, Sample, Topology, parse_lsn, record_end};
+use super::topology::{Change, DEFAULT_WAL_BLOCK, Sample, Topology, parse_lsn, record_end};
 
 /// Role, replay (or insert) position and timeline in one round trip. The
 /// timeline of a replica is only visible to pg_read_all_stats members.
@@ -19,7 +19,8 @@ const CHECK_SQL: &str = "select pg_is_in_recovery(), \
      case when pg_is_in_recovery() then pg_last_wal_replay_lsn() \
      else pg_current_wal_insert_lsn() end, \
      case when pg_is_in_recovery() then (select received_tli from pg_stat_wal_receiver) \
-     else ('x' || substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8))::bit(32)::int end";
+     else ('x' || substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8))::bit(32)::int end, \
+     current_setting('wal_block_size')";
 
 /// Every function, by schema and name, with whether all its overloads are
 /// STABLE or IMMUTABLE (PostgreSQL runs those with a read-only snapshot:
@@ -164,13 +165,21 @@ async fn check(
         Some("f") => false,
         other => return Err(format!("unexpected pg_is_in_recovery(): {other:?}")),
     };
+    let wal_block = text(3)
+        .and_then(|b| b.parse().ok())
+        .unwrap_or(DEFAULT_WAL_BLOCK);
     Ok(Sample {
         in_recovery,
         // (a primary's insert position, as a record's end: comparable
         // with a replica's replay position)
-        lsn: text(1)
-            .and_then(parse_lsn)
-            .map(|l| if in_recovery { l } else { record_end(l) }),
+        lsn: text(1).and_then(parse_lsn).map(|l| {
+            if in_recovery {
+                l
+            } else {
+                record_end(l, wal_block)
+            }
+        }),
+        wal_block,
         timeline: text(2).and_then(|t| t.parse().ok()),
     })
 }

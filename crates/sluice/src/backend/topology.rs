@@ -65,6 +65,8 @@ pub struct Sample {
     /// Primary: current WAL insert position; replica: last replayed.
     pub lsn: Option<u64>,
     pub timeline: Option<u32>,
+    /// The server's WAL page size (`wal_block_size`).
+    pub wal_block: u64,
 }
 
 /// What is known of one host.
@@ -152,6 +154,8 @@ pub struct Topology {
     /// write (from pg_proc), and when they were last read.
     classifier: std::sync::RwLock<(Option<Arc<Classifier>>, Option<Instant>)>,
     next: AtomicU64,
+    /// The primary's WAL page size, as its last check said.
+    wal_block: AtomicU64,
     /// Transactions routed to a replica, and reads that went to the
     /// primary because no replica qualified.
     pub reads_on_replicas: AtomicU64,
@@ -221,6 +225,7 @@ impl Topology {
             }),
             classifier: std::sync::RwLock::new((None, None)),
             next: AtomicU64::new(0),
+            wal_block: AtomicU64::new(DEFAULT_WAL_BLOCK),
             reads_on_replicas: AtomicU64::new(0),
             reads_on_primary: AtomicU64::new(0),
             replica_retries: AtomicU64::new(0),
@@ -301,8 +306,18 @@ impl Topology {
         at: Instant,
         threshold: u32,
     ) -> Vec<Change> {
+        let block = result
+            .as_ref()
+            .ok()
+            .filter(|s| !s.in_recovery)
+            .map(|s| s.wal_block);
         let mut st = self.lock();
         let changes = record_host(&mut st, i, result, at, threshold);
+        if let Some(block) = block
+            && st.primary() == Some(i)
+        {
+            self.wal_block.store(block, Ordering::Relaxed);
+        }
         // Only the settled primary's positions make the history lag is
         // measured against; a new primary (or timeline) starts it afresh.
         if let Some(p) = st.primary()
@@ -492,6 +507,13 @@ impl Topology {
     /// A replica that may serve a read now: up, within `limits`, and
     /// replayed up to `min_lsn` if given; round robin among those that
     /// qualify.
+    /// A position the primary reported as its insert position (read after
+    /// a client's commit), as the end of its last record: what a replica
+    /// that has everything up to that commit has replayed.
+    pub fn commit_position(&self, insert: u64) -> u64 {
+        record_end(insert, self.wal_block.load(Ordering::Relaxed))
+    }
+
     pub fn pick_replica(&self, limits: LagLimits, min_lsn: Option<u64>) -> Option<usize> {
         let st = self.lock();
         let qualifies = |h: &HostState| {
@@ -548,15 +570,17 @@ fn lag_of(
 /// last record ended at a page boundary, while a replica's replay
 /// position is a record's end: without this, an idle replica would look
 /// 24 or 40 bytes behind for ever. No record ends inside a page header, so
-/// no replica's position lies between the two. (8 kB WAL pages, the only
-/// size Debian's and the usual builds use.)
-pub fn record_end(insert: u64) -> u64 {
-    const XLOG_BLCKSZ: u64 = 8192;
-    match insert % XLOG_BLCKSZ {
-        off @ (24 | 40) => insert - off,
+/// no replica's position lies between the two. `block`: the server's
+/// `wal_block_size`.
+pub fn record_end(insert: u64, block: u64) -> u64 {
+    match insert.checked_rem(block) {
+        Some(off @ (24 | 40)) => insert - off,
         _ => insert,
     }
 }
+
+/// PostgreSQL's WAL page size unless built otherwise.
+pub const DEFAULT_WAL_BLOCK: u64 = 8192;
 
 /// Parses PostgreSQL's text form of an LSN (`16/B374D848`).
 pub fn parse_lsn(text: &str) -> Option<u64> {
@@ -583,6 +607,7 @@ mod tests {
             in_recovery,
             lsn: Some(lsn),
             timeline: Some(1),
+            wal_block: DEFAULT_WAL_BLOCK,
         })
     }
 
@@ -668,13 +693,16 @@ mod tests {
     #[test]
     fn an_insert_position_past_a_page_header_is_the_page_boundary() {
         assert_eq!(
-            record_end(0x3000028),
+            record_end(0x3000028, DEFAULT_WAL_BLOCK),
             0x3000000,
             "long header at a segment start"
         );
-        assert_eq!(record_end(0x3002018), 0x3002000, "short header");
-        assert_eq!(record_end(0x3002060), 0x3002060);
-        assert_eq!(record_end(0x3000000), 0x3000000);
+        assert_eq!(record_end(0x3002018, 8192), 0x3002000, "short header");
+        assert_eq!(record_end(0x3002060, 8192), 0x3002060);
+        assert_eq!(record_end(0x3000000, 8192), 0x3000000);
+        // 16 kB pages: 8 kB into a page is no header.
+        assert_eq!(record_end(0x3002018, 16384), 0x3002018);
+        assert_eq!(record_end(0x3004018, 16384), 0x3004000);
     }
 
     #[test]
@@ -785,6 +813,7 @@ mod tests {
                 in_recovery: false,
                 lsn: Some(2),
                 timeline: Some(2),
+                wal_block: DEFAULT_WAL_BLOCK,
             }),
             t0,
             3,

@@ -131,6 +131,13 @@ pub async fn run(client: &mut Client, cbuf: &mut BytesMut, mut lease: Lease) -> 
             {
                 client.app.cancels.unlink(client.cancel);
                 lease.close();
+                if server_gone(&e)
+                    && let Some(n) = unsent_retry(client, cbuf)
+                {
+                    // Nothing of the request was sent: it may go elsewhere.
+                    bytes::Buf::advance(cbuf, n);
+                    return RelayEnd::Retry;
+                }
                 return RelayEnd::Error(ClientError::new(e.sqlstate(), e.to_string()));
             }
             server.params = client.params.clone();
@@ -142,6 +149,13 @@ pub async fn run(client: &mut Client, cbuf: &mut BytesMut, mut lease: Lease) -> 
             ) && let Err(e) = Box::pin(run_query(server, &sql)).await
             {
                 client.app.cancels.unlink(client.cancel);
+                if server_gone(&e)
+                    && let Some(n) = unsent_retry(client, cbuf)
+                {
+                    lease.close();
+                    bytes::Buf::advance(cbuf, n);
+                    return RelayEnd::Retry;
+                }
                 let error = ClientError::new(e.sqlstate(), e.to_string());
                 // A rejected SET rolls back whole: the server is as it was.
                 if matches!(e, crate::backend::login::LoginError::Rejected { .. }) {
@@ -485,8 +499,7 @@ pub async fn run(client: &mut Client, cbuf: &mut BytesMut, mut lease: Lease) -> 
                             .first()
                             .and_then(|r| r.first())
                             .and_then(|v| v.as_deref())
-                            .and_then(crate::backend::topology::parse_lsn)
-                            .map(crate::backend::topology::record_end);
+                            .and_then(crate::backend::topology::parse_lsn);
                     }
                     Err(_) => kept = false,
                 }
@@ -579,6 +592,29 @@ pub async fn run(client: &mut Client, cbuf: &mut BytesMut, mut lease: Lease) -> 
         t.give_back();
     }
     ended
+}
+
+/// Whether a query sluice ran itself on a leased server failed because the
+/// server went away (its connection ended, or it said it is shutting down)
+/// rather than because it refused the query.
+fn server_gone(e: &crate::backend::login::LoginError) -> bool {
+    use crate::backend::login::LoginError;
+    match e {
+        LoginError::Read(_) => true,
+        LoginError::Rejected { code, .. } => {
+            matches!(code.as_str(), "57P01" | "57P02" | "57P03" | "57P05")
+        }
+        _ => false,
+    }
+}
+
+/// The length of the request that may run again elsewhere, if `cbuf` still
+/// starts with it (nothing of it sent yet): the session puts the request
+/// back in front of the client's bytes for the retry, so it is taken out
+/// here first.
+fn unsent_retry(client: &Client, cbuf: &BytesMut) -> Option<usize> {
+    let query = client.retry_query.as_ref()?;
+    cbuf.starts_with(query).then_some(query.len())
 }
 
 /// What a client whose transaction lost the primary's connection is told.

@@ -345,7 +345,11 @@ impl Client {
         // write: its position read right after it, or else the primary's
         // first check after it.
         let min_lsn = match self.last_write {
-            Some(w) if ryw => match w.lsn.or_else(|| topology.primary_lsn_after(w.at)) {
+            Some(w) if ryw => match w
+                .lsn
+                .map(|l| topology.commit_position(l))
+                .or_else(|| topology.primary_lsn_after(w.at))
+            {
                 Some(lsn) => Some(lsn),
                 None => {
                     topology.reads_on_primary.fetch_add(1, Relaxed);

@@ -347,13 +347,22 @@ fn is_fatal(body: &[u8]) -> bool {
     sluice_wire::ErrorFields::decode(body).is_ok_and(|f| matches!(f.severity, "FATAL" | "PANIC"))
 }
 
-/// A FATAL error that a server sends when it goes away on its own
-/// (shutdown, crash recovery, still starting, idle session timeout):
-/// whatever the client sent was not run.
-fn is_shutdown_farewell(body: &[u8]) -> bool {
-    sluice_wire::ErrorFields::decode(body).is_ok_and(|f| {
-        f.severity == "FATAL" && matches!(f.code, "57P01" | "57P02" | "57P03" | "57P05")
-    })
+/// What a server sends when it goes away on its own, before it closes the
+/// connection: a FATAL error (shutdown, crash recovery, still starting,
+/// idle session timeout), or the WARNING notice of an immediate shutdown or
+/// of another backend's crash (PostgreSQL's `quickdie`). Whatever the
+/// client's request was doing did not complete.
+fn is_farewell(tag: u8, body: &[u8]) -> bool {
+    let fields = || sluice_wire::ErrorFields::decode(body);
+    match tag {
+        tags::backend::ERROR_RESPONSE => fields().is_ok_and(|f| {
+            f.severity == "FATAL" && matches!(f.code, "57P01" | "57P02" | "57P03" | "57P05")
+        }),
+        tags::backend::NOTICE_RESPONSE => {
+            fields().is_ok_and(|f| f.severity == "WARNING" && matches!(f.code, "57P01" | "57P02"))
+        }
+        _ => false,
+    }
 }
 
 /// The first message after the one whose body is `body` (a slice of
@@ -415,7 +424,7 @@ pub(super) fn scan_server(
             // (the safety net looks at the description, the notices and
             // the errors while it waits, at everything while it swallows)
             swallowing
-                || (lost && tag == b::ERROR_RESPONSE)
+                || (lost && matches!(tag, b::ERROR_RESPONSE | b::NOTICE_RESPONSE))
                 || (armed
                     && matches!(
                         tag,
@@ -436,6 +445,11 @@ pub(super) fn scan_server(
             // held message is looked at again until it is released).
             let keeping = !cycle.retry_kept.is_empty();
             let step = match cycle.retry {
+                // A dead server's farewell before any answer (a FATAL
+                // error, or the WARNING an immediate shutdown or a crash
+                // sends): nothing ran; the end of the connection follows
+                // and the request goes elsewhere.
+                Retry::Lost | Retry::Armed if is_farewell(tag, body) => Some(RetryStep::Swallow),
                 // A notice after the kept description goes with it (if the
                 // read is refused, the primary's run sends it again).
                 Retry::Armed if keeping && tag == b::NOTICE_RESPONSE => Some(RetryStep::Keep),
@@ -469,11 +483,6 @@ pub(super) fn scan_server(
                     None
                 }
                 Retry::Swallowing => Some(RetryStep::Swallow),
-                // A dead server's farewell: nothing ran; the end of the
-                // connection follows and the request goes elsewhere.
-                Retry::Lost if tag == b::ERROR_RESPONSE && is_shutdown_farewell(body) => {
-                    Some(RetryStep::Swallow)
-                }
                 // Answered: the request ran here; the client's next
                 // messages may follow (see `Cycle::cap`).
                 Retry::Lost => {
@@ -583,15 +592,16 @@ pub(super) fn release_held(
             if cycle.keep_farewell && fatal {
                 cycle.farewell = Some(body.clone());
             }
-            if fatal && (cycle.keep_farewell || cycle.retry == Retry::Lost) {
-                // A farewell: only the end of the connection may follow.
+            let retrying = matches!(cycle.retry, Retry::Lost | Retry::Armed);
+            let farewell = is_farewell(tag, &body);
+            if (fatal && cycle.keep_farewell) || (farewell && retrying) {
+                // A farewell: only the end of the connection may follow;
+                // a shutdown's keeps the request's chance to run elsewhere.
                 cycle.after_farewell = true;
                 cycle.retry_kept.clear();
-                cycle.retry = if cycle.retry == Retry::Lost && is_shutdown_farewell(&body) {
-                    Retry::Lost
-                } else {
-                    Retry::Off
-                };
+                if !(retrying && farewell) {
+                    cycle.retry = Retry::Off;
+                }
             } else if step == RetryStep::Keep {
                 let len = i32::try_from(body.len() + 4).unwrap_or(i32::MAX);
                 cycle.retry_kept.push(tag);
