@@ -194,6 +194,33 @@ async fn reads_go_to_the_replica_and_everything_else_to_the_primary() {
             "the refused read was not run on the primary"
         );
     }
+    // The same through the extended protocol: a named statement prepared
+    // (on the replica), then run: Bind, Execute, Sync, refused there and
+    // run again on the primary; the client sees one clean result.
+    let sneaky = client
+        .prepare("select pg_is_in_recovery(), app_sneaky()")
+        .await
+        .expect("prepare");
+    for _ in 0..3 {
+        let rows = client
+            .query(&sneaky, &[])
+            .await
+            .expect("run the prepared read");
+        let on_replica: bool = rows[0].get(0);
+        assert!(
+            !on_replica,
+            "the refused prepared read was not run on the primary"
+        );
+    }
+    let plain = client
+        .prepare("select pg_is_in_recovery()")
+        .await
+        .expect("prepare");
+    let rows = client.query(&plain, &[]).await.expect("a prepared read");
+    assert!(
+        rows[0].get::<_, bool>(0),
+        "a prepared read ran on the primary"
+    );
     for sql in [
         "select pg_is_in_recovery(), app_bump(1)",
         "/* sluice: primary */ select pg_is_in_recovery()",

@@ -109,15 +109,57 @@ pub fn retry_safe(buf: &[u8]) -> Option<usize> {
     if tag != f::QUERY || len > RETRY_LIMIT {
         return None;
     }
+    (!may_start_transaction(body)).then_some(len)
+}
+
+/// Whether `text` mentions BEGIN or START anywhere (even in a string):
+/// it might open a transaction block, which an error would leave aborted.
+fn may_start_transaction(text: &[u8]) -> bool {
     let ident = |b: Option<&u8>| b.is_some_and(|c| c.is_ascii_alphanumeric() || *c == b'_');
     let mentions = |word: &[u8]| {
-        body.windows(word.len()).enumerate().any(|(i, w)| {
+        text.windows(word.len()).enumerate().any(|(i, w)| {
             w.eq_ignore_ascii_case(word)
-                && !ident(i.checked_sub(1).and_then(|j| body.get(j)))
-                && !ident(body.get(i + word.len()))
+                && !ident(i.checked_sub(1).and_then(|j| text.get(j)))
+                && !ident(text.get(i + word.len()))
         })
     };
-    (!mentions(b"begin") && !mentions(b"start")).then_some(len)
+    mentions(b"begin") || mentions(b"start")
+}
+
+/// The length of the extended-protocol batch at the start of `buf`, up to
+/// and including its Sync, if it may run again on the primary after a
+/// replica refused it: Binds of the client's named statements (none of
+/// which may open a transaction block), Describes of portals, Executes and
+/// Flushes. A Parse or a Close would change the client's statements twice;
+/// an unnamed statement may be gone after the first run.
+pub fn retry_safe_batch(
+    buf: &[u8],
+    named: impl Fn(&[u8]) -> Option<Arc<Statement>>,
+) -> Option<usize> {
+    let mut pos = 0;
+    let mut binds = 0;
+    for _ in 0..BATCH_LIMIT {
+        let (tag, body) = message(buf.get(pos..)?)?;
+        pos += 5 + body.len();
+        if pos > RETRY_LIMIT {
+            return None;
+        }
+        match tag {
+            f::BIND => {
+                let (_, rest) = cstr(body)?;
+                let (statement, _) = cstr(rest)?;
+                if statement.is_empty() || may_start_transaction(named(statement)?.query()) {
+                    return None;
+                }
+                binds += 1;
+            }
+            f::DESCRIBE if body.first() == Some(&b'P') => {}
+            f::EXECUTE | f::FLUSH => {}
+            f::SYNC if binds > 0 => return Some(pos),
+            _ => return None,
+        }
+    }
+    None
 }
 
 /// The length of the simple Query at the start of `buf` if it may run
@@ -255,6 +297,47 @@ mod tests {
         assert!(retry_safe(&query("start transaction; select 1")).is_none());
         assert!(retry_safe(&query("select started_at, begin_date from t")).is_some());
         assert!(retry_safe(&parse("", "select 1")).is_none());
+    }
+
+    #[test]
+    fn only_batches_of_named_statements_that_open_no_transaction_are_retried() {
+        let registry = crate::prepared::registry::Registry::default();
+        let read = registry.intern(b"select 1\0\0\0");
+        let begin = registry.intern(b"begin read only\0\0\0");
+        let named = |name: &[u8]| match name {
+            b"r" => Some(read.clone()),
+            b"b" => Some(begin.clone()),
+            _ => None,
+        };
+        let exec = msg(f::EXECUTE, b"\0\0\0\0\0");
+        let sync = msg(f::SYNC, b"");
+        let describe = msg(f::DESCRIBE, b"P\0");
+        let ok = batch(&[bind("r"), describe.clone(), exec.clone(), sync.clone()]);
+        assert_eq!(retry_safe_batch(&ok, named), Some(ok.len()));
+        // Only up to the first Sync.
+        let two = batch(&[ok.clone(), bind("r"), exec.clone(), sync.clone()]);
+        assert_eq!(retry_safe_batch(&two, named), Some(ok.len()));
+        for bad in [
+            batch(&[bind("b"), exec.clone(), sync.clone()]),
+            batch(&[bind("x"), exec.clone(), sync.clone()]),
+            batch(&[bind(""), exec.clone(), sync.clone()]),
+            batch(&[
+                parse("r2", "select 1"),
+                bind("r2"),
+                exec.clone(),
+                sync.clone(),
+            ]),
+            batch(&[
+                msg(f::DESCRIBE, b"Sr\0"),
+                bind("r"),
+                exec.clone(),
+                sync.clone(),
+            ]),
+            batch(&[bind("r"), exec.clone()]),
+            sync.clone(),
+        ] {
+            assert_eq!(retry_safe_batch(&bad, named), None);
+        }
     }
 
     #[test]

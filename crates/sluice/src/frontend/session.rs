@@ -607,7 +607,11 @@ impl Client {
         let again = if lease.host() != 0 {
             // (a transaction sent to a standby because the entry asks for
             // one stays there)
-            read.then(|| super::route::retry_safe(buf)).flatten()
+            let named = |name: &[u8]| self.carried.as_ref()?.statements.get(name).cloned();
+            read.then(|| {
+                super::route::retry_safe(buf).or_else(|| super::route::retry_safe_batch(buf, named))
+            })
+            .flatten()
         } else if lease.settings.mode != sluice_config::PoolMode::Session
             && self.lost_retries < LOST_RETRIES
         {

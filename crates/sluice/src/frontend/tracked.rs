@@ -365,9 +365,17 @@ fn is_farewell(tag: u8, body: &[u8]) -> bool {
     }
 }
 
+/// What a server sends for a batch before the first answer that tells
+/// whether the statement ran: BindComplete, and the description of the
+/// result (RowDescription, NoData).
+fn preamble(tag: u8) -> bool {
+    use tags::backend as b;
+    matches!(tag, b::ROW_DESCRIPTION | b::BIND_COMPLETE | b::NO_DATA)
+}
+
 /// The first message after the one whose body is `body` (a slice of
-/// `buf`) that is not a notice, if it is already whole in `buf`: (type,
-/// body).
+/// `buf`) that is neither a notice nor part of the preamble, if it is
+/// already whole in `buf`: (type, body).
 fn next_answer<'a>(buf: &'a [u8], body: &[u8]) -> Option<(u8, &'a [u8])> {
     let mut start = (body.as_ptr() as usize)
         .checked_sub(buf.as_ptr() as usize)?
@@ -378,7 +386,7 @@ fn next_answer<'a>(buf: &'a [u8], body: &[u8]) -> Option<(u8, &'a [u8])> {
         let len = i32::from_be_bytes(rest.get(1..5)?.try_into().ok()?);
         let len = usize::try_from(len).ok()?.checked_sub(4)?;
         let next = rest.get(5..5 + len)?;
-        if tag != tags::backend::NOTICE_RESPONSE {
+        if tag != tags::backend::NOTICE_RESPONSE && !preamble(tag) {
             return Some((tag, next));
         }
         start = start.checked_add(5 + len)?;
@@ -426,10 +434,7 @@ pub(super) fn scan_server(
             swallowing
                 || (lost && matches!(tag, b::ERROR_RESPONSE | b::NOTICE_RESPONSE))
                 || (armed
-                    && matches!(
-                        tag,
-                        b::ROW_DESCRIPTION | b::ERROR_RESPONSE | b::NOTICE_RESPONSE
-                    ))
+                    && (preamble(tag) || matches!(tag, b::ERROR_RESPONSE | b::NOTICE_RESPONSE)))
                 || server_needs_body(tag)
                 || matches!(
                     tag,
@@ -458,22 +463,28 @@ pub(super) fn scan_server(
                 _ if cycle.keep_farewell && tag == b::ERROR_RESPONSE && is_fatal(body) => {
                     Some(RetryStep::Swallow)
                 }
-                // The replica describes the result before it runs the
+                // The rewriter's own Parse (the statement was not on this
+                // server yet): its reply is the rewriter's, not an answer.
+                Retry::Armed
+                    if !keeping && matches!(tag, b::PARSE_COMPLETE | b::CLOSE_COMPLETE) =>
+                {
+                    None
+                }
+                // The replica binds and describes before it runs the
                 // query. Usually its first answer is already here (one
                 // flush): decide now and forward in one piece; else keep
-                // the description until it comes.
-                Retry::Armed if tag == b::ROW_DESCRIPTION && !keeping => {
-                    match next_answer(sbuf, body) {
-                        Some((b::ERROR_RESPONSE, next)) if is_read_only_refusal(next) => {
-                            Some(RetryStep::Keep)
-                        }
-                        Some(_) => {
-                            cycle.retry = Retry::Off;
-                            None
-                        }
-                        None => Some(RetryStep::Keep),
+                // what came before it until it comes.
+                Retry::Armed if keeping && preamble(tag) => Some(RetryStep::Keep),
+                Retry::Armed if preamble(tag) => match next_answer(sbuf, body) {
+                    Some((b::ERROR_RESPONSE, next)) if is_read_only_refusal(next) => {
+                        Some(RetryStep::Keep)
                     }
-                }
+                    Some(_) => {
+                        cycle.retry = Retry::Off;
+                        None
+                    }
+                    None => Some(RetryStep::Keep),
+                },
                 Retry::Armed if tag == b::ERROR_RESPONSE && is_read_only_refusal(body) => {
                     Some(RetryStep::Swallow)
                 }
