@@ -367,26 +367,8 @@ async fn a_request_whose_server_dies_before_answering_runs_again_only_if_safe() 
     let client = connect_as(sluice.port(), APP_USER, "postgres").await;
 
     // The server the next request will get, stopped with a SIGTERM pending.
-    let doomed = || async {
-        let pid: i32 = scalar_text(&client, "select pg_backend_pid()")
-            .await
-            .parse()
-            .expect("pid");
-        // SAFETY: kill(2) on a PostgreSQL backend of this test's cluster.
-        assert_eq!(unsafe { libc::kill(pid, libc::SIGSTOP) }, 0, "SIGSTOP");
-        admin
-            .simple_query(&format!("select pg_terminate_backend({pid})"))
-            .await
-            .expect("terminate");
-        pid
-    };
-    let wake = |pid: i32| {
-        tokio::spawn(async move {
-            tokio::time::sleep(Duration::from_millis(300)).await;
-            // SAFETY: as above.
-            unsafe { libc::kill(pid, libc::SIGCONT) };
-        })
-    };
+    let doomed = || doom_backend_of(&client, &admin);
+    let wake = wake_later;
 
     let pid = doomed().await;
     let woken = wake(pid);
@@ -455,12 +437,7 @@ async fn a_lone_begin_outlives_a_crash_restart_of_its_server() {
         .set("default_pool_size", "1")
         .start();
     let client = connect_as(sluice.port(), APP_USER, "postgres").await;
-    let pid: i32 = scalar_text(&client, "select pg_backend_pid()")
-        .await
-        .parse()
-        .expect("pid");
-    // SAFETY: kill(2) on a PostgreSQL backend of this test's cluster.
-    assert_eq!(unsafe { libc::kill(pid, libc::SIGSTOP) }, 0, "SIGSTOP");
+    let pid = stop_backend_of(&client).await;
     let victim = superuser_connect(&cluster, "postgres").await;
     // (the testkit's synchronous_commit = off: what recovery must keep,
     // the app's role among it, is written out first)
@@ -475,11 +452,7 @@ async fn a_lone_begin_outlives_a_crash_restart_of_its_server() {
         0,
         "SIGKILL"
     );
-    let woken = tokio::spawn(async move {
-        tokio::time::sleep(Duration::from_millis(300)).await;
-        // SAFETY: as above.
-        unsafe { libc::kill(pid, libc::SIGCONT) };
-    });
+    let woken = wake_later(pid);
     let begun = tokio::time::timeout(Duration::from_secs(30), client.simple_query("begin"))
         .await
         .expect("BEGIN answered");
@@ -523,21 +496,7 @@ async fn a_lone_begin_whose_server_dies_before_it_is_sent_runs_elsewhere() {
     let first = connect_config(&named("first")).await.expect("first");
     let second = connect_config(&named("second")).await.expect("second");
     // The pool's one server, last used by `first`, is killed while idle.
-    let pid: i32 = scalar_text(&first, "select pg_backend_pid()")
-        .await
-        .parse()
-        .expect("pid");
-    // SAFETY: kill(2) on a PostgreSQL backend of this test's cluster.
-    assert_eq!(unsafe { libc::kill(pid, libc::SIGSTOP) }, 0, "SIGSTOP");
-    admin
-        .simple_query(&format!("select pg_terminate_backend({pid})"))
-        .await
-        .expect("terminate");
-    let woken = tokio::spawn(async move {
-        tokio::time::sleep(Duration::from_millis(300)).await;
-        // SAFETY: as above.
-        unsafe { libc::kill(pid, libc::SIGCONT) };
-    });
+    let woken = wake_later(doom_backend_of(&first, &admin).await);
     second
         .simple_query("begin")
         .await
@@ -555,4 +514,36 @@ async fn a_lone_begin_whose_server_dies_before_it_is_sent_runs_elsewhere() {
     .await;
     assert_eq!(open, "1", "the BEGIN ran once, on the new server");
     second.simple_query("commit").await.expect("COMMIT");
+}
+
+/// Stops (SIGSTOP) the backend `client`'s pooled server runs on (a pool of
+/// one server: the one its next request gets); returns its pid.
+async fn stop_backend_of(client: &Client) -> i32 {
+    let pid: i32 = scalar_text(client, "select pg_backend_pid()")
+        .await
+        .parse()
+        .expect("pid");
+    // SAFETY: kill(2) on a PostgreSQL backend of this test's cluster.
+    assert_eq!(unsafe { libc::kill(pid, libc::SIGSTOP) }, 0, "SIGSTOP");
+    pid
+}
+
+/// [`stop_backend_of`], with a SIGTERM pending (pg_terminate_backend): it
+/// says goodbye and dies as soon as it runs again.
+async fn doom_backend_of(client: &Client, admin: &Client) -> i32 {
+    let pid = stop_backend_of(client).await;
+    admin
+        .simple_query(&format!("select pg_terminate_backend({pid})"))
+        .await
+        .expect("terminate");
+    pid
+}
+
+/// Lets a stopped backend run again in 300 ms.
+fn wake_later(pid: i32) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async move {
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        // SAFETY: kill(2) on a PostgreSQL backend of this test's cluster.
+        unsafe { libc::kill(pid, libc::SIGCONT) };
+    })
 }
