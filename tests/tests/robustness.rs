@@ -431,11 +431,7 @@ async fn a_request_whose_server_dies_before_answering_runs_again_only_if_safe() 
 /// runs again once the server is back, and its client sees nothing.
 #[tokio::test]
 async fn a_lone_begin_outlives_a_crash_restart_of_its_server() {
-    let cluster = app_cluster(ServerAuth::Trust);
-    let sluice = ConfigBuilder::for_cluster(&cluster)
-        .set("pool_mode", "transaction")
-        .set("default_pool_size", "1")
-        .start();
+    let (cluster, sluice) = one_server_pool();
     let client = connect_as(sluice.port(), APP_USER, "postgres").await;
     let pid = stop_backend_of(&client).await;
     let victim = superuser_connect(&cluster, "postgres").await;
@@ -477,11 +473,7 @@ async fn a_lone_begin_outlives_a_crash_restart_of_its_server() {
 /// another server all the same, once.
 #[tokio::test]
 async fn a_lone_begin_whose_server_dies_before_it_is_sent_runs_elsewhere() {
-    let cluster = app_cluster(ServerAuth::Trust);
-    let sluice = ConfigBuilder::for_cluster(&cluster)
-        .set("pool_mode", "transaction")
-        .set("default_pool_size", "1")
-        .start();
+    let (cluster, sluice) = one_server_pool();
     let admin = superuser_connect(&cluster, "postgres").await;
     let named = |name: &str| {
         let mut config = tokio_postgres::Config::new();
@@ -546,4 +538,14 @@ fn wake_later(pid: i32) -> tokio::task::JoinHandle<()> {
         // SAFETY: kill(2) on a PostgreSQL backend of this test's cluster.
         unsafe { libc::kill(pid, libc::SIGCONT) };
     })
+}
+
+/// A cluster, and sluice in transaction mode with a pool of one server.
+fn one_server_pool() -> (Cluster, SluiceProcess) {
+    let cluster = app_cluster(ServerAuth::Trust);
+    let sluice = ConfigBuilder::for_cluster(&cluster)
+        .set("pool_mode", "transaction")
+        .set("default_pool_size", "1")
+        .start();
+    (cluster, sluice)
 }
