@@ -217,3 +217,104 @@ async fn a_patroni_switchover_pauses_writes_briefly_and_never_reads() {
     assert_eq!(port_of_primary, pg_ports[candidate].to_string());
     drop(sluice);
 }
+
+/// An entry that names only its Patroni (no `host=`): the hosts are
+/// Patroni's members, found without being listed; a client that logs in
+/// before Patroni has answered waits for the leader instead of going
+/// anywhere else; reads go to the replica it learnt, writes to the
+/// leader, and after a switchover to the new one. With `route_reads=0`
+/// the same entry still follows the leader, and reads stay on it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_entry_that_names_only_patroni_learns_its_hosts() {
+    let ha = tokio::task::spawn_blocking(|| PatroniCluster::start(2))
+        .await
+        .expect("start thread")
+        .expect("a Patroni + etcd cluster (Debian's patroni and etcd-server)");
+    let leader = ha.leader().expect("ask Patroni").expect("a leader");
+    let candidate = 1 - leader;
+    let pg_ports: Vec<u16> = ha.nodes().iter().map(|n| n.pg_port()).collect();
+    let rest: Vec<String> = ha.nodes().iter().map(|n| n.rest_url()).collect();
+    let start = |route_reads: &str| {
+        ConfigBuilder::new()
+            .database(
+                "postgres",
+                &format!(
+                    "dbname=postgres route_reads={route_reads} patroni={},{}",
+                    rest[0], rest[1]
+                ),
+            )
+            .set("pool_mode", "transaction")
+            .set("admin_users", "postgres")
+            .userlist(&[("postgres", "postgres")])
+            .sluice("failover_hold", "15")
+            .start()
+    };
+    let routed = start("1");
+    let unrouted = start("0");
+    // At once: the login waits for Patroni's members and their checks.
+    let client = connect(routed.port(), "postgres", "postgres", "postgres")
+        .await
+        .expect("a login while the hosts are still unknown");
+    let on_primary = scalar_text(
+        &client,
+        "/* sluice: primary */ select current_setting('port')",
+    )
+    .await;
+    assert_eq!(on_primary, pg_ports[leader].to_string());
+    wait_for_primary(&routed, pg_ports[leader], Duration::from_secs(20)).await;
+    let rows = hosts(&routed).await;
+    let mut listed: Vec<String> = rows.iter().filter_map(|r| r[2].clone()).collect();
+    listed.sort();
+    let mut expected: Vec<String> = pg_ports.iter().map(u16::to_string).collect();
+    expected.sort();
+    assert_eq!(listed, expected, "SHOW HOSTS: {rows:?}");
+    // Reads reach the replica Patroni named.
+    let mut on_replica = 0;
+    for _ in 0..40 {
+        if scalar_text(&client, "select current_setting('port')").await
+            == pg_ports[candidate].to_string()
+        {
+            on_replica += 1;
+        }
+    }
+    assert!(on_replica > 0, "no read went to the learnt replica");
+
+    // Without route_reads: everything on the leader.
+    let plain = connect(unrouted.port(), "postgres", "postgres", "postgres")
+        .await
+        .expect("a login to the entry without route_reads");
+    for _ in 0..10 {
+        assert_eq!(
+            scalar_text(&plain, "select current_setting('port')").await,
+            pg_ports[leader].to_string()
+        );
+    }
+
+    // A switchover: both follow the new leader.
+    let ha = tokio::task::spawn_blocking(move || ha.switchover(candidate).map(|()| ha))
+        .await
+        .expect("switchover thread")
+        .expect("patroni switchover");
+    ha.wait_replicas_running(Duration::from_secs(60))
+        .expect("the old leader rejoins as a replica");
+    wait_for_primary(&routed, pg_ports[candidate], Duration::from_secs(20)).await;
+    for (sluice, what) in [(&routed, "route_reads=1"), (&unrouted, "route_reads=0")] {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let c = connect(sluice.port(), "postgres", "postgres", "postgres")
+                .await
+                .expect("connect after the switchover");
+            let port =
+                scalar_text(&c, "/* sluice: primary */ select current_setting('port')").await;
+            if port == pg_ports[candidate].to_string() {
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{what}: writes still on {port} after the switchover"
+            );
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+    drop((routed, unrouted, ha));
+}

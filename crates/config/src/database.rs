@@ -29,7 +29,8 @@ pub struct Database {
     pub route_reads: Option<bool>,
     /// Patroni REST API addresses (`host:port`, from `http://host:port`)
     /// of the cluster's members: its leader is the only host that may be
-    /// the primary. Empty: roles from the hosts' own checks alone.
+    /// the primary; with no `host`, the members are the hosts. Empty:
+    /// roles from the hosts' own checks alone.
     pub patroni: Vec<String>,
     /// Server database name; `None` means the same as `name`.
     pub dbname: Option<String>,
@@ -91,8 +92,9 @@ pub(crate) const DATABASE_PARAMETERS: &[(&str, &str)] = &[
     ),
     (
         "patroni",
-        "Patroni REST API URLs of the cluster (http://host:port, comma-separated): with route_reads, \
-         only the member Patroni names leader may take writes.",
+        "Patroni REST API URLs of the cluster (http://host:port, comma-separated): only the member \
+         Patroni names leader may take writes. With no host=, the hosts are Patroni's members, \
+         followed as they join and leave, and writes follow the leader even with route_reads off.",
     ),
     (
         "user",

@@ -199,6 +199,13 @@ impl App {
         entry.route_reads.unwrap_or(config.settings.route_reads)
     }
 
+    /// Whether `entry` has a topology: it routes reads, or its hosts are
+    /// Patroni's members (then it follows the leader even when reads stay
+    /// on the primary).
+    fn has_topology(config: &Config, entry: &Database) -> bool {
+        Self::routes_reads(config, entry) || entry_addrs(entry).is_empty()
+    }
+
     /// Whether any database routes reads (one load on the hot path when
     /// none does).
     pub fn routing_anywhere(&self) -> bool {
@@ -254,28 +261,24 @@ impl App {
 
     /// Creates the topology of `entry` and starts its checks, logging in
     /// as `pool` does (the first pool of the database).
-    fn ensure_topology(&self, entry: &Database, pool: &Arc<Pool>) {
+    fn ensure_topology(&self, config: &Config, entry: &Database, pool: &Arc<Pool>) {
         let Some(me) = self.me.get().and_then(std::sync::Weak::upgrade) else {
             return;
         };
-        let addrs: Vec<ServerAddr> = entry
-            .hosts()
-            .into_iter()
-            .map(|h| ServerAddr::new(h.host.as_deref(), h.port))
-            .collect();
+        let addrs = entry_addrs(entry);
         let topology = {
             let mut map = self.topologies.lock().unwrap_or_else(|p| p.into_inner());
             if let Some(t) = map.get(&pool.database)
-                && t.hosts().iter().map(|h| &h.addr).eq(addrs.iter())
+                && t.configured() == addrs.as_slice()
                 && t.patroni == entry.patroni
+                && t.reads == Self::routes_reads(config, entry)
             {
                 return;
             }
-            let t = Arc::new(Topology::new(
-                pool.database.clone(),
-                addrs,
-                entry.patroni.clone(),
-            ));
+            let t = Arc::new(
+                Topology::new(pool.database.clone(), addrs, entry.patroni.clone())
+                    .with_reads(Self::routes_reads(config, entry)),
+            );
             map.insert(pool.database.clone(), t.clone());
             self.routing.store(true, Ordering::Relaxed);
             t
@@ -290,25 +293,15 @@ impl App {
     /// changed, loses its topology (its checks end) and its host pools
     /// (they drain); one that routes reads now gets a fresh topology.
     fn reload_topologies(&self, config: &Config) {
-        let addrs_of = |entry: &Database| -> Vec<ServerAddr> {
-            entry
-                .hosts()
-                .into_iter()
-                .map(|h| ServerAddr::new(h.host.as_deref(), h.port))
-                .collect()
-        };
         let stale: Vec<String> = self
             .topologies()
             .into_iter()
             .filter(|t| match Self::database_entry(config, &t.database) {
                 Some(entry) => {
-                    !Self::routes_reads(config, &entry)
+                    !Self::has_topology(config, &entry)
+                        || t.reads != Self::routes_reads(config, &entry)
                         || t.patroni != entry.patroni
-                        || !t
-                            .hosts()
-                            .iter()
-                            .map(|h| &h.addr)
-                            .eq(addrs_of(&entry).iter())
+                        || t.configured() != entry_addrs(&entry).as_slice()
                 }
                 None => true,
             })
@@ -334,9 +327,9 @@ impl App {
             });
         for pool in self.main_pools() {
             if let Some(entry) = Self::database_entry(config, &pool.database)
-                && Self::routes_reads(config, &entry)
+                && Self::has_topology(config, &entry)
             {
-                self.ensure_topology(&entry, &pool);
+                self.ensure_topology(config, &entry, &pool);
             }
         }
     }
@@ -403,8 +396,8 @@ impl App {
     pub fn pool_for(&self, database: &str, user: &str) -> Result<Arc<Pool>, PoolLookupError> {
         let (pool, entry, created) = self.main_pool(database, user)?;
         let config = self.config();
-        if created && Self::routes_reads(&config, &entry) {
-            self.ensure_topology(&entry, &pool);
+        if created && Self::has_topology(&config, &entry) {
+            self.ensure_topology(&config, &entry, &pool);
             if let Some((_, addr)) = self.topology(database).and_then(|t| t.primary()) {
                 pool.retarget(&addr);
             }
@@ -530,7 +523,7 @@ impl App {
         for db in &config.databases {
             if let Some(user) = &db.user
                 && (db.min_pool_size.unwrap_or(config.settings.min_pool_size) > 0
-                    || Self::routes_reads(&config, db))
+                    || Self::has_topology(&config, db))
                 && let Err(e) = self.pool_for(&db.name, user)
             {
                 tracing::warn!("cannot prepare pool {}: {e}", db.name);
@@ -660,6 +653,52 @@ fn limit_for(map: &Mutex<HashMap<String, Arc<ConnLimit>>>, name: &str, max: u32)
     limit
 }
 
+/// The hosts `entry` names, as addresses; none when it names only a
+/// Patroni (its hosts are then Patroni's members).
+fn entry_addrs(entry: &Database) -> Vec<ServerAddr> {
+    if entry.host.as_deref().is_none_or(|h| h.trim().is_empty()) && !entry.patroni.is_empty() {
+        return Vec::new();
+    }
+    entry
+        .hosts()
+        .into_iter()
+        .map(|h| ServerAddr::new(h.host.as_deref(), h.port))
+        .collect()
+}
+
+impl App {
+    /// A database whose hosts are Patroni's members has nowhere to send a
+    /// new pool's first login until Patroni has named them and the checks
+    /// found the primary: a login waits for that, up to `failover_hold`
+    /// (at least one check), and gets 08006 after.
+    pub async fn wait_for_members(&self, pool: &Arc<Pool>) -> Result<(), String> {
+        let Some(topology) = self.topology(&pool.database).filter(|t| t.learns_hosts()) else {
+            return Ok(());
+        };
+        let config = self.config();
+        let s = &config.settings;
+        let hold = s
+            .failover_hold
+            .max(s.health_check_timeout + s.health_check_period);
+        let deadline = tokio::time::Instant::now() + hold;
+        loop {
+            let addr = pool.addr();
+            if topology.hosts().iter().any(|h| h.addr == addr && h.listed) {
+                return Ok(());
+            }
+            if tokio::time::Instant::now() >= deadline || self.phase() >= Phase::WaitForServers {
+                return Err(format!(
+                    "no primary for database \"{}\" within failover_hold ({hold:?}): Patroni \
+                         ({}) has named none that answers",
+                    pool.database,
+                    topology.patroni.join(", ")
+                ));
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        }
+    }
+}
+
 impl crate::backend::monitor::MonitorHost for App {
     fn check_settings(&self) -> (std::time::Duration, std::time::Duration, u32) {
         let config = self.config();
@@ -696,5 +735,48 @@ impl crate::backend::monitor::MonitorHost for App {
                 tracing::warn!(db = %pool.database, user = %pool.user, "servers now open on the primary {addr}");
             }
         }
+    }
+
+    /// New members get their checks (logging in as a pool of the
+    /// database does); a place another member took has its host pools
+    /// point at it (their old servers close); clients look their routes
+    /// up again.
+    fn hosts_changed(&self, topology: &Arc<Topology>, news: &crate::backend::topology::MemberNews) {
+        if !self.is_current(topology) {
+            return;
+        }
+        if !news.added.is_empty()
+            && let Some(me) = self.me.get().and_then(std::sync::Weak::upgrade)
+            && let Some(pool) = self
+                .main_pools()
+                .into_iter()
+                .find(|p| p.database == topology.database)
+        {
+            let host: Arc<dyn crate::backend::monitor::MonitorHost> = me;
+            crate::backend::monitor::start_hosts(
+                host,
+                topology,
+                &pool,
+                news.added.clone(),
+                |task| self.spawn_on_worker(task),
+            );
+        }
+        if !news.readdressed.is_empty() {
+            let hosts = topology.hosts();
+            for ((db, _, i), pool) in self
+                .host_pools
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .iter()
+            {
+                if *db == topology.database
+                    && news.readdressed.contains(i)
+                    && let Some(h) = hosts.get(*i)
+                {
+                    pool.retarget(&h.addr);
+                }
+            }
+        }
+        self.new_route_epoch();
     }
 }

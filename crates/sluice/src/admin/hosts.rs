@@ -1,5 +1,6 @@
 //! SHOW HOSTS: every host of each database that routes reads, with its
-//! role, state, lag and the servers sluice has open on it. Not a PgBouncer
+//! role, state (`left`: a member Patroni no longer lists), lag and the
+//! servers sluice has open on it. Not a PgBouncer
 //! command; the column names follow SHOW SERVERS' style.
 
 use std::time::SystemTime;
@@ -53,7 +54,7 @@ pub fn hosts(app: &App) -> ResultSet {
                 v(host),
                 port.map(v).unwrap_or(None),
                 v(h.role.name()),
-                v(h.health.name()),
+                v(h.state_name()),
                 h.lag_bytes.map(v).unwrap_or(None),
                 h.lag.map(|d| v(d.as_millis())).unwrap_or(None),
                 h.timeline.map(v).unwrap_or(None),

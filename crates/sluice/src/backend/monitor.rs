@@ -11,7 +11,9 @@ use std::time::{Duration, Instant};
 use super::login::{self, LoginError};
 use super::pool::Pool;
 use super::server::ServerConn;
-use super::topology::{Change, DEFAULT_WAL_BLOCK, Sample, Topology, parse_lsn, record_end};
+use super::topology::{
+    Change, DEFAULT_WAL_BLOCK, MemberNews, Sample, Topology, parse_lsn, record_end,
+};
 
 /// Role, replay (or insert) position and timeline in one round trip. The
 /// timeline of a replica is only visible to pg_read_all_stats members.
@@ -46,6 +48,9 @@ pub trait MonitorHost: Send + Sync + 'static {
     /// The checks changed something (role or health): pools may need to
     /// follow the primary.
     fn topology_changed(&self, topology: &Arc<Topology>);
+    /// Patroni's member list added hosts (their checks must start) or
+    /// gave a place to another member (its pools must follow).
+    fn hosts_changed(&self, topology: &Arc<Topology>, news: &MemberNews);
 }
 
 /// Starts one check task per host of `topology`, logging in as `pool`
@@ -56,7 +61,19 @@ pub fn start(
     pool: &Arc<Pool>,
     spawn: impl Fn(std::pin::Pin<Box<dyn Future<Output = ()> + Send>>),
 ) {
-    for i in 0..topology.len() {
+    start_hosts(host, topology, pool, 0..topology.len(), spawn);
+}
+
+/// Starts the check tasks of hosts `which` of `topology` (hosts learnt
+/// later from Patroni).
+pub fn start_hosts(
+    host: Arc<dyn MonitorHost>,
+    topology: &Arc<Topology>,
+    pool: &Arc<Pool>,
+    which: std::ops::Range<usize>,
+    spawn: impl Fn(std::pin::Pin<Box<dyn Future<Output = ()> + Send>>),
+) {
+    for i in which {
         spawn(Box::pin(watch(
             host.clone(),
             Arc::downgrade(topology),
@@ -68,6 +85,7 @@ pub fn start(
 
 async fn watch(host: Arc<dyn MonitorHost>, topology: Weak<Topology>, pool: Weak<Pool>, i: usize) {
     let mut conn: Option<Box<ServerConn>> = None;
+    let mut checked = None;
     loop {
         let (period, timeout, threshold) = host.check_settings();
         let (Some(topo), Some(p)) = (topology.upgrade(), pool.upgrade()) else {
@@ -79,10 +97,16 @@ async fn watch(host: Arc<dyn MonitorHost>, topology: Weak<Topology>, pool: Weak<
         let Some(addr) = topo.hosts().get(i).map(|h| h.addr.clone()) else {
             return;
         };
+        // The place went to another member: the kept connection is the
+        // old one's.
+        if checked.as_ref().is_some_and(|a| *a != addr) {
+            conn = None;
+        }
+        checked = Some(addr.clone());
         let (target, credential) = p.target_and_credential();
         drop(p);
         let mut target = (*target).clone();
-        target.addr = addr;
+        target.addr = addr.clone();
         target.connect_timeout = timeout;
         target.connect_query = None;
         let at = Instant::now();
@@ -113,7 +137,7 @@ async fn watch(host: Arc<dyn MonitorHost>, topology: Weak<Topology>, pool: Weak<
                 _ => conn = None,
             }
         }
-        let changes = topo.record(i, result, at, threshold);
+        let changes = topo.record_for(i, Some(&addr), result, at, threshold);
         if !changes.is_empty() {
             let h = topo.hosts().into_iter().nth(i);
             for change in &changes {

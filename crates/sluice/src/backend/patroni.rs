@@ -4,7 +4,9 @@
 //! the only host sluice lets take writes: a host that says it is a primary
 //! but is not Patroni's leader (a demoted primary back up before Patroni
 //! has rewound it) gets none, and while Patroni names no leader (a
-//! switchover between two holders) writes wait. The JSON answer is read
+//! switchover between two holders) writes wait. An entry that names no
+//! hosts takes Patroni's members as its hosts, following them as they
+//! join and leave. The JSON answer is read
 //! with serde_json; the HTTP/1.0 request is small enough to write here.
 
 use std::sync::{Arc, Weak};
@@ -54,6 +56,16 @@ async fn watch(host: Arc<dyn MonitorHost>, topology: Weak<Topology>) {
                 }
                 Ok(Err(e)) => answer = Err(format!("{}: {e}", urls[i])),
                 Err(_) => answer = Err(format!("{}: no answer within {timeout:?}", urls[i])),
+            }
+        }
+        // Where the entry names no hosts, Patroni's members are the hosts.
+        if let Ok(members) = &answer {
+            let news = topo.follow_members(members);
+            for line in &news.log {
+                tracing::warn!(db = %topo.database, "patroni: {line}");
+            }
+            if !news.added.is_empty() || !news.readdressed.is_empty() {
+                host.hosts_changed(&topo, &news);
             }
         }
         // Patroni's view outlives a failed ask by a few periods, then

@@ -22,6 +22,10 @@ use super::target::ServerAddr;
 /// Primary samples kept for the lag-in-time estimate.
 const HISTORY: usize = 2048;
 
+/// Most hosts a topology learns from Patroni's member list: beyond it, a
+/// new member takes the place of one Patroni no longer lists.
+pub const MAX_HOSTS: usize = 64;
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Role {
     Unknown,
@@ -84,11 +88,23 @@ pub struct HostState {
     /// The host's role as Patroni reports it (`leader`, `replica`, …),
     /// where the database names its Patroni.
     pub patroni_role: Option<String>,
+    /// Whether the host may serve: always for hosts the entry names; for
+    /// hosts learnt from Patroni, while its member list has them.
+    pub listed: bool,
     fails: u32,
     passes: u32,
 }
 
 impl HostState {
+    /// Its health, or `left` for a member Patroni no longer lists.
+    pub fn state_name(&self) -> &'static str {
+        if self.listed {
+            self.health.name()
+        } else {
+            "left"
+        }
+    }
+
     fn new(addr: ServerAddr) -> Self {
         Self {
             addr,
@@ -101,6 +117,7 @@ impl HostState {
             last_check: None,
             last_error: None,
             patroni_role: None,
+            listed: true,
             fails: 0,
             passes: 0,
         }
@@ -144,11 +161,30 @@ pub struct LagLimits {
     pub time: Duration,
 }
 
+/// What a Patroni member list changed in the hosts of a topology that
+/// learns them from it.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct MemberNews {
+    /// Hosts added at the end (their checks must start).
+    pub added: std::ops::Range<usize>,
+    /// Places taken over by a new member (their pools must follow).
+    pub readdressed: Vec<usize>,
+    /// One line per member that joined or left, for the log.
+    pub log: Vec<String>,
+}
+
 /// The hosts of one database entry.
 pub struct Topology {
     pub database: String,
     /// Patroni REST API addresses (`host:port`) of the cluster, if any.
     pub patroni: Vec<String>,
+    /// The hosts the entry names (the first ones); an entry that names
+    /// none but names a Patroni learns its hosts from Patroni's members.
+    configured: Vec<ServerAddr>,
+    /// Whether reads go to replicas (`route_reads`); without it, a
+    /// topology only follows the primary (an entry whose hosts are
+    /// Patroni's members).
+    pub reads: bool,
     state: Mutex<State>,
     /// The classifier with this database's own functions known not to
     /// write (from pg_proc), and when they were last read.
@@ -175,6 +211,8 @@ struct State {
     /// Patroni's leader, and when Patroni last answered.
     leader: Leader,
     leader_at: Option<Instant>,
+    /// Members past `MAX_HOSTS` left out at the last member list.
+    unfollowed: usize,
 }
 
 impl State {
@@ -183,7 +221,7 @@ impl State {
         let mut best: Option<(usize, &HostState)> = None;
         let mut tie = false;
         for (i, h) in self.hosts.iter().enumerate() {
-            if h.role != Role::Primary || h.health != Health::Up {
+            if h.role != Role::Primary || h.health != Health::Up || !h.listed {
                 continue;
             }
             // Where Patroni speaks, only its leader may take writes.
@@ -216,12 +254,15 @@ impl Topology {
         Self {
             database,
             patroni,
+            configured: addrs.clone(),
+            reads: true,
             state: Mutex::new(State {
                 hosts: addrs.into_iter().map(HostState::new).collect(),
                 primary_history: VecDeque::new(),
                 history_of: None,
                 leader: Leader::Unknown,
                 leader_at: None,
+                unfollowed: 0,
             }),
             classifier: std::sync::RwLock::new((None, None)),
             next: AtomicU64::new(0),
@@ -230,6 +271,12 @@ impl Topology {
             reads_on_primary: AtomicU64::new(0),
             replica_retries: AtomicU64::new(0),
         }
+    }
+
+    /// The same, sending reads to replicas or not.
+    pub fn with_reads(mut self, reads: bool) -> Self {
+        self.reads = reads;
+        self
     }
 
     /// The classifier with this database's own functions that cannot
@@ -297,11 +344,102 @@ impl Topology {
         self.lock().hosts.len()
     }
 
+    /// The hosts the entry names (RELOAD compares them).
+    pub fn configured(&self) -> &[ServerAddr] {
+        &self.configured
+    }
+
+    /// Whether the hosts are Patroni's members (the entry names none).
+    pub fn learns_hosts(&self) -> bool {
+        self.configured.is_empty() && !self.patroni.is_empty()
+    }
+
+    /// Follows Patroni's member list where the hosts are learnt from it:
+    /// a new member is added (or, past `MAX_HOSTS`, takes the place of a
+    /// member Patroni no longer lists); a member no longer listed leaves
+    /// rotation at once and comes back when listed again.
+    pub fn follow_members(&self, members: &[Member]) -> MemberNews {
+        let mut news = MemberNews::default();
+        if !self.learns_hosts() {
+            return news;
+        }
+        let mut st = self.lock();
+        let first_new = st.hosts.len();
+        news.added = first_new..first_new;
+        let addr_of = |m: &Member| {
+            // Patroni's connect addresses are TCP; anything else is not
+            // taken from it.
+            (!m.host.is_empty() && !m.host.starts_with('/')).then(|| ServerAddr::Tcp {
+                host: m.host.clone(),
+                port: m.port,
+            })
+        };
+        let wanted: Vec<(&Member, ServerAddr)> = members
+            .iter()
+            .filter_map(|m| Some((m, addr_of(m)?)))
+            .collect();
+        for h in &mut st.hosts {
+            let listed = wanted.iter().any(|(_, a)| *a == h.addr);
+            if h.listed && !listed {
+                news.log
+                    .push(format!("{} is no longer a member: out of rotation", h.addr));
+            }
+            h.listed = listed;
+        }
+        let mut unfollowed = 0;
+        for (m, addr) in wanted {
+            if st.hosts.iter().any(|h| h.addr == addr) {
+                continue;
+            }
+            let line = format!("member {} ({addr}) joins the hosts", m.name);
+            if st.hosts.len() < MAX_HOSTS {
+                st.hosts.push(HostState::new(addr));
+                news.added.end = st.hosts.len();
+            } else if let Some(i) = st.hosts.iter().position(|h| !h.listed) {
+                st.hosts[i] = HostState::new(addr);
+                if st.history_of.is_some_and(|(p, _)| p == i) {
+                    st.primary_history.clear();
+                    st.history_of = None;
+                }
+                news.readdressed.push(i);
+            } else {
+                unfollowed += 1;
+                continue;
+            }
+            news.log.push(line);
+        }
+        // (said once, not every period)
+        if unfollowed != st.unfollowed {
+            st.unfollowed = unfollowed;
+            if unfollowed > 0 {
+                news.log.push(format!(
+                    "{unfollowed} member(s) not followed: {MAX_HOSTS} hosts already"
+                ));
+            }
+        }
+        news
+    }
+
     /// Records a check of host `i` taken at `at` (`Err`: it failed, with
     /// why); returns what changed.
+    #[cfg(test)]
     pub fn record(
         &self,
         i: usize,
+        result: Result<Sample, String>,
+        at: Instant,
+        threshold: u32,
+    ) -> Vec<Change> {
+        self.record_for(i, None, result, at, threshold)
+    }
+
+    /// `record`, of the check of host `i` at `addr` when given: a check of
+    /// a place another member has taken since (Patroni's members) is
+    /// dropped.
+    pub fn record_for(
+        &self,
+        i: usize,
+        addr: Option<&ServerAddr>,
         result: Result<Sample, String>,
         at: Instant,
         threshold: u32,
@@ -312,6 +450,9 @@ impl Topology {
             .filter(|s| !s.in_recovery)
             .map(|s| s.wal_block);
         let mut st = self.lock();
+        if addr.is_some_and(|a| st.hosts.get(i).is_none_or(|h| h.addr != *a)) {
+            return Vec::new();
+        }
         let changes = record_host(&mut st, i, result, at, threshold);
         if let Some(block) = block
             && st.primary() == Some(i)
@@ -504,9 +645,6 @@ impl Topology {
         st.primary_history.get(i).map(|&(_, lsn)| lsn)
     }
 
-    /// A replica that may serve a read now: up, within `limits`, and
-    /// replayed up to `min_lsn` if given; round robin among those that
-    /// qualify.
     /// A position the primary reported as its insert position (read after
     /// a client's commit), as the end of its last record: what a replica
     /// that has everything up to that commit has replayed.
@@ -514,11 +652,15 @@ impl Topology {
         record_end(insert, self.wal_block.load(Ordering::Relaxed))
     }
 
+    /// A replica that may serve a read now: up, within `limits`, and
+    /// replayed up to `min_lsn` if given; round robin among those that
+    /// qualify.
     pub fn pick_replica(&self, limits: LagLimits, min_lsn: Option<u64>) -> Option<usize> {
         let st = self.lock();
         let qualifies = |h: &HostState| {
             h.role == Role::Replica
                 && h.health == Health::Up
+                && h.listed
                 && h.lag_bytes.is_some_and(|b| b <= limits.bytes)
                 && h.lag.is_some_and(|t| t <= limits.time)
                 && min_lsn.is_none_or(|min| h.lsn.is_some_and(|l| l >= min))
@@ -688,6 +830,73 @@ mod tests {
         let change = t.record_patroni(Ok(vec![member("z", "leader", 9)]), t0, keep);
         assert!(change.is_some_and(|c| c.contains("not among this database's hosts")));
         assert_eq!(t.primary().map(|p| p.0), Some(1));
+    }
+
+    #[test]
+    fn hosts_learnt_from_patroni_follow_its_member_list() {
+        let t = Topology::new("db".into(), Vec::new(), vec!["x:8008".into()]);
+        assert!(t.learns_hosts());
+        let t0 = Instant::now();
+        let keep = Duration::from_secs(2);
+        let news = t.follow_members(&[member("a", "leader", 1), member("b", "replica", 2)]);
+        assert_eq!(news.added, 0..2);
+        assert_eq!(news.log.len(), 2);
+        t.record_patroni(
+            Ok(vec![member("a", "leader", 1), member("b", "replica", 2)]),
+            t0,
+            keep,
+        );
+        t.record(0, sample(false, 100), t0, 1);
+        t.record(1, sample(true, 100), t0, 1);
+        assert_eq!(t.primary().map(|p| p.0), Some(0));
+        assert_eq!(t.pick_replica(LIMITS, None), Some(1));
+        // The same list again changes nothing.
+        let again = t.follow_members(&[member("a", "leader", 1), member("b", "replica", 2)]);
+        assert_eq!(again.added, 2..2);
+        assert!(again.readdressed.is_empty() && again.log.is_empty());
+        // A member Patroni drops leaves rotation at once, and comes back.
+        let news = t.follow_members(&[member("a", "leader", 1)]);
+        assert_eq!(news.log.len(), 1);
+        assert_eq!(t.pick_replica(LIMITS, None), None);
+        t.follow_members(&[member("a", "leader", 1), member("b", "replica", 2)]);
+        assert_eq!(t.pick_replica(LIMITS, None), Some(1));
+        // A socket path or an empty host is never taken from Patroni.
+        let mut odd = member("c", "replica", 3);
+        odd.host = "/tmp".into();
+        assert_eq!(t.follow_members(&[odd]).added, 2..2);
+        // Hosts named in the entry are never changed by Patroni.
+        let named = Topology::new("db".into(), vec![addr(1)], vec!["x:8008".into()]);
+        assert!(!named.learns_hosts());
+        assert_eq!(
+            named.follow_members(&[member("b", "replica", 2)]),
+            MemberNews::default()
+        );
+        assert_eq!(named.len(), 1);
+    }
+
+    #[test]
+    fn past_the_cap_a_new_member_takes_the_place_of_a_departed_one() {
+        let t = Topology::new("db".into(), Vec::new(), vec!["x:8008".into()]);
+        let all: Vec<Member> = (0..MAX_HOSTS as u16)
+            .map(|p| member(&format!("m{p}"), "replica", 1000 + p))
+            .collect();
+        assert_eq!(t.follow_members(&all).added, 0..MAX_HOSTS);
+        // Every place taken and listed: a newcomer is not followed.
+        let mut more = all.clone();
+        more.push(member("new", "replica", 9));
+        let news = t.follow_members(&more);
+        assert!(news.added.is_empty() && news.readdressed.is_empty());
+        assert!(news.log[0].contains("1 member(s) not followed"));
+        assert!(t.follow_members(&more).log.is_empty(), "said once");
+        // Member 5 departs; the newcomer takes its place, as a fresh host.
+        t.record(5, sample(true, 100), Instant::now(), 1);
+        more.remove(5);
+        let news = t.follow_members(&more);
+        assert_eq!(news.readdressed, vec![5]);
+        let h = &t.hosts()[5];
+        assert_eq!(h.addr, addr(9));
+        assert!(h.listed && h.last_check.is_none() && h.health == Health::Unknown);
+        assert_eq!(t.len(), MAX_HOSTS);
     }
 
     #[test]

@@ -235,6 +235,9 @@ async fn login_inner(
     if let Some(k) = keys {
         pool.learn_scram_keys(&user, k);
     }
+    app.wait_for_members(&pool)
+        .await
+        .map_err(|message| ClientError::new("08006", message))?;
     let welcome = pool
         .welcome()
         .await

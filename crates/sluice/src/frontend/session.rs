@@ -324,6 +324,7 @@ impl Client {
         }
         let session = self.carried.as_ref().and_then(|c| c.session.as_deref());
         if listening
+            || !topology.reads
             || settings.mode == sluice_config::PoolMode::Session
             || session.is_some_and(crate::session_vars::SessionVars::keeps_reads_on_primary)
         {

@@ -329,7 +329,7 @@ fn hosts(encoder: &mut DescriptorEncoder, app: &App) -> std::fmt::Result {
                 ("host", addr.as_str()),
                 ("role", h.role.name()),
             ];
-            let is_up = h.health == crate::backend::topology::Health::Up;
+            let is_up = h.health == crate::backend::topology::Health::Up && h.listed;
             up.push((labels.clone(), f64::from(u8::from(is_up))));
             if let Some(b) = h.lag_bytes {
                 lag_bytes.push((labels.clone(), b as f64));
