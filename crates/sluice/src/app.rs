@@ -14,6 +14,7 @@ use tokio::sync::Notify;
 
 use crate::auth::{Secret, Userlist};
 use crate::backend::cancel::CancelRegistry;
+use crate::backend::cluster::Cluster;
 use crate::backend::limits::ConnLimit;
 use crate::backend::pool::{Pool, PoolSettings};
 use crate::backend::target::{ServerAddr, ServerCredential, ServerTarget};
@@ -49,11 +50,9 @@ pub struct App {
     config: RwLock<Arc<Config>>,
     userlist: RwLock<Arc<Userlist>>,
     pools: Mutex<HashMap<(String, String), Arc<Pool>>>,
-    /// Pools of single hosts of an entry that routes reads, by (database,
-    /// server user, host index).
-    host_pools: Mutex<HashMap<(String, String, usize), Arc<Pool>>>,
-    /// Hosts, roles and lag of each database that routes reads.
-    topologies: Mutex<HashMap<String, Arc<Topology>>>,
+    /// Each database that routes reads or takes its hosts from Patroni:
+    /// its topology and the pools of its single hosts.
+    clusters: Mutex<HashMap<String, Arc<Cluster>>>,
     db_limits: Mutex<HashMap<String, Arc<ConnLimit>>>,
     user_limits: Mutex<HashMap<String, Arc<ConnLimit>>>,
     /// Client budgets: `max_db_client_connections`, `max_user_client_connections`.
@@ -93,8 +92,7 @@ impl App {
             config: RwLock::new(Arc::new(config)),
             userlist: RwLock::new(Arc::new(userlist)),
             pools: Mutex::new(HashMap::new()),
-            host_pools: Mutex::new(HashMap::new()),
-            topologies: Mutex::new(HashMap::new()),
+            clusters: Mutex::new(HashMap::new()),
             db_limits: Mutex::new(HashMap::new()),
             user_limits: Mutex::new(HashMap::new()),
             db_client_limits: Mutex::new(HashMap::new()),
@@ -174,13 +172,9 @@ impl App {
     /// Every pool: those clients log in to and those of single hosts.
     pub fn pools(&self) -> Vec<Arc<Pool>> {
         let mut all = self.main_pools();
-        all.extend(
-            self.host_pools
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .values()
-                .cloned(),
-        );
+        for cluster in self.clusters() {
+            all.extend(cluster.pools());
+        }
         all
     }
 
@@ -237,29 +231,42 @@ impl App {
         self.route_epoch.fetch_add(1, Ordering::AcqRel);
     }
 
-    /// The topology of `database` when it routes reads.
-    pub fn topology(&self, database: &str) -> Option<Arc<Topology>> {
-        self.topologies
+    fn cluster(&self, database: &str) -> Option<Arc<Cluster>> {
+        self.clusters
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .get(database)
             .cloned()
     }
 
-    /// Every topology (SHOW HOSTS, /metrics).
-    pub fn topologies(&self) -> Vec<Arc<Topology>> {
+    /// Every cluster, by database name.
+    fn clusters(&self) -> Vec<Arc<Cluster>> {
         let mut all: Vec<_> = self
-            .topologies
+            .clusters
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .values()
             .cloned()
             .collect();
-        all.sort_by(|a, b| a.database.cmp(&b.database));
+        all.sort_by(|a, b| a.topology.database.cmp(&b.topology.database));
         all
     }
 
-    /// Creates the topology of `entry` and starts its checks, logging in
+    /// The topology of `database` when it routes reads or takes its hosts
+    /// from Patroni.
+    pub fn topology(&self, database: &str) -> Option<Arc<Topology>> {
+        self.cluster(database).map(|c| c.topology.clone())
+    }
+
+    /// Every topology (SHOW HOSTS, /metrics).
+    pub fn topologies(&self) -> Vec<Arc<Topology>> {
+        self.clusters()
+            .into_iter()
+            .map(|c| c.topology.clone())
+            .collect()
+    }
+
+    /// Creates the cluster of `entry` and starts its checks, logging in
     /// as `pool` does (the first pool of the database).
     fn ensure_topology(&self, config: &Config, entry: &Database, pool: &Arc<Pool>) {
         let Some(me) = self.me.get().and_then(std::sync::Weak::upgrade) else {
@@ -267,19 +274,22 @@ impl App {
         };
         let addrs = entry_addrs(entry);
         let topology = {
-            let mut map = self.topologies.lock().unwrap_or_else(|p| p.into_inner());
-            if let Some(t) = map.get(&pool.database)
+            let mut map = self.clusters.lock().unwrap_or_else(|p| p.into_inner());
+            if let Some(t) = map.get(&pool.database).map(|c| &c.topology)
                 && t.configured() == addrs.as_slice()
                 && t.patroni == entry.patroni
                 && t.reads == Self::routes_reads(config, entry)
             {
                 return;
             }
-            let t = Arc::new(
+            let cluster = Arc::new(Cluster::new(
                 Topology::new(pool.database.clone(), addrs, entry.patroni.clone())
                     .with_reads(Self::routes_reads(config, entry)),
-            );
-            map.insert(pool.database.clone(), t.clone());
+            ));
+            let t = cluster.topology.clone();
+            if let Some(old) = map.insert(pool.database.clone(), cluster) {
+                old.retire();
+            }
             self.routing.store(true, Ordering::Relaxed);
             t
         };
@@ -289,9 +299,9 @@ impl App {
         crate::backend::monitor::start(host, &topology, pool, |task| self.spawn_on_worker(task));
     }
 
-    /// RELOAD: a database that stopped routing reads, or whose host list
-    /// changed, loses its topology (its checks end) and its host pools
-    /// (they drain); one that routes reads now gets a fresh topology.
+    /// RELOAD: a database that stopped routing reads, or whose host list,
+    /// Patroni or routing changed, loses its cluster (its checks end, its
+    /// host pools drain); one that needs one now gets a fresh one.
     fn reload_topologies(&self, config: &Config) {
         let stale: Vec<String> = self
             .topologies()
@@ -308,23 +318,14 @@ impl App {
             .map(|t| t.database.clone())
             .collect();
         {
-            let mut map = self.topologies.lock().unwrap_or_else(|p| p.into_inner());
+            let mut map = self.clusters.lock().unwrap_or_else(|p| p.into_inner());
             for db in &stale {
-                map.remove(db);
+                if let Some(old) = map.remove(db) {
+                    old.retire();
+                }
             }
             self.routing.store(!map.is_empty(), Ordering::Relaxed);
         }
-        self.host_pools
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .retain(|(db, _, _), pool| {
-                let keep = !stale.contains(db);
-                if !keep {
-                    // Idle servers close now, busy ones when they return.
-                    pool.reconnect();
-                }
-                keep
-            });
         for pool in self.main_pools() {
             if let Some(entry) = Self::database_entry(config, &pool.database)
                 && Self::has_topology(config, &entry)
@@ -334,30 +335,30 @@ impl App {
         }
     }
 
-    /// The pool of host `index` for the clients of `main`.
-    pub fn host_pool(&self, main: &Arc<Pool>, index: usize) -> Option<Arc<Pool>> {
-        let key = (main.database.clone(), main.user.clone(), index);
-        let mut pools = self.host_pools.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(p) = pools.get(&key) {
-            return Some(p.clone());
+    /// The pool of host `index` for the clients of `main`, in the cluster
+    /// of `topology` when given (a client's routing looked the index up
+    /// there: a cluster a RELOAD has replaced since gives none).
+    pub fn host_pool(
+        &self,
+        main: &Arc<Pool>,
+        index: usize,
+        topology: Option<&Arc<Topology>>,
+    ) -> Option<Arc<Pool>> {
+        let cluster = self.cluster(&main.database)?;
+        if topology.is_some_and(|t| !Arc::ptr_eq(t, &cluster.topology)) {
+            return None;
         }
-        let addr = self
-            .topology(&main.database)?
-            .hosts()
-            .get(index)?
-            .addr
-            .clone();
-        let config = self.config();
-        let entry = Self::database_entry(&config, &main.database)?;
-        let (settings, mut target, credential) = self.resolve(&config, &entry, &main.user);
-        target.addr = addr;
-        let (_, main_credential) = main.target_and_credential();
-        let credential = ServerCredential {
-            scram_keys: main_credential.scram_keys,
-            ..credential
-        };
-        let pool = Arc::new(
-            Pool::new(
+        cluster.host_pool(&main.user, index, |addr| {
+            let config = self.config();
+            let entry = Self::database_entry(&config, &main.database)?;
+            let (settings, mut target, credential) = self.resolve(&config, &entry, &main.user);
+            target.addr = addr;
+            let (_, main_credential) = main.target_and_credential();
+            let credential = ServerCredential {
+                scram_keys: main_credential.scram_keys,
+                ..credential
+            };
+            Some(Pool::new(
                 main.database.clone(),
                 main.user.clone(),
                 target,
@@ -369,12 +370,8 @@ impl App {
                     settings_db_max(&config, &entry),
                 ),
                 limit_for(&self.user_limits, &main.user, user_max(&config, &main.user)),
-            )
-            .for_host(index),
-        );
-        pool.join_limits(&pool);
-        pools.insert(key, pool.clone());
-        Some(pool)
+            ))
+        })
     }
 
     /// The database entry for `name`: its own, or the `*` fallback.
@@ -761,21 +758,10 @@ impl crate::backend::monitor::MonitorHost for App {
                 |task| self.spawn_on_worker(task),
             );
         }
-        if !news.readdressed.is_empty() {
-            let hosts = topology.hosts();
-            for ((db, _, i), pool) in self
-                .host_pools
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .iter()
-            {
-                if *db == topology.database
-                    && news.readdressed.contains(i)
-                    && let Some(h) = hosts.get(*i)
-                {
-                    pool.retarget(&h.addr);
-                }
-            }
+        if !news.readdressed.is_empty()
+            && let Some(cluster) = self.cluster(&topology.database)
+        {
+            cluster.readdress(&news.readdressed);
         }
         self.new_route_epoch();
     }

@@ -2,6 +2,7 @@
 //! share them among clients within the configured limits.
 
 pub mod cancel;
+pub mod cluster;
 pub mod idle;
 pub mod limits;
 pub mod login;

@@ -122,7 +122,7 @@ async fn login_inner(
             }
             StartupPacket::Cancel(req) => {
                 let host_target = |pool: &Arc<crate::backend::pool::Pool>, host: u32| {
-                    app.host_pool(pool, host as usize - 1)
+                    app.host_pool(pool, host as usize - 1, None)
                         .map(|p| p.settings_and_target().1)
                 };
                 if let Err(e) = app.cancels.cancel(req, host_target).await {

@@ -73,10 +73,11 @@ struct RouteCache {
     hosts: Vec<Option<Arc<Pool>>>,
 }
 
-/// The pool of host `i` for `main`'s clients, from `hosts` (a
-/// `RouteCache`'s) or looked up and kept there.
+/// The pool of host `i` of `topology` for `main`'s clients, from `hosts`
+/// (a `RouteCache`'s) or looked up and kept there.
 fn cached_host_pool(
     hosts: &mut Vec<Option<Arc<Pool>>>,
+    topology: &Arc<crate::backend::topology::Topology>,
     app: &App,
     main: &Arc<Pool>,
     i: usize,
@@ -84,7 +85,7 @@ fn cached_host_pool(
     if let Some(Some(pool)) = hosts.get(i) {
         return Some(pool.clone());
     }
-    let pool = app.host_pool(main, i)?;
+    let pool = app.host_pool(main, i, Some(topology))?;
     if hosts.len() <= i {
         hosts.resize(i + 1, None);
     }
@@ -308,9 +309,9 @@ impl Client {
             // The entry asks for standbys: every transaction (every
             // session in session mode) on a replica, whatever it is.
             let picked = topology.pick_replica(limits, None);
-            return match picked
-                .and_then(|i| cached_host_pool(&mut cache.hosts, &self.app, &self.pool, i))
-            {
+            return match picked.and_then(|i| {
+                cached_host_pool(&mut cache.hosts, &topology, &self.app, &self.pool, i)
+            }) {
                 Some(pool) => Routed {
                     pool,
                     ..primary(false)
@@ -365,7 +366,9 @@ impl Client {
             None if min_lsn.is_some() => (topology.pick_replica(limits, None), min_lsn),
             None => (None, None),
         };
-        match picked.and_then(|i| cached_host_pool(&mut cache.hosts, &self.app, &self.pool, i)) {
+        match picked
+            .and_then(|i| cached_host_pool(&mut cache.hosts, &topology, &self.app, &self.pool, i))
+        {
             Some(pool) => Routed {
                 pool,
                 topology: Some(topology.clone()),
@@ -490,7 +493,7 @@ impl Client {
                 let (limits, _) = self.app.read_limits();
                 if let Some(pool) = topology
                     .pick_replica(limits, None)
-                    .and_then(|i| self.app.host_pool(&self.pool, i))
+                    .and_then(|i| self.app.host_pool(&self.pool, i, Some(&topology)))
                 {
                     return Ok(pool);
                 }
