@@ -278,6 +278,24 @@ async fn an_entry_that_names_only_patroni_learns_its_hosts() {
         }
     }
     assert!(on_replica > 0, "no read went to the learnt replica");
+    // A RELOAD keeps every pool on its learnt host (the entry names none
+    // to fall back on).
+    let console = connect(routed.port(), "postgres", "postgres", "pgbouncer")
+        .await
+        .expect("console");
+    console.simple_query("RELOAD").await.expect("RELOAD");
+    let mut on_replica = 0;
+    for _ in 0..40 {
+        let port = scalar_text(&client, "select current_setting('port')").await;
+        assert!(
+            pg_ports.iter().any(|p| p.to_string() == port),
+            "a read after RELOAD ran on port {port}"
+        );
+        if port == pg_ports[candidate].to_string() {
+            on_replica += 1;
+        }
+    }
+    assert!(on_replica > 0, "no read on the learnt replica after RELOAD");
 
     // Without route_reads: everything on the leader.
     let plain = connect(unrouted.port(), "postgres", "postgres", "postgres")

@@ -295,8 +295,12 @@ impl App {
         };
         self.new_route_epoch();
         let host: Arc<dyn crate::backend::monitor::MonitorHost> = me;
-        crate::backend::patroni::start(host.clone(), &topology, |task| self.spawn_on_worker(task));
-        crate::backend::monitor::start(host, &topology, pool, |task| self.spawn_on_worker(task));
+        // The hosts' checks first: members Patroni adds later get theirs
+        // from `hosts_changed`, never twice.
+        crate::backend::monitor::start(host.clone(), &topology, pool, |task| {
+            self.spawn_on_worker(task)
+        });
+        crate::backend::patroni::start(host, &topology, |task| self.spawn_on_worker(task));
     }
 
     /// RELOAD: a database that stopped routing reads, or whose host list,
@@ -602,13 +606,18 @@ impl App {
             };
             let (settings, mut target, credential) = self.resolve(&config, &entry, &pool.user);
             let topology = self.topology(&pool.database);
+            // The clients' pool follows the primary, and stays where it is
+            // while none is known; a host pool keeps its host's address
+            // (an entry whose hosts are Patroni's members names none).
             let addr = match (pool.host, &topology) {
-                (0, Some(t)) => t.primary().map(|(_, addr)| addr),
+                (0, Some(t)) => Some(t.primary().map_or_else(|| pool.addr(), |(_, addr)| addr)),
                 (0, None) => None,
-                (host, _) => entry
-                    .hosts()
-                    .get(host as usize - 1)
-                    .map(|h| ServerAddr::new(h.host.as_deref(), h.port)),
+                (host, Some(t)) => Some(
+                    t.hosts()
+                        .get(host as usize - 1)
+                        .map_or_else(|| pool.addr(), |h| h.addr.clone()),
+                ),
+                (_, None) => Some(pool.addr()),
             };
             if let Some(addr) = addr {
                 target.addr = addr;
@@ -674,13 +683,17 @@ impl App {
         };
         let config = self.config();
         let s = &config.settings;
-        let hold = s
-            .failover_hold
-            .max(s.health_check_timeout + s.health_check_period);
+        // (at least long enough for every Patroni URL to time out once
+        // and a check to follow)
+        let asks = u32::try_from(topology.patroni.len()).unwrap_or(u32::MAX);
+        let hold = s.failover_hold.max(
+            s.health_check_timeout
+                .saturating_mul(asks.saturating_add(1))
+                + s.health_check_period,
+        );
         let deadline = tokio::time::Instant::now() + hold;
         loop {
-            let addr = pool.addr();
-            if topology.hosts().iter().any(|h| h.addr == addr && h.listed) {
+            if topology.is_listed(&pool.addr()) {
                 return Ok(());
             }
             if tokio::time::Instant::now() >= deadline || self.phase() >= Phase::WaitForServers {
@@ -691,7 +704,7 @@ impl App {
                     topology.patroni.join(", ")
                 ));
             }
-            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
         }
     }
 }

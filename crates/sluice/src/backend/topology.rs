@@ -344,6 +344,15 @@ impl Topology {
         self.lock().hosts.len()
     }
 
+    /// Whether `addr` is one of the hosts, in rotation (not a member
+    /// Patroni has dropped).
+    pub fn is_listed(&self, addr: &ServerAddr) -> bool {
+        self.lock()
+            .hosts
+            .iter()
+            .any(|h| h.addr == *addr && h.listed)
+    }
+
     /// The hosts the entry names (RELOAD compares them).
     pub fn configured(&self) -> &[ServerAddr] {
         &self.configured
@@ -374,10 +383,12 @@ impl Topology {
                 port: m.port,
             })
         };
-        let wanted: Vec<(&Member, ServerAddr)> = members
+        // Leaders first: past the cap, a leader is still followed.
+        let mut wanted: Vec<(&Member, ServerAddr)> = members
             .iter()
             .filter_map(|m| Some((m, addr_of(m)?)))
             .collect();
+        wanted.sort_by_key(|(m, _)| !is_leader(m));
         for h in &mut st.hosts {
             let listed = wanted.iter().any(|(_, a)| *a == h.addr);
             if h.listed && !listed {
@@ -514,10 +525,7 @@ impl Topology {
             }
         };
         st.leader_at = Some(at);
-        let leaders: Vec<&Member> = members
-            .iter()
-            .filter(|m| m.role == "leader" || m.role == "master" || m.role == "primary")
-            .collect();
+        let leaders: Vec<&Member> = members.iter().filter(|m| is_leader(m)).collect();
         let ours = |m: &Member| {
             st.hosts.iter().any(|h| {
                 matches!(&h.addr, ServerAddr::Tcp { host, port } if *host == m.host && *port == m.port)
@@ -526,6 +534,9 @@ impl Topology {
         st.leader = match leaders.as_slice() {
             [] => Leader::None,
             [m] if ours(m) => Leader::Member(m.name.clone(), m.host.clone(), m.port),
+            // Hosts learnt from Patroni but a leader that is not among
+            // them (an address sluice does not take): nobody.
+            [_] if self.learns_hosts() => Leader::None,
             // A leader named otherwise than this database's hosts (a
             // configuration mistake): Patroni cannot be matched, so the
             // hosts' own checks decide, as without it.
@@ -558,6 +569,11 @@ impl Topology {
             },
         })
     }
+}
+
+/// Whether Patroni's role for `m` is the leader's.
+fn is_leader(m: &Member) -> bool {
+    m.role == "leader" || m.role == "master" || m.role == "primary"
 }
 
 /// Records a check of host `i` (see `Topology::record`).
@@ -864,6 +880,13 @@ mod tests {
         let mut odd = member("c", "replica", 3);
         odd.host = "/tmp".into();
         assert_eq!(t.follow_members(&[odd]).added, 2..2);
+        // A leader sluice cannot follow (a socket path): nobody takes writes.
+        let mut odd_leader = member("c", "leader", 3);
+        odd_leader.host = "/tmp".into();
+        t.follow_members(&[odd_leader.clone(), member("b", "replica", 2)]);
+        t.record_patroni(Ok(vec![odd_leader, member("b", "replica", 2)]), t0, keep);
+        t.record(1, sample(false, 100), t0, 1);
+        assert_eq!(t.primary(), None, "a host that is not Patroni's leader");
         // Hosts named in the entry are never changed by Patroni.
         let named = Topology::new("db".into(), vec![addr(1)], vec!["x:8008".into()]);
         assert!(!named.learns_hosts());
@@ -888,6 +911,12 @@ mod tests {
         assert!(news.added.is_empty() && news.readdressed.is_empty());
         assert!(news.log[0].contains("1 member(s) not followed"));
         assert!(t.follow_members(&more).log.is_empty(), "said once");
+        // A leader past the cap is followed first.
+        let mut led = vec![member("boss", "leader", 7)];
+        led.extend(all.iter().cloned());
+        let fresh = Topology::new("db".into(), Vec::new(), vec!["x:8008".into()]);
+        fresh.follow_members(&led);
+        assert_eq!(fresh.hosts()[0].addr, addr(7));
         // Member 5 departs; the newcomer takes its place, as a fresh host.
         t.record(5, sample(true, 100), Instant::now(), 1);
         more.remove(5);
