@@ -266,15 +266,24 @@ impl App {
             .collect()
     }
 
-    /// Creates the cluster of `entry` and starts its checks, logging in
-    /// as `pool` does (the first pool of the database).
-    fn ensure_topology(&self, config: &Config, entry: &Database, pool: &Arc<Pool>) {
+    /// Creates the cluster of `pool`'s database and starts its checks,
+    /// logging in as `pool` does (the first pool of the database). The
+    /// configuration is read under the clusters' lock, so that a login
+    /// racing a RELOAD cannot bring back a cluster of the old one.
+    fn ensure_topology(&self, pool: &Arc<Pool>) {
         let Some(me) = self.me.get().and_then(std::sync::Weak::upgrade) else {
             return;
         };
-        let addrs = entry_addrs(entry);
         let topology = {
             let mut map = self.clusters.lock().unwrap_or_else(|p| p.into_inner());
+            let config = self.config();
+            let Some(entry) = Self::database_entry(&config, &pool.database)
+                .filter(|e| Self::has_topology(&config, e))
+            else {
+                return;
+            };
+            let (config, entry) = (&*config, &entry);
+            let addrs = entry_addrs(entry);
             if let Some(t) = map.get(&pool.database).map(|c| &c.topology)
                 && t.configured() == addrs.as_slice()
                 && t.patroni == entry.patroni
@@ -334,7 +343,7 @@ impl App {
             if let Some(entry) = Self::database_entry(config, &pool.database)
                 && Self::has_topology(config, &entry)
             {
-                self.ensure_topology(config, &entry, &pool);
+                self.ensure_topology(&pool);
             }
         }
     }
@@ -398,7 +407,7 @@ impl App {
         let (pool, entry, created) = self.main_pool(database, user)?;
         let config = self.config();
         if created && Self::has_topology(&config, &entry) {
-            self.ensure_topology(&config, &entry, &pool);
+            self.ensure_topology(&pool);
             if let Some((_, addr)) = self.topology(database).and_then(|t| t.primary()) {
                 pool.retarget(&addr);
             }
@@ -604,31 +613,37 @@ impl App {
             let Some(entry) = Self::database_entry(&config, &pool.database) else {
                 continue; // removed: its clients drain, new ones get 3D000
             };
-            let (settings, mut target, credential) = self.resolve(&config, &entry, &pool.user);
+            let (settings, target, credential) = self.resolve(&config, &entry, &pool.user);
             let topology = self.topology(&pool.database);
-            // The clients' pool follows the primary, and stays where it is
-            // while none is known; a host pool keeps its host's address
-            // (an entry whose hosts are Patroni's members names none).
-            let addr = match (pool.host, &topology) {
-                (0, Some(t)) => Some(t.primary().map_or_else(|| pool.addr(), |(_, addr)| addr)),
-                (0, None) => None,
-                (host, Some(t)) => Some(
-                    t.hosts()
-                        .get(host as usize - 1)
-                        .map_or_else(|| pool.addr(), |h| h.addr.clone()),
-                ),
-                (_, None) => Some(pool.addr()),
-            };
-            if let Some(addr) = addr {
-                target.addr = addr;
-            }
+            // Where a cluster decides addresses, the RELOAD keeps them
+            // (read under the pool's lock: a retarget racing it stands):
+            // a host pool's is its host's, the clients' pool follows the
+            // primary.
+            let keep_addr = topology.is_some() || pool.host != 0;
             limit_for(
                 &self.db_limits,
                 &pool.database,
                 settings_db_max(&config, &entry),
             );
             limit_for(&self.user_limits, &pool.user, user_max(&config, &pool.user));
-            pool.reconfigure(settings, target, credential);
+            pool.reconfigure(settings, target, credential, keep_addr);
+            if pool.host == 0
+                && let Some(t) = &topology
+            {
+                match t.primary() {
+                    Some((_, addr)) => {
+                        pool.retarget(&addr);
+                    }
+                    // Not on any host now (the list changed): the first
+                    // host named until a primary is found.
+                    None if !t.is_listed(&pool.addr()) => {
+                        if let Some(first) = t.configured().first() {
+                            pool.retarget(first);
+                        }
+                    }
+                    None => {}
+                }
+            }
         }
         self.new_route_epoch();
         self.prewarm();

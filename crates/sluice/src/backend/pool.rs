@@ -531,10 +531,14 @@ impl Pool {
     pub fn reconfigure(
         &self,
         settings: PoolSettings,
-        target: ServerTarget,
+        mut target: ServerTarget,
         credential: ServerCredential,
+        keep_addr: bool,
     ) {
         let mut st = self.lock();
+        if keep_addr {
+            target.addr = st.target.addr.clone();
+        }
         let target_changed = st.target.addr != target.addr
             || st.target.dbname != target.dbname
             || st.target.user != target.user
