@@ -84,7 +84,7 @@ impl Cluster {
         let pools = self.lock();
         self.retired.store(true, Ordering::Release);
         for pool in pools.values() {
-            pool.reconnect();
+            pool.retire();
         }
     }
 }

@@ -130,6 +130,9 @@ struct PoolState {
     last_login_failure: Option<(Instant, String, String)>,
     /// Bumped by a reconnect: older servers are closed when released.
     generation: u64,
+    /// Out of use (its cluster was replaced): every server closes when
+    /// released, none is kept idle.
+    retired: bool,
     /// Clients logged in to this pool.
     clients: u32,
     /// Servers lent now (SHOW SERVERS).
@@ -400,6 +403,7 @@ impl Pool {
                 welcome: None,
                 last_login_failure: None,
                 generation: 0,
+                retired: false,
                 clients: 0,
                 lent: Vec::new(),
                 stats: PoolStats::default(),
@@ -524,6 +528,15 @@ impl Pool {
         for s in st.idle.drain() {
             self.close_counted(&mut st, s);
         }
+    }
+
+    /// Takes the pool out of use (a RELOAD replaced its cluster): idle
+    /// servers close now, lent ones when they come back, and none is kept
+    /// idle again (a client that still held the pool may lease once more;
+    /// that server closes on release too).
+    pub fn retire(&self) {
+        self.lock().retired = true;
+        self.reconnect();
     }
 
     /// Applies new settings, target or credentials (RELOAD). Servers made
@@ -878,7 +891,7 @@ impl Pool {
         let over_size = st.total > st.settings.pool_size + st.settings.reserve_pool_size;
         // Above the pool size (a RELOAD shrank it): close, even with clients
         // waiting; they get the servers that remain.
-        if generation != st.generation || too_old || over_size {
+        if generation != st.generation || too_old || over_size || st.retired {
             self.close_counted(&mut st, server);
             return;
         }
