@@ -12,8 +12,9 @@ use sluice_config::Settings;
 use socket2::{Domain, Protocol, Socket, Type};
 use tokio::net::{TcpListener, UnixListener};
 
+use super::client::Client;
 use super::login::{Admitted, login};
-use super::session::{self, Client, SessionEnd};
+use super::session::{self, SessionEnd};
 use crate::app::{App, Phase};
 use crate::net::Stream;
 

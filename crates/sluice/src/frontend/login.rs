@@ -13,8 +13,8 @@ use sluice_wire::{
 use tokio::io::AsyncWriteExt;
 
 use super::auth::authenticate;
+use super::client::Client;
 use super::error::ClientError;
-use super::session::Client;
 use crate::admin::{CONSOLE_DATABASES, Role, role_of};
 use crate::app::{App, Phase};
 use crate::codec::read_startup;

@@ -3,6 +3,7 @@
 //! transaction (or per session, or per statement).
 
 pub mod auth;
+pub mod client;
 pub mod error;
 pub mod listener;
 pub mod login;

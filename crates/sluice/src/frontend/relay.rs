@@ -15,10 +15,10 @@ use bytes::BytesMut;
 use sluice_config::PoolMode;
 use sluice_wire::{ErrorFields, ParameterStatus, TransactionStatus, tags};
 
+use super::client::{CLEANUP_TIMEOUT, Client};
 use super::error::ClientError;
 use super::relay_io::{IoEvent, Sides};
 use super::requests::{Counted, Requests};
-use super::session::{CLEANUP_TIMEOUT, Client};
 use super::tracked::{self, AfterTx, Tracking};
 use crate::backend::login::{run_query, run_query_rows};
 use crate::backend::pool::Lease;

@@ -1,7 +1,8 @@
-//! A logged-in client. While idle it holds no server and almost no memory
-//! (its read buffer is released); when bytes arrive it gets a server from its
-//! pool and the relay moves bytes until the pool mode says the server goes
-//! back.
+//! The session loop of a logged-in client (its state is `client.rs`'s).
+//! While idle it holds no server and almost no memory (its read buffer is
+//! released); when bytes arrive it routes the request, gets a server from
+//! the pool routing chose, and the relay moves bytes until the pool mode
+//! says the server goes back.
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering::Relaxed;
@@ -9,69 +10,12 @@ use std::time::Duration;
 
 use bytes::BytesMut;
 
+use super::client::{Client, Listening, RouteCache, Written};
 use super::error::ClientError;
 use super::relay::{self, RelayEnd};
 use super::relay_io::READ_CHUNK;
 use crate::app::{App, Phase};
-use crate::backend::cancel::CancelHandle;
 use crate::backend::pool::{AcquireError, Lease, Pool, Standby};
-use crate::net::Stream;
-use crate::params::ParamSet;
-
-/// A client after login.
-pub struct Client {
-    pub stream: Stream,
-    pub app: Arc<App>,
-    pub pool: Arc<Pool>,
-    /// Tracked parameters as the client set them.
-    pub params: Arc<ParamSet>,
-    pub cancel: CancelHandle,
-    /// The login name, kept only when the pool logs in as a forced user
-    /// (otherwise it is the pool's user).
-    login_user: Option<Box<str>>,
-    /// What the client carries from server to server; boxed once it has
-    /// any, so that an idle client without any costs one pointer.
-    carried: Option<Box<Carried>>,
-    /// `client_idle_timeout` as of the last lease (zero = none; `None`
-    /// before the first lease).
-    idle_timeout: Option<Duration>,
-    /// The client's last transaction that may have written (only where
-    /// reads are routed): read-your-writes.
-    last_write: Option<Written>,
-    /// Set by the session before a lease: the relay reads the primary's
-    /// WAL position after the transaction (read-your-writes) into
-    /// `commit_lsn`.
-    pub(super) want_commit_lsn: bool,
-    pub(super) commit_lsn: Option<u64>,
-    /// A read routed to a replica, kept to run again on the primary if the
-    /// replica refuses it (see `relay::Retry`).
-    pub(super) retry_query: Option<bytes::Bytes>,
-    /// The next request goes to the primary (its retry).
-    force_primary: bool,
-    /// This lease is the primary's, in a database that routes reads.
-    pub(super) on_routed_primary: bool,
-    /// Requests run again in a row because their server was found dead.
-    lost_retries: u8,
-    /// The client has sent a transaction that reads only: the primary's
-    /// WAL position is read after its writes (read-your-writes). A client
-    /// that only ever writes does not pay for it.
-    reads_routed: bool,
-    /// Routing's lookups, kept while they hold (see `RouteCache`).
-    route_cache: Option<Box<RouteCache>>,
-}
-
-/// What routing looked up for a client, kept while the app's routing
-/// epoch stands (a RELOAD or a topology made or dropped ends it): a
-/// transaction finds its database's topology, settings, lag limits and
-/// host pools without a shared lock or an allocation.
-struct RouteCache {
-    epoch: u64,
-    topology: Option<Arc<crate::backend::topology::Topology>>,
-    settings: Arc<crate::backend::pool::PoolSettings>,
-    limits: (crate::backend::topology::LagLimits, bool),
-    /// Host pools by host index, looked up on first use.
-    hosts: Vec<Option<Arc<Pool>>>,
-}
 
 /// The pool of host `i` of `topology` for `main`'s clients, from `hosts`
 /// (a `RouteCache`'s) or looked up and kept there.
@@ -91,14 +35,6 @@ fn cached_host_pool(
     }
     hosts[i] = Some(pool.clone());
     Some(pool)
-}
-
-/// When a client's transaction that may have written ended, and the
-/// primary's WAL position right after it when that could be read.
-#[derive(Debug, Clone, Copy)]
-struct Written {
-    at: std::time::Instant,
-    lsn: Option<u64>,
 }
 
 /// Where a transaction goes (see `Client::route`).
@@ -123,45 +59,6 @@ struct Routed {
 /// write before it goes to the primary instead.
 const REPLAY_WAIT: Duration = Duration::from_millis(20);
 
-/// What a transaction-mode client keeps of its session while it holds no
-/// server: its named statements, its settings, its LISTENs.
-#[derive(Default)]
-pub struct Carried {
-    pub statements: crate::prepared::client_names::ClientNames,
-    /// Session settings that follow the client.
-    pub session: Option<Arc<crate::session_vars::SessionVars>>,
-    /// Channels the client LISTENs to through the pool's hub.
-    pub listen: Option<Box<Listening>>,
-}
-
-/// A client's subscription to its pool's LISTEN hub; leaving unsubscribes.
-pub struct Listening {
-    pub id: u64,
-    pub rx: tokio::sync::mpsc::Receiver<bytes::Bytes>,
-    pub tx: tokio::sync::mpsc::Sender<bytes::Bytes>,
-    pool: Arc<Pool>,
-}
-
-static NEXT_LISTENER: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
-
-impl Listening {
-    fn new(pool: Arc<Pool>) -> Self {
-        let (tx, rx) = tokio::sync::mpsc::channel(crate::backend::notify_hub::CLIENT_QUEUE);
-        Self {
-            id: NEXT_LISTENER.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
-            rx,
-            tx,
-            pool,
-        }
-    }
-}
-
-impl Drop for Listening {
-    fn drop(&mut self) {
-        self.pool.notify.unsubscribe(self.id, None);
-    }
-}
-
 /// Longest wait for a client to take a notification.
 const NOTIFY_WRITE_TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -174,86 +71,6 @@ pub enum SessionEnd {
 }
 
 impl Client {
-    pub fn new(
-        stream: Stream,
-        app: Arc<App>,
-        pool: Arc<Pool>,
-        params: Arc<ParamSet>,
-        cancel: CancelHandle,
-        user: String,
-    ) -> Self {
-        let login_user = (user != pool.user).then(|| user.into_boxed_str());
-        Self {
-            stream,
-            app,
-            pool,
-            params,
-            cancel,
-            login_user,
-            carried: None,
-            idle_timeout: None,
-            last_write: None,
-            want_commit_lsn: false,
-            commit_lsn: None,
-            retry_query: None,
-            force_primary: false,
-            on_routed_primary: false,
-            lost_retries: 0,
-            reads_routed: false,
-            route_cache: None,
-        }
-    }
-
-    /// What the client carries, created on first use.
-    pub fn carried(&mut self) -> &mut Carried {
-        self.carried.get_or_insert_with(Box::default)
-    }
-
-    /// The client's named statements, if it has any state at all.
-    pub fn statements_if_any(&mut self) -> Option<&mut crate::prepared::client_names::ClientNames> {
-        self.carried.as_deref_mut().map(|c| &mut c.statements)
-    }
-
-    /// The client's session settings (`None`: nothing set).
-    pub fn session(&self) -> &Option<Arc<crate::session_vars::SessionVars>> {
-        const NOTHING: &Option<Arc<crate::session_vars::SessionVars>> = &None;
-        self.carried.as_ref().map_or(NOTHING, |c| &c.session)
-    }
-
-    /// The client now keeps (Some) or no longer keeps its server for the
-    /// session objects it owns there; logged, and shown in SHOW CLIENTS.
-    pub fn set_pinned(&mut self, reason: Option<String>) {
-        match &reason {
-            Some(why) => tracing::info!(
-                user = %self.user(), db = %self.database(),
-                "client pinned to its server by its session objects ({why})"
-            ),
-            None => tracing::debug!(user = %self.user(), db = %self.database(), "client unpinned"),
-        }
-        self.app
-            .cancels
-            .set_pinned(self.cancel, reason.map(String::into_boxed_str));
-    }
-
-    pub fn set_session(&mut self, vars: Option<Arc<crate::session_vars::SessionVars>>) {
-        if vars.is_some() || self.carried.is_some() {
-            self.carried().session = vars;
-        }
-    }
-
-    fn is_listening(&self) -> bool {
-        self.carried.as_ref().is_some_and(|c| c.listen.is_some())
-    }
-
-    /// The name the client logged in with.
-    pub fn user(&self) -> &str {
-        self.login_user.as_deref().unwrap_or(&self.pool.user)
-    }
-
-    pub fn database(&self) -> &str {
-        &self.pool.database
-    }
-
     /// The pool this request's transaction runs on: a replica's when the
     /// database routes reads, the request provably only reads and a
     /// replica is up and caught up (with the client's own last write, for
@@ -880,9 +697,6 @@ pub async fn run(client: &mut Client) -> SessionEnd {
         }
     }
 }
-
-/// Timeout for best-effort cleanup queries (ROLLBACK, reset query).
-pub const CLEANUP_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// How many dead servers in a row a request may meet before its client
 /// gets the error (each is closed: a pool of stale servers empties fast).

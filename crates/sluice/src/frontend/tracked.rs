@@ -752,7 +752,7 @@ struct Found {
 
 async fn check_server(lease: &mut crate::backend::pool::Lease) -> Option<Found> {
     let read = tokio::time::timeout(
-        super::session::CLEANUP_TIMEOUT,
+        super::client::CLEANUP_TIMEOUT,
         crate::backend::login::run_query_rows(lease.server(), CHECK_SQL),
     )
     .await;
@@ -779,7 +779,7 @@ async fn check_server(lease: &mut crate::backend::pool::Lease) -> Option<Found> 
 /// decide whether session objects pin the client to this server.
 pub(super) async fn after_transaction(
     lease: &mut crate::backend::pool::Lease,
-    client: &mut super::session::Client,
+    client: &mut super::client::Client,
     t: &mut Tracking,
 ) -> AfterTx {
     let pin = lease.settings.session_objects == sluice_config::SessionObjects::Pin;
@@ -845,7 +845,7 @@ pub(super) async fn after_transaction(
 /// Reads the session's settings back into the client's view.
 async fn capture_settings(
     lease: &mut crate::backend::pool::Lease,
-    client: &mut super::session::Client,
+    client: &mut super::client::Client,
     t: &Tracking,
 ) -> bool {
     let mut custom = t.custom_names.clone();
@@ -858,7 +858,7 @@ async fn capture_settings(
     }
     let capture = crate::session_vars::capture_sql(&custom);
     let read = tokio::time::timeout(
-        super::session::CLEANUP_TIMEOUT,
+        super::client::CLEANUP_TIMEOUT,
         crate::backend::login::run_query_rows(lease.server(), &capture),
     )
     .await;

@@ -1,0 +1,201 @@
+//! The state of a logged-in client, apart from what it does: its stream,
+//! pool, settings, what it carries between servers, and what routing keeps
+//! for it. The session loop (`session.rs`), the relay and the tracked
+//! statements all work on it; keeping it here lets them depend on it
+//! without depending on one another.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::app::App;
+use crate::backend::cancel::CancelHandle;
+use crate::backend::pool::Pool;
+use crate::net::Stream;
+use crate::params::ParamSet;
+
+/// A client after login.
+pub struct Client {
+    pub stream: Stream,
+    pub app: Arc<App>,
+    pub pool: Arc<Pool>,
+    /// Tracked parameters as the client set them.
+    pub params: Arc<ParamSet>,
+    pub cancel: CancelHandle,
+    /// The login name, kept only when the pool logs in as a forced user
+    /// (otherwise it is the pool's user).
+    pub(super) login_user: Option<Box<str>>,
+    /// What the client carries from server to server; boxed once it has
+    /// any, so that an idle client without any costs one pointer.
+    pub(super) carried: Option<Box<Carried>>,
+    /// `client_idle_timeout` as of the last lease (zero = none; `None`
+    /// before the first lease).
+    pub(super) idle_timeout: Option<Duration>,
+    /// The client's last transaction that may have written (only where
+    /// reads are routed): read-your-writes.
+    pub(super) last_write: Option<Written>,
+    /// Set by the session before a lease: the relay reads the primary's
+    /// WAL position after the transaction (read-your-writes) into
+    /// `commit_lsn`.
+    pub(super) want_commit_lsn: bool,
+    pub(super) commit_lsn: Option<u64>,
+    /// A read routed to a replica, kept to run again on the primary if the
+    /// replica refuses it (see `relay::Retry`).
+    pub(super) retry_query: Option<bytes::Bytes>,
+    /// The next request goes to the primary (its retry).
+    pub(super) force_primary: bool,
+    /// This lease is the primary's, in a database that routes reads.
+    pub(super) on_routed_primary: bool,
+    /// Requests run again in a row because their server was found dead.
+    pub(super) lost_retries: u8,
+    /// The client has sent a transaction that reads only: the primary's
+    /// WAL position is read after its writes (read-your-writes). A client
+    /// that only ever writes does not pay for it.
+    pub(super) reads_routed: bool,
+    /// Routing's lookups, kept while they hold (see `RouteCache`).
+    pub(super) route_cache: Option<Box<RouteCache>>,
+}
+
+/// What routing looked up for a client, kept while the app's routing
+/// epoch stands (a RELOAD or a topology made or dropped ends it): a
+/// transaction finds its database's topology, settings, lag limits and
+/// host pools without a shared lock or an allocation.
+pub(super) struct RouteCache {
+    pub(super) epoch: u64,
+    pub(super) topology: Option<Arc<crate::backend::topology::Topology>>,
+    pub(super) settings: Arc<crate::backend::pool::PoolSettings>,
+    pub(super) limits: (crate::backend::topology::LagLimits, bool),
+    /// Host pools by host index, looked up on first use.
+    pub(super) hosts: Vec<Option<Arc<Pool>>>,
+}
+
+/// When a client's transaction that may have written ended, and the
+/// primary's WAL position right after it when that could be read.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Written {
+    pub(super) at: std::time::Instant,
+    pub(super) lsn: Option<u64>,
+}
+
+/// What a transaction-mode client keeps of its session while it holds no
+/// server: its named statements, its settings, its LISTENs.
+#[derive(Default)]
+pub struct Carried {
+    pub statements: crate::prepared::client_names::ClientNames,
+    /// Session settings that follow the client.
+    pub session: Option<Arc<crate::session_vars::SessionVars>>,
+    /// Channels the client LISTENs to through the pool's hub.
+    pub listen: Option<Box<Listening>>,
+}
+
+/// A client's subscription to its pool's LISTEN hub; leaving unsubscribes.
+pub struct Listening {
+    pub id: u64,
+    pub rx: tokio::sync::mpsc::Receiver<bytes::Bytes>,
+    pub tx: tokio::sync::mpsc::Sender<bytes::Bytes>,
+    pool: Arc<Pool>,
+}
+
+static NEXT_LISTENER: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+
+impl Listening {
+    pub(super) fn new(pool: Arc<Pool>) -> Self {
+        let (tx, rx) = tokio::sync::mpsc::channel(crate::backend::notify_hub::CLIENT_QUEUE);
+        Self {
+            id: NEXT_LISTENER.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
+            rx,
+            tx,
+            pool,
+        }
+    }
+}
+
+impl Drop for Listening {
+    fn drop(&mut self) {
+        self.pool.notify.unsubscribe(self.id, None);
+    }
+}
+
+/// Timeout for best-effort cleanup queries (ROLLBACK, reset query).
+pub const CLEANUP_TIMEOUT: Duration = Duration::from_secs(5);
+
+impl Client {
+    pub fn new(
+        stream: Stream,
+        app: Arc<App>,
+        pool: Arc<Pool>,
+        params: Arc<ParamSet>,
+        cancel: CancelHandle,
+        user: String,
+    ) -> Self {
+        let login_user = (user != pool.user).then(|| user.into_boxed_str());
+        Self {
+            stream,
+            app,
+            pool,
+            params,
+            cancel,
+            login_user,
+            carried: None,
+            idle_timeout: None,
+            last_write: None,
+            want_commit_lsn: false,
+            commit_lsn: None,
+            retry_query: None,
+            force_primary: false,
+            on_routed_primary: false,
+            lost_retries: 0,
+            reads_routed: false,
+            route_cache: None,
+        }
+    }
+
+    /// What the client carries, created on first use.
+    pub fn carried(&mut self) -> &mut Carried {
+        self.carried.get_or_insert_with(Box::default)
+    }
+
+    /// The client's named statements, if it has any state at all.
+    pub fn statements_if_any(&mut self) -> Option<&mut crate::prepared::client_names::ClientNames> {
+        self.carried.as_deref_mut().map(|c| &mut c.statements)
+    }
+
+    /// The client's session settings (`None`: nothing set).
+    pub fn session(&self) -> &Option<Arc<crate::session_vars::SessionVars>> {
+        const NOTHING: &Option<Arc<crate::session_vars::SessionVars>> = &None;
+        self.carried.as_ref().map_or(NOTHING, |c| &c.session)
+    }
+
+    /// The client now keeps (Some) or no longer keeps its server for the
+    /// session objects it owns there; logged, and shown in SHOW CLIENTS.
+    pub fn set_pinned(&mut self, reason: Option<String>) {
+        match &reason {
+            Some(why) => tracing::info!(
+                user = %self.user(), db = %self.database(),
+                "client pinned to its server by its session objects ({why})"
+            ),
+            None => tracing::debug!(user = %self.user(), db = %self.database(), "client unpinned"),
+        }
+        self.app
+            .cancels
+            .set_pinned(self.cancel, reason.map(String::into_boxed_str));
+    }
+
+    pub fn set_session(&mut self, vars: Option<Arc<crate::session_vars::SessionVars>>) {
+        if vars.is_some() || self.carried.is_some() {
+            self.carried().session = vars;
+        }
+    }
+
+    pub(super) fn is_listening(&self) -> bool {
+        self.carried.as_ref().is_some_and(|c| c.listen.is_some())
+    }
+
+    /// The name the client logged in with.
+    pub fn user(&self) -> &str {
+        self.login_user.as_deref().unwrap_or(&self.pool.user)
+    }
+
+    pub fn database(&self) -> &str {
+        &self.pool.database
+    }
+}
