@@ -79,16 +79,23 @@ async fn wait_for_primary(sluice: &SluiceProcess, port: u16, within: Duration) {
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_patroni_switchover_pauses_writes_briefly_and_never_reads() {
+/// A two-node Patroni + etcd cluster: it, its leader's index, the nodes'
+/// PostgreSQL ports and REST URLs.
+async fn two_nodes() -> (PatroniCluster, usize, Vec<u16>, Vec<String>) {
     let ha = tokio::task::spawn_blocking(|| PatroniCluster::start(2))
         .await
         .expect("start thread")
         .expect("a Patroni + etcd cluster (Debian's patroni and etcd-server)");
     let leader = ha.leader().expect("ask Patroni").expect("a leader");
+    let pg_ports = ha.nodes().iter().map(|n| n.pg_port()).collect();
+    let rest = ha.nodes().iter().map(|n| n.rest_url()).collect();
+    (ha, leader, pg_ports, rest)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_patroni_switchover_pauses_writes_briefly_and_never_reads() {
+    let (ha, leader, pg_ports, rest) = two_nodes().await;
     let candidate = 1 - leader;
-    let pg_ports: Vec<u16> = ha.nodes().iter().map(|n| n.pg_port()).collect();
-    let rest: Vec<String> = ha.nodes().iter().map(|n| n.rest_url()).collect();
     let entry = format!(
         "host=127.0.0.1,127.0.0.1 port={},{} dbname=postgres route_reads=1 patroni={},{}",
         pg_ports[0], pg_ports[1], rest[0], rest[1],
@@ -226,14 +233,8 @@ async fn a_patroni_switchover_pauses_writes_briefly_and_never_reads() {
 /// the same entry still follows the leader, and reads stay on it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_entry_that_names_only_patroni_learns_its_hosts() {
-    let ha = tokio::task::spawn_blocking(|| PatroniCluster::start(2))
-        .await
-        .expect("start thread")
-        .expect("a Patroni + etcd cluster (Debian's patroni and etcd-server)");
-    let leader = ha.leader().expect("ask Patroni").expect("a leader");
+    let (ha, leader, pg_ports, rest) = two_nodes().await;
     let candidate = 1 - leader;
-    let pg_ports: Vec<u16> = ha.nodes().iter().map(|n| n.pg_port()).collect();
-    let rest: Vec<String> = ha.nodes().iter().map(|n| n.rest_url()).collect();
     let start = |route_reads: &str| {
         ConfigBuilder::new()
             .database(

@@ -376,12 +376,7 @@ async fn a_request_whose_server_dies_before_answering_runs_again_only_if_safe() 
         .simple_query("begin")
         .await
         .expect("BEGIN, run again");
-    let now: i32 = scalar_text(&client, "select pg_backend_pid()")
-        .await
-        .parse()
-        .expect("pid");
-    assert_ne!(now, pid, "the transaction runs on another server");
-    client.simple_query("commit").await.expect("COMMIT");
+    commit_elsewhere(&client, pid).await;
     woken.await.expect("SIGCONT");
     assert!(
         sluice.log().contains("the request runs on another server"),
@@ -454,12 +449,7 @@ async fn a_lone_begin_outlives_a_crash_restart_of_its_server() {
         .expect("BEGIN answered");
     woken.await.expect("SIGCONT");
     begun.expect("BEGIN, run again after the restart");
-    let now: i32 = scalar_text(&client, "select pg_backend_pid()")
-        .await
-        .parse()
-        .expect("pid");
-    assert_ne!(now, pid, "the transaction runs on another server");
-    client.simple_query("commit").await.expect("COMMIT");
+    commit_elsewhere(&client, pid).await;
     assert!(
         sluice.log().contains("the request runs on another server"),
         "{}",
@@ -548,4 +538,14 @@ fn one_server_pool() -> (Cluster, SluiceProcess) {
         .set("default_pool_size", "1")
         .start();
     (cluster, sluice)
+}
+
+/// The open transaction runs on another server than `pid`; commits it.
+async fn commit_elsewhere(client: &tokio_postgres::Client, pid: i32) {
+    let now: i32 = scalar_text(client, "select pg_backend_pid()")
+        .await
+        .parse()
+        .expect("pid");
+    assert_ne!(now, pid, "the transaction runs on another server");
+    client.simple_query("commit").await.expect("COMMIT");
 }

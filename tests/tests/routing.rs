@@ -898,3 +898,44 @@ async fn entries_that_ask_for_standbys_get_replicas() {
     assert!(format!("{err:?}").contains("no standby"), "{err:?}");
     assert!(started.elapsed() >= Duration::from_millis(1500));
 }
+
+/// A primary that comes back as a standby before the checks see it (a
+/// demotion between two checks): the server the clients' pool opens there
+/// says `in_hot_standby` at login and takes no transaction; the write
+/// waits for a primary instead, and as none comes within the hold it ends
+/// with 08006 saying why, never with the standby's 25006.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_primary_back_as_a_standby_before_the_checks_see_it_takes_no_write() {
+    let (primary, replica) = primary_and_replica();
+    let sluice = routed(
+        &primary,
+        &replica,
+        "route_reads=1",
+        &[("health_check_period", "60"), ("failover_hold", "2")],
+    );
+    let client = connect_as(sluice.port(), APP_USER, "postgres").await;
+    client
+        .execute("insert into items values (1, 'before')", &[])
+        .await
+        .expect("a write on the primary");
+    drop(client);
+    primary.stop().expect("stop the primary");
+    std::fs::write(primary.data_dir().join("standby.signal"), "").expect("standby.signal");
+    primary.start_again().expect("start it again, as a standby");
+    let client = connect_as(sluice.port(), APP_USER, "postgres").await;
+    let err = client
+        .execute("insert into items values (2, 'on a standby?')", &[])
+        .await
+        .expect_err("no primary: the write cannot succeed");
+    let db = err
+        .as_db_error()
+        .unwrap_or_else(|| panic!("not a server error: {err}"));
+    assert_eq!(
+        db.code().code(),
+        "08006",
+        "{}\n{}",
+        db.message(),
+        sluice.log_tail(20)
+    );
+    assert!(db.message().contains("is a standby"), "{}", db.message());
+}

@@ -197,6 +197,9 @@ async fn open_inner(
         }
     }
     let mut server = Box::new(ServerConn::new(stream, key, tracked));
+    server.standby = reported
+        .iter()
+        .any(|(name, value)| name == "in_hot_standby" && value == "on");
     server.buf = buf;
     if let Some(q) = &target.connect_query {
         run_query(&mut server, q).await?;

@@ -258,6 +258,11 @@ pub struct Lease {
 }
 
 impl Lease {
+    /// Whether its server said at login it is a standby.
+    pub fn standby(&self) -> bool {
+        self.server.as_ref().is_some_and(|s| s.standby)
+    }
+
     /// The pool's host index (see `Pool::host`).
     pub fn host(&self) -> u32 {
         self.pool.host

@@ -35,6 +35,9 @@ pub struct ServerConn {
     pub session: Option<Arc<crate::session_vars::SessionVars>>,
     /// Shared statements prepared on this server (transaction mode).
     pub statements: Box<ServerStatements>,
+    /// The server said at login it is a standby (`in_hot_standby`, sent by
+    /// PostgreSQL 14 and later).
+    pub standby: bool,
 }
 
 impl ServerConn {
@@ -54,6 +57,7 @@ impl ServerConn {
             home_worker: super::worker_id::current_worker(),
             statements: Box::default(),
             session: None,
+            standby: false,
         }
     }
 
@@ -76,6 +80,7 @@ impl ServerConn {
             local_addr,
             statements,
             session,
+            standby,
             ..
         } = *self;
         Ok(Box::new(Self {
@@ -91,6 +96,7 @@ impl ServerConn {
             home_worker: here,
             statements,
             session,
+            standby,
         }))
     }
 

@@ -290,6 +290,10 @@ impl Client {
             self.pool.forget_login_failure();
             let left = deadline.saturating_duration_since(tokio::time::Instant::now());
             match tokio::time::timeout(left, self.pool.acquire()).await {
+                Ok(Ok(lease)) if lease.standby() => {
+                    lease.close();
+                    last = standby_error(&self.pool).to_string();
+                }
                 Ok(Ok(lease)) => return Ok(lease),
                 Ok(Err(e)) if unreachable(&e) => last = e.to_string(),
                 Ok(Err(e)) => return Err(fail(&e)),
@@ -400,6 +404,16 @@ impl Client {
                         }
                         other => other.map_err(|e| ClientError::new(e.sqlstate(), e.to_string())),
                     }
+                };
+                // A server of the primary's pool that said at login it is
+                // a standby (a demoted primary back up before the checks
+                // saw it) takes no transaction: wait for the primary.
+                let acquired = match acquired {
+                    Ok(l) if gate.is_some() && l.standby() => {
+                        l.close();
+                        self.hold_for_primary(Some(standby_error(&pool))).await
+                    }
+                    other => other,
                 };
                 self.app.cancels.set_waiting(self.cancel, false);
                 let mut lease = match acquired {
@@ -716,6 +730,17 @@ fn unreachable(e: &AcquireError) -> bool {
         }
         _ => false,
     }
+}
+
+/// Why a server of the primary's pool was not used: it is a standby.
+fn standby_error(pool: &Pool) -> AcquireError {
+    AcquireError::Login(crate::backend::login::LoginError::Rejected {
+        code: "08006".to_owned(),
+        message: format!(
+            "{} is a standby, not the primary (a failover may be under way)",
+            pool.addr()
+        ),
+    })
 }
 
 /// A transaction that waited `failover_hold` for a primary in vain.
