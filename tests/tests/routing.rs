@@ -939,3 +939,46 @@ async fn a_primary_back_as_a_standby_before_the_checks_see_it_takes_no_write() {
     );
     assert!(db.message().contains("is a standby"), "{}", db.message());
 }
+
+/// The first server to greet a new pool may be a replica (it is listed
+/// first, and the checks have not run yet): clients are still told the
+/// endpoint is not a standby (`in_hot_standby=off`), so libpq's
+/// `target_session_attrs=read-write` connects and its writes succeed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replica_listed_first_does_not_make_the_endpoint_a_standby() {
+    let (primary, replica) = primary_and_replica();
+    let sluice = ConfigBuilder::new()
+        .database(
+            "postgres",
+            &format!(
+                "host={h},{h} port={r},{p} dbname=postgres route_reads=1",
+                h = primary.host(),
+                p = primary.port(),
+                r = replica.port()
+            ),
+        )
+        .set("pool_mode", "transaction")
+        .set("admin_users", APP_USER)
+        .start();
+    let out = std::process::Command::new(sluice_testkit::psql_path().expect("psql"))
+        .arg(format!(
+            "host=127.0.0.1 port={} user={APP_USER} dbname=postgres \
+             target_session_attrs=read-write connect_timeout=20",
+            sluice.port()
+        ))
+        .args([
+            "-X",
+            "-A",
+            "-t",
+            "-c",
+            "insert into items values (7, 'rw') returning id",
+        ])
+        .output()
+        .expect("run psql");
+    assert!(
+        out.status.success(),
+        "psql with target_session_attrs=read-write: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(String::from_utf8_lossy(&out.stdout).starts_with("7\n"));
+}

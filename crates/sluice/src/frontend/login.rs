@@ -270,10 +270,23 @@ async fn login_inner(
     })?;
     let key = cancel.key;
     Authentication::Ok.encode(&mut out);
+    // A database with a topology is one endpoint that takes writes, not a
+    // standby, whichever server greeted first (the first host listed may
+    // be a replica); one whose entry asks for standbys is one. libpq's
+    // `target_session_attrs` reads this.
+    let hot_standby = app
+        .topology(&database)
+        .map(|_| match pool.settings().standby {
+            crate::backend::pool::Standby::No => "off",
+            _ => "on",
+        });
     for (name, value) in &welcome.reported {
-        let value = tracked_name(name)
-            .and_then(|t| client_params.get(t))
-            .unwrap_or(value);
+        let value = match hot_standby {
+            Some(v) if name == "in_hot_standby" => v,
+            _ => tracked_name(name)
+                .and_then(|t| client_params.get(t))
+                .unwrap_or(value),
+        };
         ParameterStatus { name, value }.encode(&mut out);
     }
     key.encode(&mut out);
