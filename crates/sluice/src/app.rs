@@ -200,6 +200,15 @@ impl App {
         Self::routes_reads(config, entry) || entry_addrs(entry).is_empty()
     }
 
+    /// Whether `topology` is what `entry` asks for now (its hosts, Patroni
+    /// and routing): otherwise a RELOAD replaces it.
+    fn fits(config: &Config, entry: &Database, topology: &Topology) -> bool {
+        Self::has_topology(config, entry)
+            && topology.reads == Self::routes_reads(config, entry)
+            && topology.patroni == entry.patroni
+            && topology.configured() == entry_addrs(entry).as_slice()
+    }
+
     /// Whether any database routes reads (one load on the hot path when
     /// none does).
     pub fn routing_anywhere(&self) -> bool {
@@ -282,18 +291,19 @@ impl App {
             else {
                 return;
             };
-            let (config, entry) = (&*config, &entry);
-            let addrs = entry_addrs(entry);
-            if let Some(t) = map.get(&pool.database).map(|c| &c.topology)
-                && t.configured() == addrs.as_slice()
-                && t.patroni == entry.patroni
-                && t.reads == Self::routes_reads(config, entry)
+            if map
+                .get(&pool.database)
+                .is_some_and(|c| Self::fits(&config, &entry, &c.topology))
             {
                 return;
             }
             let cluster = Arc::new(Cluster::new(
-                Topology::new(pool.database.clone(), addrs, entry.patroni.clone())
-                    .with_reads(Self::routes_reads(config, entry)),
+                Topology::new(
+                    pool.database.clone(),
+                    entry_addrs(&entry),
+                    entry.patroni.clone(),
+                )
+                .with_reads(Self::routes_reads(&config, &entry)),
             ));
             let t = cluster.topology.clone();
             if let Some(old) = map.insert(pool.database.clone(), cluster) {
@@ -319,14 +329,9 @@ impl App {
         let stale: Vec<String> = self
             .topologies()
             .into_iter()
-            .filter(|t| match Self::database_entry(config, &t.database) {
-                Some(entry) => {
-                    !Self::has_topology(config, &entry)
-                        || t.reads != Self::routes_reads(config, &entry)
-                        || t.patroni != entry.patroni
-                        || t.configured() != entry_addrs(&entry).as_slice()
-                }
-                None => true,
+            .filter(|t| {
+                Self::database_entry(config, &t.database)
+                    .is_none_or(|entry| !Self::fits(config, &entry, t))
             })
             .map(|t| t.database.clone())
             .collect();
