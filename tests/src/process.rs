@@ -131,7 +131,7 @@ impl SluiceProcess {
             if let Some(status) = self.try_exit_status() {
                 return Err(format!("exited with {status}\n{}", self.log()));
             }
-            if is_listening(self.port) {
+            if is_listening(self.child.id(), self.port) {
                 return Ok(());
             }
             if Instant::now() >= deadline {
@@ -284,20 +284,62 @@ fn write_filled(path: &Path, config: &str, port: u16, dir: &Path) {
     std::fs::write(path, text).expect("write pgbouncer.ini");
 }
 
-/// Whether some socket listens on `port`, per /proc/net/tcp{,6}.
-fn is_listening(port: u16) -> bool {
+/// Whether process `pid` holds a socket listening on `port`, per
+/// /proc/net/tcp{,6} and /proc/<pid>/fd.
+fn is_listening(pid: u32, port: u16) -> bool {
     const LISTEN: &str = "0A";
-    ["/proc/net/tcp", "/proc/net/tcp6"].iter().any(|table| {
+    let mut inodes = Vec::new();
+    for table in ["/proc/net/tcp", "/proc/net/tcp6"] {
         let Ok(text) = std::fs::read_to_string(table) else {
-            return false;
+            continue;
         };
-        text.lines().skip(1).any(|line| {
+        for line in text.lines().skip(1) {
             let fields: Vec<&str> = line.split_whitespace().collect();
             let local_port = fields
                 .get(1)
                 .and_then(|addr| addr.rsplit(':').next())
                 .and_then(|hex| u16::from_str_radix(hex, 16).ok());
-            local_port == Some(port) && fields.get(3) == Some(&LISTEN)
-        })
+            if local_port == Some(port)
+                && fields.get(3) == Some(&LISTEN)
+                && let Some(inode) = fields.get(9)
+            {
+                inodes.push(format!("socket:[{inode}]"));
+            }
+        }
+    }
+    if inodes.is_empty() {
+        return false;
+    }
+    // The port may be held by another process (a postgres started by a
+    // test running alongside took it between free_port() and our bind):
+    // only a listening socket among sluice's own descriptors counts.
+    let Ok(fds) = std::fs::read_dir(format!("/proc/{pid}/fd")) else {
+        return false;
+    };
+    fds.flatten().any(|fd| {
+        std::fs::read_link(fd.path())
+            .is_ok_and(|target| inodes.iter().any(|i| target.as_os_str() == i.as_str()))
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::ConfigBuilder;
+
+    /// Another process's listener on our port is not sluice listening: the
+    /// start is reported as "in use" (and retried on a fresh port) instead
+    /// of handing the test a port whose sluice has exited.
+    #[test]
+    fn a_port_held_by_someone_else_is_not_taken_for_sluice_listening() {
+        let squatter = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        let port = squatter.local_addr().expect("addr").port();
+        let config = ConfigBuilder::new().render();
+        let mut process = SluiceProcess::spawn_in_scratch(&config, None, port);
+        let outcome = process.wait_listening();
+        let log = outcome.expect_err("sluice cannot listen on a held port");
+        assert!(log.contains("in use"), "{log}");
+        let started = SluiceProcess::start(&config);
+        assert_ne!(started.port(), port);
+    }
 }
