@@ -37,6 +37,18 @@ pub enum Phase {
     Immediate = 3,
 }
 
+/// How to look up a user missing from auth_file: run `query` with `user`
+/// as `$1`, as `auth_user`, on database entry `database`.
+#[derive(Debug, Clone)]
+pub struct AuthLookup {
+    pub database: String,
+    pub auth_user: String,
+    pub query: String,
+    pub user: String,
+    /// Bound on getting a server and on the query itself.
+    pub timeout: std::time::Duration,
+}
+
 /// Why a client cannot have a pool.
 #[derive(Debug, thiserror::Error)]
 pub enum PoolLookupError {
@@ -372,10 +384,11 @@ impl App {
             let (settings, mut target, credential) = self.resolve(&config, &entry, &main.user);
             target.addr = addr;
             let (_, main_credential) = main.target_and_credential();
-            let credential = ServerCredential {
-                scram_keys: main_credential.scram_keys,
+            let mut credential = ServerCredential {
+                scram_keys: main_credential.scram_keys.clone(),
                 ..credential
             };
+            credential.keep_learned_md5(&main_credential);
             Some(Pool::new(
                 main.database.clone(),
                 main.user.clone(),
@@ -409,7 +422,47 @@ impl App {
 
     /// The pool for a client of `database` logged in as `user`.
     pub fn pool_for(&self, database: &str, user: &str) -> Result<Arc<Pool>, PoolLookupError> {
-        let (pool, entry, created) = self.main_pool(database, user)?;
+        self.pool_as(database, user, false)
+    }
+
+    /// The pool in which `auth_user` runs `auth_query` on `database`: that
+    /// user's own pool, even where the entry forces another `user=`.
+    pub fn auth_pool(&self, database: &str, auth_user: &str) -> Result<Arc<Pool>, PoolLookupError> {
+        self.pool_as(database, auth_user, true)
+    }
+
+    /// Where and as whom a login of `user` to `database` looks up a password
+    /// missing from auth_file: `None` when no `auth_user` applies.
+    pub fn auth_lookup(&self, database: &str, user: &str) -> Option<AuthLookup> {
+        let config = self.config();
+        let entry = Self::database_entry(&config, database)?;
+        let s = &config.settings;
+        let auth_user = entry.auth_user.clone().or_else(|| s.auth_user.clone())?;
+        Some(AuthLookup {
+            database: entry
+                .auth_dbname
+                .clone()
+                .or_else(|| s.auth_dbname.clone())
+                .unwrap_or_else(|| database.to_owned()),
+            auth_user,
+            query: entry
+                .auth_query
+                .clone()
+                .unwrap_or_else(|| s.auth_query.clone()),
+            user: user.to_owned(),
+            timeout: s
+                .server_connect_timeout
+                .max(std::time::Duration::from_secs(1)),
+        })
+    }
+
+    fn pool_as(
+        &self,
+        database: &str,
+        user: &str,
+        exact_user: bool,
+    ) -> Result<Arc<Pool>, PoolLookupError> {
+        let (pool, entry, created) = self.main_pool(database, user, exact_user)?;
         let config = self.config();
         if created && Self::has_topology(&config, &entry) {
             self.ensure_topology(&pool);
@@ -424,11 +477,15 @@ impl App {
         &self,
         database: &str,
         user: &str,
+        exact_user: bool,
     ) -> Result<(Arc<Pool>, Database, bool), PoolLookupError> {
         let config = self.config();
         let entry = Self::database_entry(&config, database)
             .ok_or_else(|| PoolLookupError::NoDatabase(database.to_owned()))?;
-        let server_user = entry.user.clone().unwrap_or_else(|| user.to_owned());
+        let server_user = match &entry.user {
+            Some(forced) if !exact_user => forced.clone(),
+            _ => user.to_owned(),
+        };
         let key = (database.to_owned(), server_user.clone());
         let mut pools = self.pools.lock().unwrap_or_else(|p| p.into_inner());
         if let Some(p) = pools.get(&key) {
@@ -517,8 +574,14 @@ impl App {
             connect_timeout: s.server_connect_timeout,
             keepalive: crate::net::Keepalive::from_settings(s),
         };
+        // The entry's password is its forced user's (or, without one, any
+        // user's), never auth_user's when auth_user has a pool of its own.
+        let entry_password = match &entry.user {
+            Some(forced) if forced != server_user => None,
+            _ => entry.password.clone(),
+        };
         let mut credential = ServerCredential {
-            password: entry.password.clone(),
+            password: entry_password,
             ..Default::default()
         };
         if credential.password.is_none() {

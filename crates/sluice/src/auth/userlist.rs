@@ -66,7 +66,7 @@ impl Userlist {
             let mut rest = trimmed;
             let user = quoted_field(&mut rest).map_err(|e| (i + 1, e))?;
             let secret = quoted_field(&mut rest).map_err(|e| (i + 1, e))?;
-            users.insert(user, classify(secret));
+            users.insert(user, Secret::classify(secret));
         }
         Ok(Self {
             users,
@@ -92,16 +92,20 @@ impl Userlist {
     }
 }
 
-fn classify(secret: String) -> Secret {
-    if let Some(hex) = secret.strip_prefix("md5")
-        && hex.len() == 32
-        && hex.bytes().all(|b| b.is_ascii_hexdigit())
-    {
-        return Secret::Md5(hex.to_ascii_lowercase());
-    }
-    match ScramSecret::parse(&secret) {
-        Some(s) => Secret::Scram(s),
-        None => Secret::Plain(secret),
+impl Secret {
+    /// Reads a secret as the auth_file or pg_authid writes it: `md5…`, a
+    /// SCRAM-SHA-256 secret, else a plain password.
+    pub fn classify(secret: String) -> Secret {
+        if let Some(hex) = secret.strip_prefix("md5")
+            && hex.len() == 32
+            && hex.bytes().all(|b| b.is_ascii_hexdigit())
+        {
+            return Secret::Md5(hex.to_ascii_lowercase());
+        }
+        match ScramSecret::parse(&secret) {
+            Some(s) => Secret::Scram(s),
+            None => Secret::Plain(secret),
+        }
     }
 }
 

@@ -4,8 +4,9 @@
 
 use bytes::BytesMut;
 use sluice_wire::{
-    Authentication, BackendKeyData, ErrorFields, ParameterStatus, PasswordMessage, encode_query,
-    encode_startup, sasl_initial_response, sasl_response, tags::backend,
+    Authentication, BackendKeyData, ErrorFields, MessageBuilder, ParameterStatus, PasswordMessage,
+    encode_query, encode_startup, sasl_initial_response, sasl_response,
+    tags::{backend, frontend},
 };
 use tokio::io::AsyncWriteExt;
 use tokio::net::{TcpStream, UnixStream};
@@ -247,10 +248,47 @@ pub async fn run_query_rows(
     server: &mut ServerConn,
     sql: &str,
 ) -> Result<Vec<TextRow>, LoginError> {
-    let mut rows = Vec::new();
     let mut out = BytesMut::with_capacity(sql.len() + 6);
     encode_query(&mut out, sql);
     server.stream.write_all(&out).await?;
+    read_rows(server, sql).await
+}
+
+/// Runs `sql` with text parameters `$1…` (extended protocol, unnamed
+/// statement and portal), returning its rows in text format: a value from a
+/// client (a user name) is never spliced into SQL.
+pub async fn run_query_params(
+    server: &mut ServerConn,
+    sql: &str,
+    params: &[&str],
+) -> Result<Vec<TextRow>, LoginError> {
+    let mut out = BytesMut::with_capacity(sql.len() + 64);
+    MessageBuilder::new(&mut out, frontend::PARSE)
+        .cstr("")
+        .cstr(sql)
+        .i16(0)
+        .finish();
+    let mut bind = MessageBuilder::new(&mut out, frontend::BIND)
+        .cstr("")
+        .cstr("")
+        .i16(0)
+        .i16(params.len() as i16);
+    for p in params {
+        bind = bind.i32(p.len() as i32).bytes(p.as_bytes());
+    }
+    bind.i16(0).finish();
+    MessageBuilder::new(&mut out, frontend::EXECUTE)
+        .cstr("")
+        .i32(0)
+        .finish();
+    MessageBuilder::new(&mut out, frontend::SYNC).finish();
+    server.stream.write_all(&out).await?;
+    read_rows(server, sql).await
+}
+
+/// Reads a query's results up to ReadyForQuery: its DataRows, or its error.
+async fn read_rows(server: &mut ServerConn, sql: &str) -> Result<Vec<TextRow>, LoginError> {
+    let mut rows = Vec::new();
     let mut failure = None;
     loop {
         let (tag, body) =

@@ -563,6 +563,8 @@ impl Pool {
             || st.target.startup_params != target.startup_params;
         st.settings = Arc::new(settings);
         st.target = Arc::new(target);
+        let mut credential = credential;
+        credential.keep_learned_md5(&st.credential);
         let scram_keys = st.credential.scram_keys.take();
         st.credential = credential;
         if st.credential.scram_keys.is_none() {
@@ -578,15 +580,25 @@ impl Pool {
         }
     }
 
-    /// Records SCRAM keys from a client's login, used when the auth_file
-    /// holds only a SCRAM secret for the server user.
     /// Keys proven by a client that logged in as `user`: kept only when
     /// this pool logs in to the server as that same user (another user's
-    /// keys would make every server login fail).
+    /// keys would make every server login fail), and no password is
+    /// configured for it.
     pub fn learn_scram_keys(&self, user: &str, keys: ScramKeys) {
         let mut st = self.lock();
         if st.credential.password.is_none() && st.target.user == user {
             st.credential.scram_keys = Some(keys);
+        }
+    }
+
+    /// The md5 hash auth_query returned for `user`, whose client just
+    /// answered a challenge made from it: this pool logs in with it when it
+    /// logs in as that user and knows no password. Replaces an older hash
+    /// (the password changed in PostgreSQL).
+    pub fn learn_md5_hash(&self, user: &str, hash: String) {
+        let mut st = self.lock();
+        if st.credential.password.is_none() && st.target.user == user {
+            st.credential.md5_hash = Some(hash);
         }
     }
 

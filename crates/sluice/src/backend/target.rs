@@ -50,6 +50,16 @@ pub struct ServerCredential {
     pub scram_keys: Option<ScramKeys>,
 }
 
+impl ServerCredential {
+    /// Keeps an md5 hash `old` learnt from auth_query when this credential,
+    /// made from the configuration, has no secret of its own.
+    pub fn keep_learned_md5(&mut self, old: &ServerCredential) {
+        if self.password.is_none() && self.md5_hash.is_none() {
+            self.md5_hash = old.md5_hash.clone();
+        }
+    }
+}
+
 /// Everything needed to open one server connection.
 #[derive(Debug, Clone)]
 pub struct ServerTarget {

@@ -1,7 +1,8 @@
-//! Authenticating a client by `auth_type` against the auth_file: trust/any,
-//! plain (cleartext), md5 and scram-sha-256, with PostgreSQL's errors. A
-//! successful SCRAM login against a stored SCRAM secret yields the keys that
-//! let sluice log in to PostgreSQL as that user without knowing the password.
+//! Authenticating a client by `auth_type` against the auth_file or the
+//! secret auth_query returned: trust/any, plain (cleartext), md5 and
+//! scram-sha-256, with PostgreSQL's errors. A successful SCRAM login against
+//! a stored SCRAM secret yields the keys that let sluice log in to
+//! PostgreSQL as that user without knowing the password.
 
 use bytes::BytesMut;
 use sluice_config::AuthType;
@@ -24,15 +25,41 @@ fn auth_failed(user: &str) -> ClientError {
     )
 }
 
+/// Where a client's secret was found.
+pub enum Known<'a> {
+    /// The auth_file (looked up by user name).
+    File(&'a Userlist),
+    /// What auth_query returned (`None`: no such user, or no password).
+    Queried(Option<Secret>),
+}
+
+impl Known<'_> {
+    fn secret(&self, user: &str) -> Option<&Secret> {
+        match self {
+            Self::File(userlist) => userlist.get(user),
+            Self::Queried(secret) => secret.as_ref(),
+        }
+    }
+
+    /// A SCRAM secret for a plain password (the auth_file's is derived once
+    /// per user; a queried one, which may change, every time).
+    fn scram_for_plain(&self, user: &str, password: &str) -> ScramSecret {
+        match self {
+            Self::File(userlist) => userlist.scram_for_plain(user, password),
+            Self::Queried(_) => ScramSecret::from_password(password),
+        }
+    }
+}
+
 /// Runs the exchange `auth_type` asks for. Does not send AuthenticationOk.
 pub async fn authenticate(
     stream: &mut Stream,
     buf: &mut BytesMut,
     auth_type: AuthType,
-    userlist: &Userlist,
+    known: &Known<'_>,
     user: &str,
 ) -> Result<Option<ScramKeys>, ClientError> {
-    let secret = userlist.get(user);
+    let secret = known.secret(user);
     match auth_type {
         AuthType::Any | AuthType::Trust => Ok(None),
         AuthType::Plain => {
@@ -65,17 +92,17 @@ pub async fn authenticate(
         AuthType::ScramSha256 => {
             let (secret, learn) = match secret {
                 Some(Secret::Scram(s)) => (s.clone(), true),
-                Some(Secret::Plain(p)) => (userlist.scram_for_plain(user, p), false),
+                Some(Secret::Plain(p)) => (known.scram_for_plain(user, p), false),
                 // An md5 hash cannot answer SCRAM; run the exchange against a
                 // mock secret so that the failure looks the same.
                 Some(Secret::Md5(_)) | None => (ScramSecret::mock(user), false),
             };
-            let known = matches!(
-                userlist.get(user),
+            let answerable = matches!(
+                known.secret(user),
                 Some(Secret::Scram(_) | Secret::Plain(_))
             );
             let keys = scram(stream, buf, secret, user).await?;
-            if !known {
+            if !answerable {
                 return Err(auth_failed(user));
             }
             Ok(learn.then_some(keys))

@@ -12,15 +12,17 @@ use sluice_wire::{
 };
 use tokio::io::AsyncWriteExt;
 
-use super::auth::authenticate;
+use super::auth::{Known, authenticate};
 use super::client::Client;
 use super::error::ClientError;
 use crate::admin::{CONSOLE_DATABASES, Role, role_of};
 use crate::app::{App, Phase};
+use crate::auth::Secret;
 use crate::codec::read_startup;
 use crate::net::Stream;
 use crate::params::{ParamSet, tracked_name};
 use crate::session_vars::SessionVars;
+use sluice_config::AuthType;
 
 /// Startup parameters that are not run-time settings.
 const STRUCTURAL_PARAMS: &[&str] = &["user", "database", "replication", "options"];
@@ -200,15 +202,30 @@ async fn login_inner(
                 format!("no such user: \"{user}\" is not in auth_file"),
             ));
         }
-        authenticate(
-            stream,
-            &mut buf,
-            config.settings.auth_type,
-            &userlist,
-            &user,
-        )
-        .await?
+        let auth_type = config.settings.auth_type;
+        let known = match app.auth_lookup(&database, &user) {
+            Some(lookup)
+                if userlist.get(&user).is_none()
+                    && !CONSOLE_DATABASES.contains(&database.as_str())
+                    && !matches!(auth_type, AuthType::Any | AuthType::Trust) =>
+            {
+                Known::Queried(super::auth_query::lookup(app, &lookup).await?)
+            }
+            _ => Known::File(&userlist),
+        };
+        let scram_keys = authenticate(stream, &mut buf, auth_type, &known, &user).await?;
+        // A queried md5 hash (or plain password) the client just answered
+        // for is what the pool logs in with as this user.
+        let md5_hash = match known {
+            Known::Queried(Some(Secret::Md5(hash))) => Some(hash),
+            Known::Queried(Some(Secret::Plain(p))) => {
+                Some(crate::auth::md5::password_hash(&p, &user))
+            }
+            _ => None,
+        };
+        (scram_keys, md5_hash)
     };
+    let (keys, md5_hash) = keys;
     if CONSOLE_DATABASES.contains(&database.as_str()) {
         let role = role_of(app, &user)?;
         tracing::info!(user = %user, peer = %stream.peer(), "console login");
@@ -234,6 +251,9 @@ async fn login_inner(
         .map_err(|e| ClientError::new("3D000", e.to_string()))?;
     if let Some(k) = keys {
         pool.learn_scram_keys(&user, k);
+    }
+    if let Some(hash) = md5_hash {
+        pool.learn_md5_hash(&user, hash);
     }
     app.wait_for_members(&pool)
         .await

@@ -3,6 +3,7 @@
 //! transaction (or per session, or per statement).
 
 pub mod auth;
+mod auth_query;
 pub mod client;
 pub mod error;
 pub mod listener;

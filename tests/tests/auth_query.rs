@@ -1,0 +1,234 @@
+//! `auth_user` + `auth_query` (+ `auth_dbname`, global and per database):
+//! users absent from auth_file log in with the secret PostgreSQL holds for
+//! them (md5 or SCRAM, read through a SECURITY DEFINER function as
+//! PgBouncer's docs advise), and sluice logs in to the server with what the
+//! client proved — no password of theirs is configured anywhere. Each case
+//! succeeds and fails with PostgreSQL's SQLSTATE and message.
+
+use sluice_tests::*;
+
+const AUTH_USER: &str = "sluice_auth";
+const AUTH_PASSWORD: &str = "auth-secret";
+/// PgBouncer's documented pattern: a function that reads pg_authid with
+/// its owner's rights, callable only by the auth user.
+const LOOKUP_QUERY: &str = "SELECT uname, phash FROM public.user_lookup($1)";
+
+/// A cluster whose server accepts md5 and SCRAM secrets (pg_hba md5 takes a
+/// SCRAM-stored password with SCRAM), with an md5 user, a SCRAM user, an
+/// expired user, the auth user and its lookup function (in `postgres`
+/// only: `appdb` has none, which makes `auth_dbname` observable).
+fn auth_cluster() -> Cluster {
+    let cluster = app_cluster(ServerAuth::Md5);
+    cluster
+        .psql(
+            "postgres",
+            &format!(
+                "set password_encryption = 'md5';
+                 create role md5user login password 'md5-pw';
+                 set password_encryption = 'scram-sha-256';
+                 create role scramuser login password 'scram-pw';
+                 create role expired login password 'old-pw' valid until '2000-01-01';
+                 create role {AUTH_USER} login password '{AUTH_PASSWORD}';
+                 create function public.user_lookup(in i_username text, out uname text, out phash text)
+                   returns record language sql security definer as $$
+                     select rolname::text,
+                            case when rolvaliduntil < now() then null else rolpassword end
+                     from pg_authid where rolname = i_username and rolcanlogin $$;
+                 revoke all on function public.user_lookup(text) from public;
+                 grant execute on function public.user_lookup(text) to {AUTH_USER};"
+            ),
+        )
+        .expect("set up roles");
+    cluster
+        .psql("postgres", "create database appdb")
+        .expect("create appdb");
+    cluster
+}
+
+fn sluice_with_auth_query(cluster: &Cluster, auth_type: &str) -> SluiceProcess {
+    ConfigBuilder::for_cluster(cluster)
+        .set("auth_type", auth_type)
+        .set("auth_user", AUTH_USER)
+        .set("auth_query", LOOKUP_QUERY)
+        .set("pool_mode", "transaction")
+        .userlist(&[(AUTH_USER, AUTH_PASSWORD)])
+        .start()
+}
+
+async fn current_user_through(port: u16, user: &str, password: &str, db: &str) -> String {
+    let client = connect(port, user, password, db)
+        .await
+        .unwrap_or_else(|e| panic!("{user} with {password:?} on {db}: {e:?}"));
+    scalar_text(&client, "select current_user").await
+}
+
+async fn refused(port: u16, user: &str, password: &str, db: &str) {
+    let error = expect_sqlstate(connect(port, user, password, db).await, "28P01");
+    assert_eq!(
+        error.as_db_error().expect("a server error").message(),
+        format!("password authentication failed for user \"{user}\"")
+    );
+}
+
+#[tokio::test]
+async fn md5_and_scram_users_from_pg_authid_log_in_under_md5() {
+    let cluster = auth_cluster();
+    let sluice = sluice_with_auth_query(&cluster, "md5");
+    let port = sluice.port();
+    assert_eq!(
+        current_user_through(port, "md5user", "md5-pw", "postgres").await,
+        "md5user"
+    );
+    // A SCRAM secret answers with SCRAM even under auth_type md5, and the
+    // server login uses the keys the client proved.
+    assert_eq!(
+        current_user_through(port, "scramuser", "scram-pw", "postgres").await,
+        "scramuser"
+    );
+    refused(port, "md5user", "wrong", "postgres").await;
+    refused(port, "scramuser", "wrong", "postgres").await;
+    refused(port, "nobody", "x", "postgres").await;
+    refused(port, "expired", "old-pw", "postgres").await;
+    // A name is a parameter, never SQL.
+    refused(port, "x' or 'a'='a", "x", "postgres").await;
+    // Several clients at once: new servers open with the learnt secrets.
+    let clients = futures_util::future::join_all(
+        (0..4).map(|_| connect(port, "md5user", "md5-pw", "postgres")),
+    )
+    .await;
+    let mut clients: Vec<_> = clients
+        .into_iter()
+        .map(|c| c.expect("md5user logs in"))
+        .collect();
+    let held: Vec<_> = clients.iter_mut().map(|c| c.transaction()).collect();
+    for t in futures_util::future::join_all(held).await {
+        let t = t.expect("each client holds a server");
+        let row = t
+            .query_one("select current_user::text", &[])
+            .await
+            .expect("query");
+        assert_eq!(row.get::<_, String>(0), "md5user");
+        t.commit().await.expect("commit");
+    }
+}
+
+#[tokio::test]
+async fn scram_auth_takes_scram_secrets_and_refuses_md5_ones() {
+    let cluster = auth_cluster();
+    let sluice = sluice_with_auth_query(&cluster, "scram-sha-256");
+    let port = sluice.port();
+    assert_eq!(
+        current_user_through(port, "scramuser", "scram-pw", "postgres").await,
+        "scramuser"
+    );
+    refused(port, "scramuser", "wrong", "postgres").await;
+    // An md5 hash cannot check a SCRAM proof.
+    refused(port, "md5user", "md5-pw", "postgres").await;
+    refused(port, "nobody", "x", "postgres").await;
+}
+
+#[tokio::test]
+async fn a_password_changed_in_postgres_counts_at_the_next_login() {
+    let cluster = auth_cluster();
+    let sluice = sluice_with_auth_query(&cluster, "md5");
+    let port = sluice.port();
+    let first = connect(port, "md5user", "md5-pw", "postgres")
+        .await
+        .expect("old password");
+    cluster
+        .psql(
+            "postgres",
+            "set password_encryption = 'md5'; alter role md5user password 'new-pw'",
+        )
+        .expect("alter role");
+    refused(port, "md5user", "md5-pw", "postgres").await;
+    let second = connect(port, "md5user", "new-pw", "postgres")
+        .await
+        .expect("new password");
+    // Both hold a server at once: the second server logs in with the new
+    // hash.
+    let a = first.simple_query("begin").await;
+    let b = second.simple_query("begin").await;
+    a.expect("first client's transaction");
+    b.expect("second client's transaction (a new server)");
+    assert_eq!(scalar_text(&second, "select current_user").await, "md5user");
+    cluster
+        .psql("postgres", "drop role scramuser")
+        .expect("drop role");
+    refused(port, "scramuser", "scram-pw", "postgres").await;
+}
+
+#[tokio::test]
+async fn per_database_auth_user_query_and_dbname() {
+    let cluster = auth_cluster();
+    let server = format!("host={} port={}", cluster.host(), cluster.port());
+    let sluice = ConfigBuilder::new()
+        .database_on(&cluster, "postgres", "")
+        // appdb has no lookup function: the query runs in `authsrc`.
+        .database(
+            "app",
+            &format!(
+                "{server} dbname=appdb auth_user={AUTH_USER} auth_dbname=authsrc \
+                 auth_query='{LOOKUP_QUERY}'"
+            ),
+        )
+        .database("authsrc", &format!("{server} dbname=postgres"))
+        // Without auth_dbname the lookup runs in appdb itself, and fails.
+        .database(
+            "app_here",
+            &format!("{server} dbname=appdb auth_user={AUTH_USER} auth_query='{LOOKUP_QUERY}'"),
+        )
+        .set("auth_type", "md5")
+        .set("pool_mode", "transaction")
+        .userlist(&[(AUTH_USER, AUTH_PASSWORD)])
+        .start();
+    let port = sluice.port();
+    let client = connect(port, "md5user", "md5-pw", "app")
+        .await
+        .expect("md5user on app");
+    assert_eq!(
+        scalar_text(&client, "select current_database()").await,
+        "appdb"
+    );
+    refused(port, "md5user", "wrong", "app").await;
+    // No auth_user for `postgres`: only auth_file users.
+    refused(port, "md5user", "md5-pw", "postgres").await;
+    let error = expect_sqlstate(
+        connect(port, "md5user", "md5-pw", "app_here").await,
+        "08006",
+    );
+    let message = error.as_db_error().expect("a server error").message();
+    assert!(
+        message.contains("could not look up user \"md5user\" with auth_query")
+            && message.contains("user_lookup"),
+        "{message}"
+    );
+    // The failure hurt nobody else.
+    client.simple_query("select 1").await.expect("app client");
+}
+
+#[tokio::test]
+async fn an_auth_user_that_cannot_log_in_is_a_clear_error() {
+    let cluster = auth_cluster();
+    let sluice = ConfigBuilder::for_cluster(&cluster)
+        .set("auth_type", "md5")
+        .set("auth_user", AUTH_USER)
+        .set("auth_query", LOOKUP_QUERY)
+        .userlist(&[(AUTH_USER, "not-its-password"), (APP_USER, APP_PASSWORD)])
+        .start();
+    let port = sluice.port();
+    let error = expect_sqlstate(
+        connect(port, "md5user", "md5-pw", "postgres").await,
+        "08006",
+    );
+    let message = error.as_db_error().expect("a server error").message();
+    assert!(
+        message.contains("could not look up user \"md5user\""),
+        "{message}"
+    );
+    // auth_file users are not looked up and keep working.
+    assert_eq!(
+        current_user_through(port, APP_USER, APP_PASSWORD, "postgres").await,
+        APP_USER
+    );
+}
