@@ -21,6 +21,8 @@ command -v psql >/dev/null 2>&1 || need+=(postgresql-client)
 # The routing tests run a Patroni + etcd cluster (tests/tests/patroni.rs).
 command -v patroni >/dev/null 2>&1 || need+=(patroni)
 command -v etcd >/dev/null 2>&1 || need+=(etcd-server)
+# The TLS tests make their certificates with the openssl CLI.
+command -v openssl >/dev/null 2>&1 || need+=(openssl)
 if [ "${1:-}" = "--peers" ]; then
   command -v pgbouncer >/dev/null 2>&1 || [ -x /usr/sbin/pgbouncer ] || need+=(pgbouncer)
   command -v pgpool >/dev/null 2>&1 || [ -x /usr/sbin/pgpool ] || need+=(pgpool2)

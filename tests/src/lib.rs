@@ -6,6 +6,7 @@
 //! instead of hanging the suite.
 
 mod backends;
+mod certs;
 mod client;
 mod clusters;
 mod config;
@@ -18,6 +19,7 @@ mod tools;
 mod wait;
 
 pub use backends::{count_backends, count_backends_psql, wait_for_backends};
+pub use certs::Certs;
 pub use client::{
     Tracked, connect, connect_as, connect_config, connect_listening, connect_tracked,
     expect_sqlstate, scalar, scalar_text, spawn_query, sqlstate, superuser_connect,
@@ -31,7 +33,9 @@ pub use raw::{
 };
 pub use scratch::ScratchDir;
 pub use sluice_testkit::{Cluster, ServerAuth};
-pub use tools::{ToolOutput, pgbench, psql, psql_interactive, run as run_tool};
+pub use tools::{
+    ToolOutput, pgbench, pgbench_env, psql, psql_conninfo, psql_interactive, run as run_tool,
+};
 pub use wait::{eventually, eventually_sync};
 
 /// User name the tests use for their own non-superuser roles.

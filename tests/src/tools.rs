@@ -31,6 +31,24 @@ pub fn psql(port: u16, user: &str, password: &str, db: &str, sql: &str) -> ToolO
     run(cmd, Duration::from_secs(60))
 }
 
+/// psql with a whole connection string (`sslmode=…`, `sslrootcert=…`),
+/// running `sql`.
+pub fn psql_conninfo(conninfo: &str, password: &str, sql: &str) -> ToolOutput {
+    let mut cmd = client_command(&tool_path(sluice_testkit::psql_path()), password);
+    cmd.args([
+        "-X",
+        "-A",
+        "-t",
+        "-v",
+        "ON_ERROR_STOP=1",
+        "-d",
+        conninfo,
+        "-c",
+        sql,
+    ]);
+    run(cmd, Duration::from_secs(60))
+}
+
 /// An interactive psql (commands on stdin, quiet, no psqlrc) against sluice
 /// on `port`; the caller writes to its stdin and kills or waits for it.
 pub fn psql_interactive(port: u16, user: &str, password: &str, db: &str) -> Child {
@@ -54,6 +72,24 @@ pub fn pgbench(
     deadline: Duration,
 ) -> ToolOutput {
     let mut cmd = client_command(&tool_path(sluice_testkit::pgbench_path()), password);
+    cmd.args(args);
+    cmd.args(["-h", "127.0.0.1", "-p", &port.to_string(), "-U", user]);
+    cmd.arg(db);
+    run(cmd, deadline)
+}
+
+/// Like [`pgbench`], with extra environment variables (`PGSSLMODE`…).
+pub fn pgbench_env(
+    port: u16,
+    user: &str,
+    password: &str,
+    db: &str,
+    args: &[&str],
+    deadline: Duration,
+    env: &[(&str, &str)],
+) -> ToolOutput {
+    let mut cmd = client_command(&tool_path(sluice_testkit::pgbench_path()), password);
+    cmd.envs(env.iter().copied());
     cmd.args(args);
     cmd.args(["-h", "127.0.0.1", "-p", &port.to_string(), "-U", user]);
     cmd.arg(db);

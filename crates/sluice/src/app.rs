@@ -61,6 +61,8 @@ pub struct App {
     pub config_path: PathBuf,
     config: RwLock<Arc<Config>>,
     userlist: RwLock<Arc<Userlist>>,
+    /// TLS towards clients, as `client_tls_*` last loaded well.
+    client_tls: RwLock<Arc<crate::tls::ClientTls>>,
     pools: Mutex<HashMap<(String, String), Arc<Pool>>>,
     /// Each database that routes reads or takes its hosts from Patroni:
     /// its topology and the pools of its single hosts.
@@ -103,6 +105,7 @@ impl App {
             config_path,
             config: RwLock::new(Arc::new(config)),
             userlist: RwLock::new(Arc::new(userlist)),
+            client_tls: RwLock::new(Arc::new(crate::tls::ClientTls::disabled())),
             pools: Mutex::new(HashMap::new()),
             clusters: Mutex::new(HashMap::new()),
             db_limits: Mutex::new(HashMap::new()),
@@ -157,6 +160,19 @@ impl App {
             .read()
             .unwrap_or_else(|p| p.into_inner())
             .clone()
+    }
+
+    /// TLS towards clients.
+    pub fn client_tls(&self) -> Arc<crate::tls::ClientTls> {
+        self.client_tls
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    /// Replaces the TLS configuration for clients that connect from now on.
+    pub fn set_client_tls(&self, tls: crate::tls::ClientTls) {
+        *self.client_tls.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(tls);
     }
 
     pub fn userlist(&self) -> Arc<Userlist> {

@@ -50,6 +50,12 @@ pub fn reload(app: &App) {
             tracing::warn!("{key} changed; it takes effect only after a restart");
         }
     }
+    // New certificates and keys for clients that connect from now on; a
+    // broken set keeps the old one (connected clients keep theirs anyway).
+    match crate::tls::ClientTls::from_settings(&config.settings) {
+        Ok(tls) => app.set_client_tls(tls),
+        Err(e) => tracing::error!("client TLS not reloaded, keeping the old one: {e}"),
+    }
     app.reload(config, Some(userlist));
     tracing::info!("configuration reloaded");
 }

@@ -32,15 +32,11 @@ pub fn check_supported(s: &Settings) -> Result<(), Unsupported> {
              admit only the users listed there (PgBouncer's rule)"
         );
     }
-    for (key, value) in [
-        ("client_tls_sslmode", &s.client_tls_sslmode),
-        ("server_tls_sslmode", &s.server_tls_sslmode),
-    ] {
-        if !matches!(value.as_str(), "" | "disable" | "allow" | "prefer") {
-            return Err(Unsupported(format!(
-                "{key} = {value} needs TLS, which sluice does not do yet"
-            )));
-        }
+    let value = &s.server_tls_sslmode;
+    if !matches!(value.as_str(), "" | "disable" | "allow" | "prefer") {
+        return Err(Unsupported(format!(
+            "server_tls_sslmode = {value} needs TLS towards servers, which sluice does not do yet"
+        )));
     }
     Ok(())
 }

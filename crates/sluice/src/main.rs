@@ -20,6 +20,7 @@ mod prepared;
 mod scan;
 mod session_vars;
 mod stats;
+mod tls;
 mod workers;
 
 use std::process::ExitCode;
@@ -98,7 +99,16 @@ fn main() -> ExitCode {
     } else {
         settings.workers
     };
+    let client_tls = match tls::ClientTls::from_settings(&config.settings) {
+        Ok(t) => t,
+        Err(e) => {
+            tracing::error!("{e}");
+            eprintln!("sluice: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
     let app = App::new(cli.config.clone(), config, userlist).shared();
+    app.set_client_tls(client_tls);
     let sockets = match workers::bind(&app, workers, settings.runtime) {
         Ok(s) => s,
         Err(e) => {

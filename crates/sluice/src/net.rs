@@ -1,5 +1,6 @@
-//! One stream type for TCP and Unix-domain sockets, on both sides, so the
-//! session loop is written once and dispatches with a match, not a vtable.
+//! One stream type for TCP, TLS over TCP and Unix-domain sockets, on both
+//! sides, so the session loop is written once and dispatches with a match,
+//! not a vtable.
 
 use std::io;
 use std::pin::Pin;
@@ -7,6 +8,8 @@ use std::task::{Context, Poll};
 
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpStream, UnixStream};
+
+use crate::tls::TlsConn;
 
 /// TCP keepalive as `tcp_keepalive`, `tcp_keepidle`, `tcp_keepintvl` and
 /// `tcp_keepcnt` ask (0 = the kernel's default for that knob).
@@ -54,14 +57,21 @@ impl Keepalive {
 pub enum Stream {
     Tcp(TcpStream),
     Unix(UnixStream),
+    Tls(Box<TlsConn>),
 }
 
 impl Stream {
     /// Reads what is there without waiting; `WouldBlock` when nothing is.
+    /// Over TLS this reads the raw socket: it serves only to probe an idle
+    /// server, which is closed when anything at all arrived.
     pub fn try_read(&self, buf: &mut [u8]) -> io::Result<usize> {
         match self {
             Self::Tcp(s) => s.try_read(buf),
             Self::Unix(s) => s.try_read(buf),
+            Self::Tls(t) => match t.tcp() {
+                Some(s) => s.try_read(buf),
+                None => Ok(0),
+            },
         }
     }
 
@@ -72,14 +82,18 @@ impl Stream {
         match self {
             Self::Tcp(s) => s.poll_read_ready(cx),
             Self::Unix(s) => s.poll_read_ready(cx),
+            Self::Tls(t) => t.poll_read_ready(cx),
         }
     }
 
-    /// Writes what the socket takes now; `WouldBlock` when it takes nothing.
+    /// Writes what the socket takes now; `WouldBlock` when it takes nothing
+    /// (always over TLS, where raw bytes would break the session: used only
+    /// for a parting Terminate).
     pub fn try_write(&self, buf: &[u8]) -> io::Result<usize> {
         match self {
             Self::Tcp(s) => s.try_write(buf),
             Self::Unix(s) => s.try_write(buf),
+            Self::Tls(_) => Err(io::ErrorKind::WouldBlock.into()),
         }
     }
 
@@ -89,30 +103,37 @@ impl Stream {
         Ok(match self {
             Self::Tcp(s) => Self::Tcp(TcpStream::from_std(s.into_std()?)?),
             Self::Unix(s) => Self::Unix(UnixStream::from_std(s.into_std()?)?),
+            Self::Tls(mut t) => {
+                t.reregister()?;
+                Self::Tls(t)
+            }
         })
     }
 
     /// Applies keepalive settings (TCP only).
     pub fn set_keepalive(&self, keepalive: &Keepalive) {
-        if let Self::Tcp(s) = self {
+        if let Some(s) = self.tcp() {
             keepalive.apply(s);
+        }
+    }
+
+    /// The TCP socket, plain or under TLS.
+    pub fn tcp(&self) -> Option<&TcpStream> {
+        match self {
+            Self::Tcp(s) => Some(s),
+            Self::Unix(_) => None,
+            Self::Tls(t) => t.tcp(),
         }
     }
 
     /// TCP peer address (None for Unix sockets).
     pub fn peer_addr(&self) -> Option<std::net::SocketAddr> {
-        match self {
-            Self::Tcp(s) => s.peer_addr().ok(),
-            Self::Unix(_) => None,
-        }
+        self.tcp().and_then(|s| s.peer_addr().ok())
     }
 
     /// TCP local address (None for Unix sockets).
     pub fn local_addr(&self) -> Option<std::net::SocketAddr> {
-        match self {
-            Self::Tcp(s) => s.local_addr().ok(),
-            Self::Unix(_) => None,
-        }
+        self.tcp().and_then(|s| s.local_addr().ok())
     }
 
     /// The socket's descriptor (for KILL, which shuts it down).
@@ -121,17 +142,18 @@ impl Stream {
         match self {
             Self::Tcp(s) => s.as_raw_fd(),
             Self::Unix(s) => s.as_raw_fd(),
+            Self::Tls(t) => t.tcp().map_or(-1, |s| s.as_raw_fd()),
         }
     }
 
     /// Peer address for logs and the console.
     pub fn peer(&self) -> String {
         match self {
-            Self::Tcp(s) => s
+            Self::Unix(_) => "unix".into(),
+            _ => self
                 .peer_addr()
                 .map(|a| a.to_string())
-                .unwrap_or_else(|_| "?".into()),
-            Self::Unix(_) => "unix".into(),
+                .unwrap_or_else(|| "?".into()),
         }
     }
 }
@@ -145,6 +167,7 @@ impl AsyncRead for Stream {
         match self.get_mut() {
             Self::Tcp(s) => Pin::new(s).poll_read(cx, buf),
             Self::Unix(s) => Pin::new(s).poll_read(cx, buf),
+            Self::Tls(t) => Pin::new(&mut **t).poll_read(cx, buf),
         }
     }
 }
@@ -158,6 +181,7 @@ impl AsyncWrite for Stream {
         match self.get_mut() {
             Self::Tcp(s) => Pin::new(s).poll_write(cx, buf),
             Self::Unix(s) => Pin::new(s).poll_write(cx, buf),
+            Self::Tls(t) => Pin::new(&mut **t).poll_write(cx, buf),
         }
     }
 
@@ -165,6 +189,7 @@ impl AsyncWrite for Stream {
         match self.get_mut() {
             Self::Tcp(s) => Pin::new(s).poll_flush(cx),
             Self::Unix(s) => Pin::new(s).poll_flush(cx),
+            Self::Tls(t) => Pin::new(&mut **t).poll_flush(cx),
         }
     }
 
@@ -172,6 +197,7 @@ impl AsyncWrite for Stream {
         match self.get_mut() {
             Self::Tcp(s) => Pin::new(s).poll_shutdown(cx),
             Self::Unix(s) => Pin::new(s).poll_shutdown(cx),
+            Self::Tls(t) => Pin::new(&mut **t).poll_shutdown(cx),
         }
     }
 }

@@ -41,22 +41,65 @@ pub enum Admitted {
 enum Decided {
     Pooled(Box<LoggedIn>),
     Console(Role),
+    /// The client asked for TLS and was answered `S`: the handshake comes
+    /// next, then the startup packet again.
+    StartTls,
 }
 
+/// First byte of a TLS record carrying a handshake (a ClientHello sent
+/// without SSLRequest: direct TLS).
+const TLS_HANDSHAKE_RECORD: u8 = 0x16;
+
 /// Runs the login of one connection. `Ok(None)`: the connection was a cancel
-/// request and is done.
+/// request (or a TLS handshake that failed) and is done.
 pub async fn login(
     app: &Arc<App>,
     mut stream: Stream,
     over_client_limit: bool,
 ) -> Result<Option<Admitted>, (Stream, ClientError)> {
-    match login_inner(app, &mut stream, over_client_limit).await {
-        Ok(Some(Decided::Pooled(parts))) => {
-            Ok(Some(Admitted::Client(Box::new(parts.into_client(stream)))))
+    let tls = app.client_tls();
+    if tls.offers()
+        && let Stream::Tcp(tcp) = &stream
+    {
+        let mut first = [0u8; 1];
+        if tcp.peek(&mut first).await.is_ok() && first[0] == TLS_HANDSHAKE_RECORD {
+            stream = match upgrade(&tls, stream, true).await {
+                Some(s) => s,
+                None => return Ok(None),
+            };
         }
-        Ok(Some(Decided::Console(role))) => Ok(Some(Admitted::Console(stream, role))),
-        Ok(None) => Ok(None),
-        Err(e) => Err((stream, e)),
+    }
+    loop {
+        match login_inner(app, &mut stream, over_client_limit, &tls).await {
+            Ok(Some(Decided::Pooled(parts))) => {
+                return Ok(Some(Admitted::Client(Box::new(parts.into_client(stream)))));
+            }
+            Ok(Some(Decided::Console(role))) => return Ok(Some(Admitted::Console(stream, role))),
+            Ok(Some(Decided::StartTls)) => {
+                stream = match upgrade(&tls, stream, false).await {
+                    Some(s) => s,
+                    None => return Ok(None),
+                };
+            }
+            Ok(None) => return Ok(None),
+            Err(e) => return Err((stream, e)),
+        }
+    }
+}
+
+/// The TLS handshake on a TCP client; `None` when it failed (logged; no
+/// PostgreSQL error can reach a client whose handshake failed).
+async fn upgrade(tls: &crate::tls::ClientTls, stream: Stream, direct: bool) -> Option<Stream> {
+    let Stream::Tcp(tcp) = stream else {
+        return None;
+    };
+    let peer = tcp.peer_addr().map(|a| a.to_string()).unwrap_or_default();
+    match tls.accept(tcp, direct).await {
+        Ok(s) => Some(s),
+        Err(e) => {
+            tracing::info!(peer = %peer, "client TLS handshake failed: {e}");
+            None
+        }
     }
 }
 
@@ -112,10 +155,25 @@ async fn login_inner(
     app: &Arc<App>,
     stream: &mut Stream,
     over_client_limit: bool,
+    tls: &crate::tls::ClientTls,
 ) -> Result<Option<Decided>, ClientError> {
     let mut buf = BytesMut::new();
     let (minor, params, unknown_options) = loop {
         match read_startup(stream, &mut buf).await? {
+            StartupPacket::SslRequest if tls.offers() && matches!(stream, Stream::Tcp(_)) => {
+                // Bytes sent after SSLRequest, before our answer, would be
+                // taken as if they came encrypted (CVE-2021-23222's kind).
+                if !buf.is_empty() {
+                    return Err(ClientError::protocol(
+                        "received unencrypted data after SSL request",
+                    ));
+                }
+                stream
+                    .write_all(b"S")
+                    .await
+                    .map_err(|e| ClientError::protocol(e.to_string()))?;
+                return Ok(Some(Decided::StartTls));
+            }
             StartupPacket::SslRequest | StartupPacket::GssEncRequest => {
                 stream
                     .write_all(b"N")
@@ -144,6 +202,9 @@ async fn login_inner(
             "53300",
             "no more connections allowed (max_client_conn)",
         ));
+    }
+    if tls.required() && matches!(stream, Stream::Tcp(_)) {
+        return Err(ClientError::protocol("SSL required"));
     }
     // SIGTERM (wait for clients) closes the listeners but serves those
     // already accepted: a rolling restart must not refuse them.

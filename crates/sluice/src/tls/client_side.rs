@@ -1,0 +1,133 @@
+//! TLS towards clients: the rustls server configuration made from
+//! `client_tls_*` (rebuilt on RELOAD; a broken new one keeps the old), the
+//! answer to SSLRequest, and the handshake, after SSLRequest or directly
+//! (PostgreSQL 17's direct TLS, which must negotiate ALPN `postgresql`).
+//! PgBouncer's sslmode meanings: allow/prefer take TLS when asked, require
+//! refuses plain TCP logins, verify-ca/verify-full also want a client
+//! certificate signed by `client_tls_ca_file`. Unix-socket clients are not
+//! asked for TLS, as in PgBouncer.
+
+use std::sync::Arc;
+
+use rustls::ServerConfig;
+use rustls::server::WebPkiClientVerifier;
+use sluice_config::Settings;
+use tokio::net::TcpStream;
+
+use super::settings::{Mode, TlsError, load_certs, load_key, load_roots, provider, versions};
+use super::stream::{TlsConn, TlsSocket};
+use crate::net::Stream;
+
+/// ALPN protocol name of PostgreSQL (required for direct TLS).
+pub const ALPN_POSTGRESQL: &[u8] = b"postgresql";
+
+/// What sluice does with clients' TLS.
+pub struct ClientTls {
+    pub mode: Mode,
+    acceptor: Option<tokio_rustls::TlsAcceptor>,
+}
+
+impl std::fmt::Debug for ClientTls {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ClientTls")
+            .field("mode", &self.mode)
+            .field("configured", &self.acceptor.is_some())
+            .finish()
+    }
+}
+
+impl ClientTls {
+    /// No TLS: SSLRequest is answered `N`.
+    pub fn disabled() -> Self {
+        Self {
+            mode: Mode::Disable,
+            acceptor: None,
+        }
+    }
+
+    /// From the `client_tls_*` settings; an error names the key at fault.
+    pub fn from_settings(s: &Settings) -> Result<Self, TlsError> {
+        let mode = Mode::parse("client_tls_sslmode", &s.client_tls_sslmode)?;
+        if mode == Mode::Disable {
+            return Ok(Self::disabled());
+        }
+        if s.client_tls_key_file.is_empty() || s.client_tls_cert_file.is_empty() {
+            if mode >= Mode::Require {
+                return Err(TlsError::Setting {
+                    key: "client_tls_sslmode",
+                    value: s.client_tls_sslmode.clone(),
+                    reason: "needs client_tls_key_file and client_tls_cert_file".into(),
+                });
+            }
+            tracing::warn!(
+                "client_tls_sslmode = {} without client_tls_key_file and client_tls_cert_file: \
+                 clients asking for TLS are answered without it",
+                s.client_tls_sslmode
+            );
+            return Ok(Self {
+                mode,
+                acceptor: None,
+            });
+        }
+        let provider = Arc::new(provider(
+            "client",
+            ("client_tls_ciphers", &s.client_tls_ciphers),
+            ("client_tls13_ciphers", &s.client_tls13_ciphers),
+            Some(("client_tls_ecdhcurve", &s.client_tls_ecdhcurve)),
+            Some(("client_tls_dheparams", &s.client_tls_dheparams)),
+        )?);
+        let versions = versions("client_tls_protocols", &s.client_tls_protocols)?;
+        let certs = load_certs("client_tls_cert_file", &s.client_tls_cert_file)?;
+        let key = load_key("client_tls_key_file", &s.client_tls_key_file)?;
+        let builder = ServerConfig::builder_with_provider(provider.clone())
+            .with_protocol_versions(&versions)?;
+        let builder = if mode >= Mode::VerifyCa {
+            if s.client_tls_ca_file.is_empty() {
+                return Err(TlsError::Setting {
+                    key: "client_tls_sslmode",
+                    value: s.client_tls_sslmode.clone(),
+                    reason: "needs client_tls_ca_file to check client certificates".into(),
+                });
+            }
+            let roots = load_roots("client_tls_ca_file", &s.client_tls_ca_file)?;
+            builder.with_client_cert_verifier(
+                WebPkiClientVerifier::builder_with_provider(roots, provider).build()?,
+            )
+        } else {
+            builder.with_no_client_auth()
+        };
+        let mut config = builder.with_single_cert(certs, key)?;
+        config.alpn_protocols = vec![ALPN_POSTGRESQL.to_vec()];
+        Ok(Self {
+            mode,
+            acceptor: Some(tokio_rustls::TlsAcceptor::from(Arc::new(config))),
+        })
+    }
+
+    /// Whether an SSLRequest gets `S`.
+    pub fn offers(&self) -> bool {
+        self.acceptor.is_some()
+    }
+
+    /// Whether a TCP client must use TLS to log in.
+    pub fn required(&self) -> bool {
+        self.mode >= Mode::Require
+    }
+
+    /// Runs the handshake on `tcp`. `direct`: the client started with a
+    /// ClientHello instead of SSLRequest, and must have chosen ALPN
+    /// `postgresql`.
+    pub async fn accept(&self, tcp: TcpStream, direct: bool) -> std::io::Result<Stream> {
+        let Some(acceptor) = &self.acceptor else {
+            return Err(std::io::Error::other("TLS is not configured"));
+        };
+        let tls = acceptor.accept(TlsSocket::new(tcp)).await?;
+        let conn = TlsConn::new(tokio_rustls::TlsStream::Server(tls));
+        if direct && conn.negotiated_protocol() != Some(ALPN_POSTGRESQL) {
+            return Err(std::io::Error::other(
+                "direct TLS connection without ALPN protocol \"postgresql\"",
+            ));
+        }
+        Ok(Stream::Tls(Box::new(conn)))
+    }
+}

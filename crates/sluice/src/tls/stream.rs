@@ -1,0 +1,170 @@
+//! A TLS connection that stands where a TCP socket stands in `net::Stream`:
+//! rustls (through tokio-rustls) over a TCP socket whose event-loop
+//! registration can be moved to another worker, as servers move. Two things
+//! differ from a socket and are handled here, once: decrypted bytes may wait
+//! inside rustls when the socket has nothing to read (readiness must say
+//! so), and encrypted bytes may wait inside rustls after a write returned
+//! (a write is reported done only once they are on the socket, so that a
+//! relay that never flushes does not leave a reply behind).
+
+use std::io;
+use std::pin::Pin;
+use std::task::{Context, Poll, ready};
+
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::net::TcpStream;
+
+fn gone() -> io::Error {
+    io::Error::new(io::ErrorKind::NotConnected, "TLS socket moved away")
+}
+
+/// The TCP socket under a TLS connection; `None` only for the instant it is
+/// moved to another event loop.
+#[derive(Debug)]
+pub struct TlsSocket(Option<TcpStream>);
+
+impl TlsSocket {
+    pub fn new(tcp: TcpStream) -> Self {
+        Self(Some(tcp))
+    }
+
+    fn pinned(&mut self) -> io::Result<Pin<&mut TcpStream>> {
+        self.0.as_mut().map(Pin::new).ok_or_else(gone)
+    }
+}
+
+impl AsyncRead for TlsSocket {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        self.get_mut().pinned()?.poll_read(cx, buf)
+    }
+}
+
+impl AsyncWrite for TlsSocket {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        self.get_mut().pinned()?.poll_write(cx, buf)
+    }
+
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        self.get_mut().pinned()?.poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        true
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        self.get_mut().pinned()?.poll_flush(cx)
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        self.get_mut().pinned()?.poll_shutdown(cx)
+    }
+}
+
+/// An established TLS connection, either side.
+pub struct TlsConn {
+    tls: tokio_rustls::TlsStream<TlsSocket>,
+    /// Plaintext bytes taken by a write whose encrypted form is not all on
+    /// the socket yet: reported to the caller once it is.
+    taken: usize,
+}
+
+impl std::fmt::Debug for TlsConn {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TlsConn")
+            .field("tcp", &self.tcp())
+            .finish_non_exhaustive()
+    }
+}
+
+impl TlsConn {
+    pub fn new(tls: tokio_rustls::TlsStream<TlsSocket>) -> Self {
+        Self { tls, taken: 0 }
+    }
+
+    /// The TCP socket (for addresses, keepalive, the descriptor).
+    pub fn tcp(&self) -> Option<&TcpStream> {
+        self.tls.get_ref().0.0.as_ref()
+    }
+
+    /// Ready when decrypted bytes wait in rustls (or the peer closed), else
+    /// when the socket is.
+    pub fn poll_read_ready(&self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        let (socket, state) = self.tls.get_ref();
+        if !state.wants_read() {
+            return Poll::Ready(Ok(()));
+        }
+        match &socket.0 {
+            Some(tcp) => tcp.poll_read_ready(cx),
+            None => Poll::Ready(Err(gone())),
+        }
+    }
+
+    /// Moves the socket's registration to the calling thread's event loop.
+    pub fn reregister(&mut self) -> io::Result<()> {
+        let socket = self.tls.get_mut().0;
+        let tcp = socket.0.take().ok_or_else(gone)?;
+        socket.0 = Some(TcpStream::from_std(tcp.into_std()?)?);
+        Ok(())
+    }
+
+    /// The ALPN protocol agreed on, if any.
+    pub fn negotiated_protocol(&self) -> Option<&[u8]> {
+        self.tls.get_ref().1.alpn_protocol()
+    }
+}
+
+impl AsyncRead for TlsConn {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().tls).poll_read(cx, buf)
+    }
+}
+
+impl AsyncWrite for TlsConn {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        let me = self.get_mut();
+        if me.taken > 0 {
+            // The caller retries the write we took: finish sending it.
+            ready!(Pin::new(&mut me.tls).poll_flush(cx))?;
+            let n = std::mem::take(&mut me.taken);
+            return Poll::Ready(Ok(n.min(buf.len())));
+        }
+        let n = ready!(Pin::new(&mut me.tls).poll_write(cx, buf))?;
+        match Pin::new(&mut me.tls).poll_flush(cx) {
+            Poll::Ready(Ok(())) => Poll::Ready(Ok(n)),
+            Poll::Ready(Err(e)) => Poll::Ready(Err(e)),
+            Poll::Pending => {
+                me.taken = n;
+                Poll::Pending
+            }
+        }
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().tls).poll_flush(cx)
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().tls).poll_shutdown(cx)
+    }
+}

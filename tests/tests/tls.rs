@@ -1,0 +1,275 @@
+//! TLS towards clients, with certificates made at run time: every
+//! `client_tls_sslmode` against psql's sslmode variants (verify-full with
+//! sslrootcert, a CA that signed nothing, client certificates), pgbench
+//! and a 5 MB result over TLS, direct TLS (ALPN `postgresql`), plain bytes
+//! smuggled after SSLRequest, and RELOAD swapping the certificate while
+//! clients stay connected (a broken one keeps the old).
+
+use std::time::Duration;
+
+use sluice_tests::*;
+
+fn tls_config(cluster: &Cluster, certs: &Certs, mode: &str) -> ConfigBuilder {
+    ConfigBuilder::for_cluster(cluster)
+        .set("pool_mode", "transaction")
+        .set("client_tls_sslmode", mode)
+        .set("client_tls_cert_file", &certs.path("server.crt"))
+        .set("client_tls_key_file", &certs.path("server.key"))
+        .set("client_tls_ca_file", &certs.path("ca.crt"))
+}
+
+/// Runs psql with `extra` conninfo keys against sluice at `localhost`.
+async fn psql_with(port: u16, extra: &str, sql: &str) -> ToolOutput {
+    let conninfo = format!("host=localhost port={port} user={APP_USER} dbname=postgres {extra}");
+    let sql = sql.to_owned();
+    tokio::task::spawn_blocking(move || psql_conninfo(&conninfo, APP_PASSWORD, &sql))
+        .await
+        .expect("psql task")
+}
+
+fn conninfo_verify(certs: &Certs, ca: &str) -> String {
+    format!("sslmode=verify-full sslrootcert={}", certs.path(ca))
+}
+
+#[tokio::test]
+async fn require_serves_tls_and_refuses_plain() {
+    let cluster = app_cluster(ServerAuth::Trust);
+    let certs = Certs::make(APP_USER);
+    let sluice = tls_config(&cluster, &certs, "require").start();
+    let port = sluice.port();
+
+    let ok = psql_with(port, &conninfo_verify(&certs, "ca.crt"), "\\conninfo").await;
+    assert!(ok.success(), "verify-full psql: {}", ok.stderr);
+    assert!(
+        ok.stdout.contains("SSL connection (protocol: TLSv1.3"),
+        "{}",
+        ok.stdout
+    );
+
+    let plain = psql_with(port, "sslmode=disable", "select 1").await;
+    assert!(!plain.success());
+    assert!(plain.stderr.contains("SSL required"), "{}", plain.stderr);
+
+    let wrong_ca = psql_with(port, &conninfo_verify(&certs, "other-ca.crt"), "select 1").await;
+    assert!(!wrong_ca.success());
+    assert!(
+        wrong_ca.stderr.contains("certificate verify failed"),
+        "{}",
+        wrong_ca.stderr
+    );
+    // The failed handshake hurt nobody.
+    let again = psql_with(port, "sslmode=require", "select 42").await;
+    assert!(again.success(), "{}", again.stderr);
+    assert_eq!(again.stdout.trim(), "42");
+}
+
+#[tokio::test]
+async fn prefer_takes_both_and_disable_declines_tls() {
+    let cluster = app_cluster(ServerAuth::Trust);
+    let certs = Certs::make(APP_USER);
+    let prefer = tls_config(&cluster, &certs, "prefer").start();
+    let tls = psql_with(prefer.port(), "sslmode=require", "\\conninfo").await;
+    assert!(tls.success(), "{}", tls.stderr);
+    assert!(tls.stdout.contains("SSL connection"), "{}", tls.stdout);
+    let plain = psql_with(prefer.port(), "sslmode=disable", "\\conninfo").await;
+    assert!(plain.success(), "{}", plain.stderr);
+    assert!(!plain.stdout.contains("SSL connection"), "{}", plain.stdout);
+
+    let disable = tls_config(&cluster, &certs, "disable").start();
+    let refused = psql_with(disable.port(), "sslmode=require", "select 1").await;
+    assert!(!refused.success());
+    assert!(
+        refused.stderr.contains("server does not support SSL"),
+        "{}",
+        refused.stderr
+    );
+    let fallback = psql_with(disable.port(), "sslmode=prefer", "select 1").await;
+    assert!(fallback.success(), "{}", fallback.stderr);
+}
+
+#[tokio::test]
+async fn verify_ca_wants_a_client_certificate_from_the_ca() {
+    let cluster = app_cluster(ServerAuth::Trust);
+    let certs = Certs::make(APP_USER);
+    let sluice = tls_config(&cluster, &certs, "verify-ca").start();
+    let port = sluice.port();
+    let with_cert = format!(
+        "sslmode=verify-full sslrootcert={} sslcert={} sslkey={}",
+        certs.path("ca.crt"),
+        certs.path("client.crt"),
+        certs.path("client.key")
+    );
+    let ok = psql_with(port, &with_cert, "select current_user").await;
+    assert!(ok.success(), "{}", ok.stderr);
+    assert_eq!(ok.stdout.trim(), APP_USER);
+    // libpq sends no certificate without sslcert (none in ~/.postgresql
+    // for this test's HOME).
+    let without = psql_with(
+        port,
+        &format!(
+            "{} sslcert=/nonexistent sslkey=/nonexistent",
+            conninfo_verify(&certs, "ca.crt")
+        ),
+        "select 1",
+    )
+    .await;
+    assert!(!without.success(), "a client without a certificate got in");
+}
+
+#[tokio::test]
+async fn pgbench_and_a_large_result_over_tls() {
+    let cluster = app_cluster(ServerAuth::Trust);
+    let certs = Certs::make(APP_USER);
+    let sluice = tls_config(&cluster, &certs, "require").start();
+    let port = sluice.port();
+    let big = psql_with(port, "sslmode=require", "select repeat('x', 5000000)").await;
+    assert!(big.success(), "{}", big.stderr);
+    assert_eq!(big.stdout.trim().len(), 5_000_000);
+    let script = certs.file("select.sql");
+    std::fs::write(&script, "select 1;\n").expect("write script");
+    let script = script.display().to_string();
+    let out = tokio::task::spawn_blocking(move || {
+        pgbench_env(
+            port,
+            APP_USER,
+            APP_PASSWORD,
+            "postgres",
+            &[
+                "-n", "-c", "8", "-j", "2", "-T", "3", "-M", "extended", "-f", &script,
+            ],
+            Duration::from_secs(60),
+            &[("PGSSLMODE", "require")],
+        )
+    })
+    .await
+    .expect("pgbench task");
+    assert!(out.success(), "pgbench over TLS: {}", out.stderr);
+    assert!(
+        out.stdout.contains("number of failed transactions: 0"),
+        "{}",
+        out.stdout
+    );
+}
+
+#[tokio::test]
+async fn plain_bytes_after_ssl_request_are_refused() {
+    let cluster = app_cluster(ServerAuth::Trust);
+    let certs = Certs::make(APP_USER);
+    let sluice = tls_config(&cluster, &certs, "prefer").start();
+    let mut raw = RawClient::connect(sluice.port()).await;
+    let mut smuggled = ssl_request();
+    smuggled.extend(startup_packet(&[
+        ("user", APP_USER),
+        ("database", "postgres"),
+    ]));
+    raw.send(&smuggled).await.expect("send");
+    let fields = raw
+        .expect_error_or_close(Duration::from_secs(5))
+        .await
+        .expect("an ErrorResponse, not TLS");
+    assert_eq!(error_field(&fields, b'C'), Some("08P01"));
+    assert_eq!(
+        error_field(&fields, b'M'),
+        Some("received unencrypted data after SSL request")
+    );
+}
+
+#[tokio::test]
+async fn reload_swaps_the_certificate_and_keeps_connected_clients() {
+    let cluster = app_cluster(ServerAuth::Trust);
+    let first = Certs::make(APP_USER);
+    let second = Certs::make(APP_USER);
+    let config = |certs: &Certs| tls_config(&cluster, certs, "require").render();
+    let sluice = SluiceProcess::start(&config(&first));
+    let port = sluice.port();
+    let mut held = psql_interactive_tls(port, &conninfo_verify(&first, "ca.crt"));
+    assert_eq!(held.ask("select 1").await, "1", "held psql over TLS");
+
+    sluice.rewrite_config(&config(&second));
+    sluice.reload();
+    let ca = conninfo_verify(&second, "ca.crt");
+    let swapped = eventually(Duration::from_secs(10), || {
+        let ca = ca.clone();
+        async move {
+            psql_with(port, &ca, "select 1")
+                .await
+                .success()
+                .then_some(())
+        }
+    })
+    .await;
+    assert!(
+        swapped.is_some(),
+        "the new certificate is not served after RELOAD"
+    );
+    let old = psql_with(port, &conninfo_verify(&first, "ca.crt"), "select 1").await;
+    assert!(!old.success(), "the old CA still verifies after RELOAD");
+
+    // A broken certificate path: the second certificate stays.
+    let broken = config(&second).replace(&second.path("server.crt"), "/nonexistent.crt");
+    sluice.rewrite_config(&broken);
+    sluice.reload();
+    let kept = eventually(Duration::from_secs(10), || async {
+        sluice
+            .log()
+            .contains("client TLS not reloaded, keeping the old one")
+            .then_some(())
+    })
+    .await;
+    assert!(kept.is_some(), "{}", sluice.log());
+    let still = psql_with(port, &ca, "select 2").await;
+    assert!(still.success(), "{}", still.stderr);
+
+    // The client connected before both reloads still works.
+    assert_eq!(held.ask("select 3").await, "3");
+}
+
+/// A psql kept open over TLS, fed one query at a time on stdin.
+struct HeldPsql {
+    child: std::process::Child,
+    stdout: Option<std::io::BufReader<std::process::ChildStdout>>,
+}
+
+fn psql_interactive_tls(port: u16, extra: &str) -> HeldPsql {
+    let conninfo = format!("host=localhost port={port} user={APP_USER} dbname=postgres {extra}");
+    let mut child = std::process::Command::new(sluice_testkit::psql_path().expect("psql"))
+        .args(["-X", "-A", "-t", "-q", "-d", &conninfo])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("spawn psql");
+    let stdout = child.stdout.take().map(std::io::BufReader::new);
+    HeldPsql { child, stdout }
+}
+
+impl HeldPsql {
+    /// Sends `sql` and returns the first line it prints (within 20 s).
+    async fn ask(&mut self, sql: &str) -> String {
+        use std::io::{BufRead, Write};
+        let stdin = self.child.stdin.as_mut().expect("stdin");
+        writeln!(stdin, "{sql};").expect("write to psql");
+        stdin.flush().expect("flush");
+        let mut reader = self.stdout.take().expect("stdout");
+        let (reader, line) = tokio::time::timeout(
+            Duration::from_secs(20),
+            tokio::task::spawn_blocking(move || {
+                let mut line = String::new();
+                let _ = reader.read_line(&mut line);
+                (reader, line)
+            }),
+        )
+        .await
+        .expect("psql answered")
+        .expect("psql task");
+        self.stdout = Some(reader);
+        line.trim().to_owned()
+    }
+}
+
+impl Drop for HeldPsql {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
