@@ -198,11 +198,12 @@ async fn per_database_auth_user_query_and_dbname() {
         "08006",
     );
     let message = error.as_db_error().expect("a server error").message();
-    assert!(
-        message.contains("could not look up user \"md5user\" with auth_query")
-            && message.contains("user_lookup"),
-        "{message}"
+    assert_eq!(
+        message,
+        "could not look up user \"md5user\" with auth_query (see the pooler's log)"
     );
+    // The details are in the log, not in what an unproven client is told.
+    assert!(sluice.log().contains("user_lookup"), "{}", sluice.log());
     // The failure hurt nobody else.
     client.simple_query("select 1").await.expect("app client");
 }
@@ -231,4 +232,89 @@ async fn an_auth_user_that_cannot_log_in_is_a_clear_error() {
         current_user_through(port, APP_USER, APP_PASSWORD, "postgres").await,
         APP_USER
     );
+}
+
+/// A query that can match several roles would hand one role's secret to
+/// another: refused, as is a result without a password column.
+#[tokio::test]
+async fn a_query_answering_several_rows_or_one_column_is_refused() {
+    let cluster = auth_cluster();
+    let several = "SELECT uname, phash FROM public.user_lookup($1) \
+                   UNION ALL SELECT uname, phash FROM public.user_lookup('scramuser')";
+    let one_column = "SELECT uname FROM public.user_lookup($1)";
+    for query in [several, one_column] {
+        let sluice = ConfigBuilder::for_cluster(&cluster)
+            .set("auth_type", "md5")
+            .set("auth_user", AUTH_USER)
+            .set("auth_query", query)
+            .userlist(&[(AUTH_USER, AUTH_PASSWORD)])
+            .start();
+        expect_sqlstate(
+            connect(sluice.port(), "md5user", "md5-pw", "postgres").await,
+            "08006",
+        );
+        let log = sluice.log();
+        assert!(
+            log.contains("expected at most 1") || log.contains("expected 2"),
+            "{log}"
+        );
+    }
+}
+
+/// With a `*` entry, every database name a client invents would get an
+/// auth pool before any password is checked: a failed login forgets it.
+#[tokio::test]
+async fn failed_logins_to_invented_databases_leave_no_pools() {
+    let cluster = auth_cluster();
+    // Real databases, unlisted, holding the lookup function (copies of
+    // `postgres`): there the lookup succeeds and only the password fails.
+    for i in 0..3 {
+        cluster
+            .psql(
+                "template1",
+                &format!("create database real_{i} template postgres"),
+            )
+            .expect("create database");
+    }
+    let sluice = ConfigBuilder::new()
+        .database(
+            "*",
+            &format!("host={} port={}", cluster.host(), cluster.port()),
+        )
+        .set("auth_type", "md5")
+        .set("auth_user", AUTH_USER)
+        .set("auth_query", LOOKUP_QUERY)
+        .set("admin_users", "admin")
+        .userlist(&[(AUTH_USER, AUTH_PASSWORD), ("admin", "admin-pw")])
+        .start();
+    let port = sluice.port();
+    for db in (0..3).flat_map(|i| [format!("invented_{i}"), format!("real_{i}")]) {
+        let refused = connect(port, "md5user", "wrong", &db).await;
+        assert!(refused.is_err(), "{db}: a wrong password got in");
+    }
+    let client = connect(port, "md5user", "md5-pw", "postgres")
+        .await
+        .expect("md5user on postgres via *");
+    assert_eq!(scalar_text(&client, "select current_user").await, "md5user");
+    let console = connect(port, "admin", "admin-pw", "pgbouncer")
+        .await
+        .expect("console");
+    let rows = console
+        .simple_query("SHOW POOLS")
+        .await
+        .expect("SHOW POOLS");
+    let pools: Vec<String> = rows
+        .iter()
+        .filter_map(|m| match m {
+            tokio_postgres::SimpleQueryMessage::Row(r) => r.get(0).map(str::to_owned),
+            _ => None,
+        })
+        .collect();
+    assert!(
+        pools
+            .iter()
+            .all(|db| !db.starts_with("invented_") && !db.starts_with("real_")),
+        "pools left by failed logins: {pools:?}"
+    );
+    assert!(pools.iter().any(|db| db == "postgres"), "{pools:?}");
 }

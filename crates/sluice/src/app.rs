@@ -442,9 +442,61 @@ impl App {
     }
 
     /// The pool in which `auth_user` runs `auth_query` on `database`: that
-    /// user's own pool, even where the entry forces another `user=`.
-    pub fn auth_pool(&self, database: &str, auth_user: &str) -> Result<Arc<Pool>, PoolLookupError> {
-        self.pool_as(database, auth_user, true)
+    /// user's own pool, even where the entry forces another `user=`. `true`
+    /// when this call made it for a database only the `*` entry stands for:
+    /// an unauthenticated client named it, so a failed login forgets it
+    /// ([`App::forget_pool`]) rather than keep a pool per invented name.
+    pub fn auth_pool(
+        &self,
+        database: &str,
+        auth_user: &str,
+    ) -> Result<(Arc<Pool>, bool), PoolLookupError> {
+        let existed = self
+            .pools
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .contains_key(&(database.to_owned(), auth_user.to_owned()));
+        let pool = self.pool_as(database, auth_user, true)?;
+        let unlisted = self.config().database(database).is_none();
+        Ok((pool, !existed && unlisted))
+    }
+
+    /// Drops a pool (and its database's cluster, when it was the last pool
+    /// of that database): its servers close as they come back.
+    pub fn forget_pool(&self, pool: &Arc<Pool>) {
+        let last_of_database = {
+            let mut pools = self.pools.lock().unwrap_or_else(|p| p.into_inner());
+            let key = (pool.database.clone(), pool.user.clone());
+            if pools.get(&key).is_some_and(|p| Arc::ptr_eq(p, pool)) {
+                pools.remove(&key);
+            }
+            !pools.keys().any(|(db, _)| *db == pool.database)
+        };
+        pool.retire();
+        if last_of_database {
+            let mut map = self.clusters.lock().unwrap_or_else(|p| p.into_inner());
+            if let Some(cluster) = map.remove(&pool.database) {
+                cluster.retire();
+            }
+            self.routing.store(!map.is_empty(), Ordering::Relaxed);
+        }
+    }
+
+    /// Teaches a login's proven secret to `pool` and to the host pools of
+    /// its database's cluster that log in as the same user (replicas).
+    pub fn learn_secret(&self, pool: &Arc<Pool>, user: &str, learnt: &crate::auth::Learnt) {
+        let mut pools = vec![pool.clone()];
+        if let Some(cluster) = self.cluster(&pool.database) {
+            pools.extend(cluster.pools().into_iter().filter(|p| p.user == pool.user));
+        }
+        for p in pools {
+            if let Some(keys) = &learnt.scram_keys {
+                p.learn_scram_keys(user, keys.clone());
+            }
+            if let Some(hash) = &learnt.md5_hash {
+                p.learn_md5_hash(user, hash.clone());
+            }
+        }
     }
 
     /// Where and as whom a login of `user` to `database` looks up a password

@@ -6,3 +6,13 @@ pub mod scram;
 pub mod userlist;
 
 pub use userlist::{Secret, Userlist};
+
+/// What a client's login proved that lets sluice log in to the server as
+/// that user without a configured password.
+#[derive(Debug, Default)]
+pub struct Learnt {
+    /// From a SCRAM exchange against a stored SCRAM secret.
+    pub scram_keys: Option<scram::ScramKeys>,
+    /// An md5 hash auth_query returned (md5(password || user), hex).
+    pub md5_hash: Option<String>,
+}

@@ -107,6 +107,18 @@ impl Secret {
             None => Secret::Plain(secret),
         }
     }
+
+    /// Reads a secret auth_query returned. Unlike the auth_file, something
+    /// that looks like a hash but does not parse is no password at all:
+    /// taking it as a plain password would let whoever read the hash log
+    /// in with it.
+    pub fn from_catalog(secret: String) -> Option<Secret> {
+        let looks_hashed = secret.starts_with("md5") || secret.starts_with("SCRAM-SHA-256$");
+        match Self::classify(secret) {
+            Secret::Plain(_) if looks_hashed => None,
+            s => Some(s),
+        }
+    }
 }
 
 /// Takes one `"…"` field off the front of `rest`.
@@ -143,6 +155,16 @@ mod tests {
         assert_eq!(u.get("alice"), Some(&Secret::Plain("secret".into())));
         assert!(matches!(u.get("bob"), Some(Secret::Md5(_))));
         assert!(matches!(u.get("q\"x"), Some(Secret::Scram(_))));
+    }
+
+    #[test]
+    fn a_broken_hash_from_the_catalog_is_no_password() {
+        assert_eq!(Secret::from_catalog("md5nothex".into()), None);
+        assert_eq!(Secret::from_catalog("SCRAM-SHA-256$broken".into()), None);
+        assert_eq!(
+            Secret::from_catalog("pw".into()),
+            Some(Secret::Plain("pw".into()))
+        );
     }
 
     #[test]

@@ -251,17 +251,19 @@ pub async fn run_query_rows(
     let mut out = BytesMut::with_capacity(sql.len() + 6);
     encode_query(&mut out, sql);
     server.stream.write_all(&out).await?;
-    read_rows(server, sql).await
+    Ok(read_rows(server, sql, usize::MAX).await?.0)
 }
 
 /// Runs `sql` with text parameters `$1…` (extended protocol, unnamed
-/// statement and portal), returning its rows in text format: a value from a
-/// client (a user name) is never spliced into SQL.
+/// statement and portal), returning its first `max_rows` rows in text
+/// format and how many it returned: a value from a client (a user name) is
+/// never spliced into SQL.
 pub async fn run_query_params(
     server: &mut ServerConn,
     sql: &str,
     params: &[&str],
-) -> Result<Vec<TextRow>, LoginError> {
+    max_rows: usize,
+) -> Result<(Vec<TextRow>, usize), LoginError> {
     let mut out = BytesMut::with_capacity(sql.len() + 64);
     MessageBuilder::new(&mut out, frontend::PARSE)
         .cstr("")
@@ -283,12 +285,18 @@ pub async fn run_query_params(
         .finish();
     MessageBuilder::new(&mut out, frontend::SYNC).finish();
     server.stream.write_all(&out).await?;
-    read_rows(server, sql).await
+    read_rows(server, sql, max_rows).await
 }
 
-/// Reads a query's results up to ReadyForQuery: its DataRows, or its error.
-async fn read_rows(server: &mut ServerConn, sql: &str) -> Result<Vec<TextRow>, LoginError> {
+/// Reads a query's results up to ReadyForQuery: its first `max_rows`
+/// DataRows and their count, or its error.
+async fn read_rows(
+    server: &mut ServerConn,
+    sql: &str,
+    max_rows: usize,
+) -> Result<(Vec<TextRow>, usize), LoginError> {
     let mut rows = Vec::new();
+    let mut count = 0usize;
     let mut failure = None;
     loop {
         let (tag, body) =
@@ -301,14 +309,19 @@ async fn read_rows(server: &mut ServerConn, sql: &str) -> Result<Vec<TextRow>, L
                 }
             }
             backend::ERROR_RESPONSE => failure = Some(rejected(&body)),
-            backend::DATA_ROW => rows.push(text_row(&body).map_err(ReadError::from)?),
+            backend::DATA_ROW => {
+                count += 1;
+                if rows.len() < max_rows {
+                    rows.push(text_row(&body).map_err(ReadError::from)?);
+                }
+            }
             backend::COPY_IN_RESPONSE | backend::COPY_BOTH_RESPONSE => {
                 return Err(LoginError::Unsupported("COPY in an internal query".into()));
             }
             backend::READY_FOR_QUERY => {
                 return match failure {
                     Some(f) => Err(f),
-                    None if body.first() == Some(&b'I') => Ok(rows),
+                    None if body.first() == Some(&b'I') => Ok((rows, count)),
                     None => Err(LoginError::Unsupported(format!(
                         "internal query {sql:?} left a transaction open"
                     ))),

@@ -7,43 +7,57 @@
 //! the client proves itself against it, and sluice logs in to the server
 //! with what the proof yields, so no plaintext is needed anywhere.
 
+use std::sync::Arc;
+
 use crate::app::{App, AuthLookup};
 use crate::auth::Secret;
-use crate::backend::login::run_query_params;
+use crate::backend::login::{LoginError, TextRow, run_query_params};
+use crate::backend::pool::Pool;
 
 use super::error::ClientError;
 
-/// The secret `lookup.user` has in PostgreSQL; `None` when the query finds
-/// no row or a NULL password (an expired or password-less role), which
-/// fails the login as an unknown user does. An error when the query cannot
-/// be run (the client gets it; the log gets the details).
-pub async fn lookup(app: &App, lookup: &AuthLookup) -> Result<Option<Secret>, ClientError> {
+/// What a lookup found.
+pub struct Found {
+    /// `None` when the query finds no row or a NULL password (an expired or
+    /// password-less role): the login then fails as an unknown user's does.
+    pub secret: Option<Secret>,
+    /// The auth pool, when this lookup made it for a database only `*`
+    /// stands for: forgotten unless the login succeeds.
+    pub disposable: Option<Arc<Pool>>,
+}
+
+/// Looks `lookup.user` up. An error when the query cannot be run or
+/// answers in a shape other than one row of (name, password): the client
+/// gets a short message, the log the details (a client that has not
+/// proven anything yet learns nothing about the servers).
+pub async fn lookup(app: &App, lookup: &AuthLookup) -> Result<Found, ClientError> {
     let failed = |reason: String| {
-        tracing::warn!(
+        tracing::error!(
             user = %lookup.user, auth_user = %lookup.auth_user, db = %lookup.database,
             "auth_query failed: {reason}"
         );
         ClientError::new(
             "08006",
             format!(
-                "could not look up user \"{}\" with auth_query: {reason}",
+                "could not look up user \"{}\" with auth_query (see the pooler's log)",
                 lookup.user
             ),
         )
     };
-    let pool = app
+    let (pool, disposable) = app
         .auth_pool(&lookup.database, &lookup.auth_user)
         .map_err(|e| failed(format!("auth_dbname: {e}")))?;
     let run = async {
         let mut lease = pool.acquire().await.map_err(|e| e.to_string())?;
-        match run_query_params(lease.server(), &lookup.query, &[&lookup.user]).await {
+        // Two rows are enough to tell "one" from "several".
+        match run_query_params(lease.server(), &lookup.query, &[&lookup.user], 2).await {
             Ok(rows) => {
                 lease.release();
                 Ok(rows)
             }
             // A query error leaves the server clean (ReadyForQuery 'I');
             // anything else (I/O, a transaction left open) does not.
-            Err(e @ crate::backend::login::LoginError::Rejected { .. }) => {
+            Err(e @ LoginError::Rejected { .. }) => {
                 lease.release();
                 Err(e.to_string())
             }
@@ -53,18 +67,48 @@ pub async fn lookup(app: &App, lookup: &AuthLookup) -> Result<Option<Secret>, Cl
             }
         }
     };
-    let rows = tokio::time::timeout(lookup.timeout, run)
-        .await
-        .map_err(|_| failed(format!("no answer within {:?}", lookup.timeout)))?
-        .map_err(failed)?;
-    Ok(secret_of(rows))
+    let outcome = match tokio::time::timeout(lookup.timeout, run).await {
+        Ok(Ok((rows, count))) => secret_of(rows, count).map_err(failed),
+        Ok(Err(e)) => Err(failed(e)),
+        Err(_) => Err(failed(format!("no answer within {:?}", lookup.timeout))),
+    };
+    match outcome {
+        Ok(secret) => Ok(Found {
+            secret,
+            disposable: disposable.then_some(pool),
+        }),
+        Err(e) => {
+            if disposable {
+                app.forget_pool(&pool);
+            }
+            Err(e)
+        }
+    }
 }
 
-/// The password column (the second, as PgBouncer reads it) of the first row.
-fn secret_of(rows: Vec<crate::backend::login::TextRow>) -> Option<Secret> {
-    let row = rows.into_iter().next()?;
-    let password = row.into_iter().nth(1).flatten()?;
-    (!password.is_empty()).then(|| Secret::classify(password))
+/// The password column (the second, as PgBouncer reads it) of the only
+/// row; no row is no user. Several rows would hand one role's secret to
+/// another (a query with LIKE or lower()), so they are an error, as are
+/// fewer than two columns.
+fn secret_of(rows: Vec<TextRow>, count: usize) -> Result<Option<Secret>, String> {
+    if count > 1 {
+        return Err(format!(
+            "the query returned {count} rows, expected at most 1"
+        ));
+    }
+    let Some(row) = rows.into_iter().next() else {
+        return Ok(None);
+    };
+    if row.len() < 2 {
+        return Err(format!(
+            "the query returned {} column(s), expected 2 (name, password)",
+            row.len()
+        ));
+    }
+    let password = row.into_iter().nth(1).flatten();
+    Ok(password
+        .filter(|p| !p.is_empty())
+        .and_then(Secret::from_catalog))
 }
 
 #[cfg(test)]
@@ -76,19 +120,24 @@ mod tests {
     }
 
     #[test]
-    fn the_second_column_of_the_first_row_is_the_secret() {
+    fn one_row_of_two_columns_is_the_answer() {
         let md5 = "md5aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa";
         assert!(matches!(
-            secret_of(vec![row(&[Some("u"), Some(md5)]), row(&[Some("v"), None])]),
-            Some(Secret::Md5(_))
+            secret_of(vec![row(&[Some("u"), Some(md5)])], 1),
+            Ok(Some(Secret::Md5(_)))
         ));
-        assert_eq!(secret_of(vec![]), None);
-        assert_eq!(secret_of(vec![row(&[Some("u"), None])]), None);
-        assert_eq!(secret_of(vec![row(&[Some("u"), Some("")])]), None);
-        assert_eq!(secret_of(vec![row(&[Some("u")])]), None);
+        assert_eq!(secret_of(vec![], 0), Ok(None));
+        assert_eq!(secret_of(vec![row(&[Some("u"), None])], 1), Ok(None));
+        assert_eq!(secret_of(vec![row(&[Some("u"), Some("")])], 1), Ok(None));
         assert_eq!(
-            secret_of(vec![row(&[Some("u"), Some("pw")])]),
-            Some(Secret::Plain("pw".into()))
+            secret_of(vec![row(&[Some("u"), Some("md5zz")])], 1),
+            Ok(None)
+        );
+        assert!(secret_of(vec![row(&[Some("u")])], 1).is_err());
+        assert!(secret_of(vec![row(&[Some("u"), Some(md5)])], 2).is_err());
+        assert_eq!(
+            secret_of(vec![row(&[Some("u"), Some("pw")])], 1),
+            Ok(Some(Secret::Plain("pw".into())))
         );
     }
 }

@@ -17,7 +17,7 @@ use super::client::Client;
 use super::error::ClientError;
 use crate::admin::{CONSOLE_DATABASES, Role, role_of};
 use crate::app::{App, Phase};
-use crate::auth::Secret;
+use crate::auth::{Learnt, Secret};
 use crate::codec::read_startup;
 use crate::net::Stream;
 use crate::params::{ParamSet, tracked_name};
@@ -241,52 +241,14 @@ async fn login_inner(
     }
 
     let config = app.config();
-    let keys = {
-        if !out.is_empty() {
-            stream
-                .write_all(&out)
-                .await
-                .map_err(|e| ClientError::protocol(e.to_string()))?;
-            out.clear();
-        }
-        let userlist = app.userlist();
-        // PgBouncer's rule for trust: no password, but the user must still
-        // be known (auth_file or [users]). Without an auth_file, sluice's
-        // trust admits any name (warned about at startup).
-        if config.settings.auth_type == sluice_config::AuthType::Trust
-            && config.settings.auth_file.is_some()
-            && userlist.get(&user).is_none()
-            && config.user(&user).is_none()
-        {
-            return Err(ClientError::new(
-                "28000",
-                format!("no such user: \"{user}\" is not in auth_file"),
-            ));
-        }
-        let auth_type = config.settings.auth_type;
-        let known = match app.auth_lookup(&database, &user) {
-            Some(lookup)
-                if userlist.get(&user).is_none()
-                    && !CONSOLE_DATABASES.contains(&database.as_str())
-                    && !matches!(auth_type, AuthType::Any | AuthType::Trust) =>
-            {
-                Known::Queried(super::auth_query::lookup(app, &lookup).await?)
-            }
-            _ => Known::File(&userlist),
-        };
-        let scram_keys = authenticate(stream, &mut buf, auth_type, &known, &user).await?;
-        // A queried md5 hash (or plain password) the client just answered
-        // for is what the pool logs in with as this user.
-        let md5_hash = match known {
-            Known::Queried(Some(Secret::Md5(hash))) => Some(hash),
-            Known::Queried(Some(Secret::Plain(p))) => {
-                Some(crate::auth::md5::password_hash(&p, &user))
-            }
-            _ => None,
-        };
-        (scram_keys, md5_hash)
-    };
-    let (keys, md5_hash) = keys;
+    if !out.is_empty() {
+        stream
+            .write_all(&out)
+            .await
+            .map_err(|e| ClientError::protocol(e.to_string()))?;
+        out.clear();
+    }
+    let learnt = authenticate_client(app, stream, &mut buf, &config, &database, &user).await?;
     if CONSOLE_DATABASES.contains(&database.as_str()) {
         let role = role_of(app, &user)?;
         tracing::info!(user = %user, peer = %stream.peer(), "console login");
@@ -310,12 +272,7 @@ async fn login_inner(
     let pool = app
         .pool_for(&database, &user)
         .map_err(|e| ClientError::new("3D000", e.to_string()))?;
-    if let Some(k) = keys {
-        pool.learn_scram_keys(&user, k);
-    }
-    if let Some(hash) = md5_hash {
-        pool.learn_md5_hash(&user, hash);
-    }
+    app.learn_secret(&pool, &user, &learnt);
     app.wait_for_members(&pool)
         .await
         .map_err(|message| ClientError::new("08006", message))?;
@@ -387,6 +344,63 @@ async fn login_inner(
         cancel,
         user,
     }))))
+}
+
+/// Checks the client's password (or lets it in, as `auth_type` says)
+/// against the auth_file or, for a user missing from it, what auth_query
+/// finds; returns what the proof teaches the pool about logging in as that
+/// user.
+async fn authenticate_client(
+    app: &Arc<App>,
+    stream: &mut Stream,
+    buf: &mut BytesMut,
+    config: &sluice_config::Config,
+    database: &str,
+    user: &str,
+) -> Result<Learnt, ClientError> {
+    let userlist = app.userlist();
+    let auth_type = config.settings.auth_type;
+    // PgBouncer's rule for trust: no password, but the user must still be
+    // known (auth_file or [users]). Without an auth_file, sluice's trust
+    // admits any name (warned about at startup).
+    if auth_type == AuthType::Trust
+        && config.settings.auth_file.is_some()
+        && userlist.get(user).is_none()
+        && config.user(user).is_none()
+    {
+        return Err(ClientError::new(
+            "28000",
+            format!("no such user: \"{user}\" is not in auth_file"),
+        ));
+    }
+    let (known, disposable) = match app.auth_lookup(database, user) {
+        Some(lookup)
+            if userlist.get(user).is_none()
+                && !CONSOLE_DATABASES.contains(&database)
+                && !matches!(auth_type, AuthType::Any | AuthType::Trust) =>
+        {
+            let found = super::auth_query::lookup(app, &lookup).await?;
+            (Known::Queried(found.secret), found.disposable)
+        }
+        _ => (Known::File(&userlist), None),
+    };
+    let proven = authenticate(stream, buf, auth_type, &known, user).await;
+    if let Some(pool) = disposable
+        && proven.is_err()
+    {
+        app.forget_pool(&pool);
+    }
+    // A queried md5 hash (or plain password) the client just answered for
+    // is what the pool logs in with as this user.
+    let md5_hash = match known {
+        Known::Queried(Some(Secret::Md5(hash))) => Some(hash),
+        Known::Queried(Some(Secret::Plain(p))) => Some(crate::auth::md5::password_hash(&p, user)),
+        _ => None,
+    };
+    Ok(Learnt {
+        scram_keys: proven?,
+        md5_hash,
+    })
 }
 
 /// The client's wanted parameters: the server's greeting overridden by the
