@@ -273,3 +273,71 @@ impl Drop for HeldPsql {
         let _ = self.child.wait();
     }
 }
+
+/// A TLS client straight from the first byte (PostgreSQL 17's
+/// `sslnegotiation=direct`), trusting the test CA, offering `alpn`.
+async fn direct_tls(
+    port: u16,
+    certs: &Certs,
+    alpn: &[&[u8]],
+) -> std::io::Result<tokio_rustls::client::TlsStream<tokio::net::TcpStream>> {
+    use rustls_pki_types::pem::PemObject;
+    let mut roots = rustls::RootCertStore::empty();
+    for cert in
+        rustls_pki_types::CertificateDer::pem_file_iter(certs.file("ca.crt")).expect("read ca.crt")
+    {
+        roots.add(cert.expect("ca cert")).expect("add ca");
+    }
+    let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
+    let mut config = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .expect("versions")
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    config.alpn_protocols = alpn.iter().map(|p| p.to_vec()).collect();
+    let connector = tokio_rustls::TlsConnector::from(std::sync::Arc::new(config));
+    let tcp = tokio::net::TcpStream::connect(("127.0.0.1", port)).await?;
+    let name = rustls_pki_types::ServerName::try_from("localhost").expect("name");
+    connector.connect(name, tcp).await
+}
+
+#[tokio::test]
+async fn direct_tls_with_alpn_postgresql_logs_in() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let cluster = app_cluster(ServerAuth::Trust);
+    let certs = Certs::make(APP_USER);
+    let sluice = tls_config(&cluster, &certs, "require").start();
+    let mut tls = direct_tls(sluice.port(), &certs, &[b"postgresql"])
+        .await
+        .expect("direct TLS handshake");
+    tls.write_all(&startup_packet(&[
+        ("user", APP_USER),
+        ("database", "postgres"),
+    ]))
+    .await
+    .expect("send startup");
+    let mut tag = [0u8; 1];
+    tokio::time::timeout(Duration::from_secs(10), tls.read_exact(&mut tag))
+        .await
+        .expect("an answer in time")
+        .expect("read");
+    assert_eq!(tag[0], b'R', "AuthenticationOk expected over direct TLS");
+
+    // Without ALPN the connection is dropped after the handshake.
+    if let Ok(mut tls) = direct_tls(sluice.port(), &certs, &[]).await {
+        let _ = tls
+            .write_all(&startup_packet(&[
+                ("user", APP_USER),
+                ("database", "postgres"),
+            ]))
+            .await;
+        let mut byte = [0u8; 1];
+        let read = tokio::time::timeout(Duration::from_secs(10), tls.read(&mut byte))
+            .await
+            .expect("closed in time");
+        assert!(
+            matches!(read, Ok(0) | Err(_)),
+            "direct TLS without ALPN was served: {read:?}"
+        );
+    }
+}
