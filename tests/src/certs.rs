@@ -1,7 +1,8 @@
 //! Certificates for TLS tests, made at run time with Debian's `openssl`
 //! CLI: a CA, a server certificate for `localhost` / 127.0.0.1, a client
-//! certificate whose CN is a user name, and a second CA that signed
-//! nothing sluice trusts (for verification failures). EC P-256 keys: fast
+//! certificate whose CN is a user name, a server certificate for another
+//! name (`wrongname.*`), and a second CA that signed nothing (for
+//! verification failures). EC P-256 keys: fast
 //! to make.
 
 use std::path::{Path, PathBuf};
@@ -115,13 +116,21 @@ impl Certs {
         make_leaf(
             d,
             "ca",
+            "wrongname",
+            "elsewhere.example",
+            "subjectAltName=DNS:elsewhere.example\nbasicConstraints=CA:FALSE\n\
+             keyUsage=critical,digitalSignature,keyEncipherment\nextendedKeyUsage=serverAuth\n",
+        );
+        make_leaf(
+            d,
+            "ca",
             "client",
             client_user,
             "basicConstraints=CA:FALSE\nkeyUsage=critical,digitalSignature,keyEncipherment\n\
              extendedKeyUsage=clientAuth\n",
         );
         // libpq refuses a key file others can read.
-        for key in ["server.key", "client.key"] {
+        for key in ["server.key", "wrongname.key", "client.key"] {
             use std::os::unix::fs::PermissionsExt;
             std::fs::set_permissions(d.join(key), std::fs::Permissions::from_mode(0o600))
                 .expect("chmod key");
@@ -132,6 +141,11 @@ impl Certs {
     /// `<name>` in the directory, e.g. `ca.crt`, `server.key`.
     pub fn file(&self, name: &str) -> PathBuf {
         self.dir.path().join(name)
+    }
+
+    /// The text of `<name>` (to hand a certificate to the testkit).
+    pub fn text(&self, name: &str) -> String {
+        std::fs::read_to_string(self.file(name)).expect("read certificate file")
     }
 
     /// Same, as a string for an ini value or a conninfo.

@@ -63,6 +63,8 @@ pub struct App {
     userlist: RwLock<Arc<Userlist>>,
     /// TLS towards clients, as `client_tls_*` last loaded well.
     client_tls: RwLock<Arc<crate::tls::ClientTls>>,
+    /// TLS towards servers, as `server_tls_*` last loaded well.
+    server_tls: RwLock<Arc<crate::tls::ServerTls>>,
     pools: Mutex<HashMap<(String, String), Arc<Pool>>>,
     /// Each database that routes reads or takes its hosts from Patroni:
     /// its topology and the pools of its single hosts.
@@ -106,6 +108,7 @@ impl App {
             config: RwLock::new(Arc::new(config)),
             userlist: RwLock::new(Arc::new(userlist)),
             client_tls: RwLock::new(Arc::new(crate::tls::ClientTls::disabled())),
+            server_tls: RwLock::new(Arc::default()),
             pools: Mutex::new(HashMap::new()),
             clusters: Mutex::new(HashMap::new()),
             db_limits: Mutex::new(HashMap::new()),
@@ -173,6 +176,20 @@ impl App {
     /// Replaces the TLS configuration for clients that connect from now on.
     pub fn set_client_tls(&self, tls: crate::tls::ClientTls) {
         *self.client_tls.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(tls);
+    }
+
+    /// TLS towards servers (what new targets carry).
+    pub fn server_tls(&self) -> Arc<crate::tls::ServerTls> {
+        self.server_tls
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    /// Replaces the TLS configuration towards servers; pools take it at
+    /// their next RELOAD-made target (call before `reload`).
+    pub fn set_server_tls(&self, tls: crate::tls::ServerTls) {
+        *self.server_tls.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(tls);
     }
 
     pub fn userlist(&self) -> Arc<Userlist> {
@@ -641,6 +658,7 @@ impl App {
             connect_query: entry.connect_query.clone(),
             connect_timeout: s.server_connect_timeout,
             keepalive: crate::net::Keepalive::from_settings(s),
+            tls: self.server_tls(),
         };
         // The entry's password is its forced user's (or, without one, any
         // user's), never auth_user's when auth_user has a pool of its own.

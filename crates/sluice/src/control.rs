@@ -56,6 +56,10 @@ pub fn reload(app: &App) {
         Ok(tls) => app.set_client_tls(tls),
         Err(e) => tracing::error!("client TLS not reloaded, keeping the old one: {e}"),
     }
+    match crate::tls::ServerTls::from_settings(&config.settings) {
+        Ok(tls) => app.set_server_tls(tls),
+        Err(e) => tracing::error!("server TLS not reloaded, keeping the old one: {e}"),
+    }
     app.reload(config, Some(userlist));
     tracing::info!("configuration reloaded");
 }

@@ -32,12 +32,6 @@ pub fn check_supported(s: &Settings) -> Result<(), Unsupported> {
              admit only the users listed there (PgBouncer's rule)"
         );
     }
-    let value = &s.server_tls_sslmode;
-    if !matches!(value.as_str(), "" | "disable" | "allow" | "prefer") {
-        return Err(Unsupported(format!(
-            "server_tls_sslmode = {value} needs TLS towards servers, which sluice does not do yet"
-        )));
-    }
     Ok(())
 }
 

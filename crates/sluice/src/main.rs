@@ -63,6 +63,13 @@ fn main() -> ExitCode {
         return ExitCode::FAILURE;
     }
     if cli.check_config {
+        if let Err(e) = tls::ClientTls::from_settings(&config.settings)
+            .map(drop)
+            .and_then(|()| tls::ServerTls::from_settings(&config.settings).map(drop))
+        {
+            eprintln!("sluice: {e}");
+            return ExitCode::FAILURE;
+        }
         println!(
             "sluice: {} is valid ({} databases, {} auth_file users, {} warnings)",
             cli.config.display(),
@@ -107,8 +114,17 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
+    let server_tls = match tls::ServerTls::from_settings(&config.settings) {
+        Ok(t) => t,
+        Err(e) => {
+            tracing::error!("{e}");
+            eprintln!("sluice: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
     let app = App::new(cli.config.clone(), config, userlist).shared();
     app.set_client_tls(client_tls);
+    app.set_server_tls(server_tls);
     let sockets = match workers::bind(&app, workers, settings.runtime) {
         Ok(s) => s,
         Err(e) => {

@@ -49,6 +49,19 @@ impl ClusterBuilder {
         self
     }
 
+    /// Serves TLS (`ssl = on`) with this certificate chain and key (PEM
+    /// text), copied into the data directory.
+    pub fn tls(mut self, cert_pem: &str, key_pem: &str) -> Self {
+        self.conf.tls = Some((cert_pem.to_owned(), key_pem.to_owned()));
+        self
+    }
+
+    /// TCP clients must use TLS (`hostssl` in pg_hba.conf).
+    pub fn tls_only(mut self) -> Self {
+        self.conf.tls_only = true;
+        self
+    }
+
     /// Adds a database owned by postgres.
     pub fn database(mut self, name: &str) -> Self {
         self.databases.push(name.to_owned());

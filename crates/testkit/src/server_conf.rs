@@ -58,6 +58,10 @@ impl ServerAuth {
     }
 }
 
+/// The server certificate and key in the data directory, when TLS is on.
+const TLS_CERT_FILE: &str = "server.crt";
+const TLS_KEY_FILE: &str = "server.key";
+
 /// Settings shared by a primary and the replicas made from it.
 #[derive(Clone, Debug)]
 pub(crate) struct ServerConf {
@@ -65,6 +69,10 @@ pub(crate) struct ServerConf {
     pub(crate) superuser_reserved_connections: u32,
     pub(crate) auth: ServerAuth,
     pub(crate) extra: Vec<(String, String)>,
+    /// Certificate and key (PEM text) to serve TLS with (`ssl = on`).
+    pub(crate) tls: Option<(String, String)>,
+    /// TCP clients must use TLS (`hostssl` lines instead of `host`).
+    pub(crate) tls_only: bool,
 }
 
 impl Default for ServerConf {
@@ -74,6 +82,8 @@ impl Default for ServerConf {
             superuser_reserved_connections: 3,
             auth: ServerAuth::Trust,
             extra: Vec::new(),
+            tls: None,
+            tls_only: false,
         }
     }
 }
@@ -105,6 +115,11 @@ impl ServerConf {
             "logging_collector = off".to_owned(),
             "log_min_messages = warning".to_owned(),
         ];
+        if self.tls.is_some() {
+            lines.push("ssl = on".to_owned());
+            lines.push(format!("ssl_cert_file = '{TLS_CERT_FILE}'"));
+            lines.push(format!("ssl_key_file = '{TLS_KEY_FILE}'"));
+        }
         for (key, value) in &self.extra {
             lines.push(format!("{key} = {}", conf_value(value)?));
         }
@@ -123,12 +138,13 @@ impl ServerConf {
     /// Contents of pg_hba.conf.
     pub(crate) fn render_hba(&self) -> String {
         let method = self.auth.hba_method();
+        let host = if self.tls_only { "hostssl" } else { "host   " };
         format!(
             "# Written by sluice-testkit.\n\
              local all         all              trust\n\
              local replication all              trust\n\
-             host  all         all 127.0.0.1/32 {method}\n\
-             host  all         all ::1/128      {method}\n\
+             {host}  all         all 127.0.0.1/32 {method}\n\
+             {host}  all         all ::1/128      {method}\n\
              host  replication all 127.0.0.1/32 {method}\n\
              host  replication all ::1/128      {method}\n"
         )
@@ -151,6 +167,15 @@ impl ServerConf {
             .map_err(|e| TestkitError::io(format!("reading {}", main_conf.display()), e))?;
         text.push_str(&format!("\ninclude '{CONF_FILE}'\n"));
         write_owned(&main_conf, &text)?;
+        if let Some((cert, key)) = &self.tls {
+            write_owned(&data_dir.join(TLS_CERT_FILE), cert)?;
+            let key_path = data_dir.join(TLS_KEY_FILE);
+            write_owned(&key_path, key)?;
+            // PostgreSQL refuses a key others can read.
+            use std::os::unix::fs::PermissionsExt;
+            std::fs::set_permissions(&key_path, std::fs::Permissions::from_mode(0o600))
+                .map_err(|e| TestkitError::io(format!("chmod {}", key_path.display()), e))?;
+        }
         write_owned(&data_dir.join("pg_hba.conf"), &self.render_hba())
     }
 }

@@ -43,6 +43,8 @@ pub enum LoginError {
     Scram(#[from] scram::ScramError),
     #[error("server connection: {0}")]
     Read(#[from] ReadError),
+    #[error("{0}")]
+    Tls(String),
 }
 
 impl LoginError {
@@ -50,7 +52,7 @@ impl LoginError {
     pub fn sqlstate(&self) -> &str {
         match self {
             Self::Rejected { code, .. } => code,
-            Self::Timeout | Self::Connect { .. } | Self::Read(_) => "08006",
+            Self::Timeout | Self::Connect { .. } | Self::Read(_) | Self::Tls(_) => "08006",
             _ => "28000",
         }
     }
@@ -78,6 +80,7 @@ pub async fn open(
 async fn connect(
     addr: &ServerAddr,
     keepalive: &crate::net::Keepalive,
+    tls: &crate::tls::ServerTls,
 ) -> Result<Stream, LoginError> {
     let err = |source| LoginError::Connect {
         addr: addr.to_string(),
@@ -90,9 +93,44 @@ async fn connect(
                 .map_err(err)?;
             s.set_nodelay(true).map_err(err)?;
             keepalive.apply(&s);
+            if tls.requests() {
+                return start_tls(s, host, tls).await;
+            }
             Ok(Stream::Tcp(s))
         }
         ServerAddr::Unix(path) => Ok(Stream::Unix(UnixStream::connect(path).await.map_err(err)?)),
+    }
+}
+
+/// Asks the server for TLS (SSLRequest) and runs the handshake when it
+/// agrees; a refusal is plain TCP unless the sslmode requires TLS. (Unix
+/// sockets are never asked, as libpq never asks.)
+async fn start_tls(
+    mut tcp: TcpStream,
+    host: &str,
+    tls: &crate::tls::ServerTls,
+) -> Result<Stream, LoginError> {
+    use tokio::io::AsyncReadExt;
+    let mut out = BytesMut::with_capacity(8);
+    sluice_wire::encode_ssl_request(&mut out);
+    tcp.write_all(&out).await?;
+    // One byte, read alone: nothing the server sends after it may be taken
+    // as plain text.
+    let mut answer = [0u8; 1];
+    tcp.read_exact(&mut answer).await?;
+    match answer[0] {
+        b'S' => tls
+            .connect(tcp, host)
+            .await
+            .map_err(|e| LoginError::Tls(format!("TLS handshake with server {host} failed: {e}"))),
+        b'N' if !tls.required() => Ok(Stream::Tcp(tcp)),
+        b'N' => Err(LoginError::Tls(format!(
+            "server {host} does not support TLS, and server_tls_sslmode requires it"
+        ))),
+        other => Err(LoginError::Tls(format!(
+            "server {host} answered SSLRequest with {:?}",
+            char::from(other)
+        ))),
     }
 }
 
@@ -100,7 +138,7 @@ async fn open_inner(
     target: &ServerTarget,
     credential: &ServerCredential,
 ) -> Result<(Box<ServerConn>, Reported), LoginError> {
-    let mut stream = connect(&target.addr, &target.keepalive).await?;
+    let mut stream = connect(&target.addr, &target.keepalive, &target.tls).await?;
     let mut out = BytesMut::with_capacity(256);
     let mut params = vec![
         ("user", target.user.as_str()),

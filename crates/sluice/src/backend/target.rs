@@ -72,4 +72,6 @@ pub struct ServerTarget {
     pub connect_query: Option<String>,
     pub connect_timeout: Duration,
     pub keepalive: crate::net::Keepalive,
+    /// TLS as `server_tls_*` said when the target was made.
+    pub tls: std::sync::Arc<crate::tls::ServerTls>,
 }
