@@ -341,3 +341,35 @@ async fn direct_tls_with_alpn_postgresql_logs_in() {
         );
     }
 }
+
+/// A RELOAD that asks for require but cannot load its certificate must not
+/// leave plain logins open: the stricter mode holds with the old (here no)
+/// certificate.
+#[tokio::test]
+async fn a_broken_reload_to_require_refuses_plain_logins() {
+    let cluster = app_cluster(ServerAuth::Trust);
+    let sluice = ConfigBuilder::for_cluster(&cluster)
+        .set("pool_mode", "transaction")
+        .start();
+    let port = sluice.port();
+    let before = psql_with(port, "sslmode=disable", "select 1").await;
+    assert!(before.success(), "{}", before.stderr);
+    let broken = ConfigBuilder::for_cluster(&cluster)
+        .set("pool_mode", "transaction")
+        .set("client_tls_sslmode", "require")
+        .set("client_tls_cert_file", "/nonexistent.crt")
+        .set("client_tls_key_file", "/nonexistent.key")
+        .render();
+    sluice.rewrite_config(&broken);
+    sluice.reload();
+    let refused = eventually(Duration::from_secs(10), || async {
+        let out = psql_with(port, "sslmode=disable", "select 1").await;
+        out.stderr.contains("SSL required").then_some(())
+    })
+    .await;
+    assert!(
+        refused.is_some(),
+        "plain logins still served:\n{}",
+        sluice.log()
+    );
+}

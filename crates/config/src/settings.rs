@@ -63,24 +63,23 @@ define_settings! {
         client_login_timeout: Duration = secs(60) => "60", Seconds, reload,
             "Disconnect clients that have not logged in within this time. (seconds)";
         client_tls13_ciphers: String = String::new() => "", Text, reload,
-            "TLS 1.3 cipher suites for client connections (stored; sluice has no TLS yet).";
+            "TLS 1.3 cipher suites for client connections (names as OpenSSL or the RFC give them); empty: all.";
         client_tls_ca_file: String = String::new() => "", Text, reload,
-            "CA certificates that validate client certificates (stored; no TLS yet).";
+            "CA certificates that validate client certificates (verify-ca, verify-full).";
         client_tls_cert_file: String = String::new() => "", Text, reload,
-            "Certificate presented to clients (stored; no TLS yet).";
+            "Certificate chain (PEM) presented to clients.";
         client_tls_ciphers: String = text("default") => "default", Text, reload,
-            "TLS 1.2-and-older ciphers for client connections (stored; no TLS yet).";
+            "TLS 1.2 ciphers for clients: keywords keep all rustls suites, named suites restrict.";
         client_tls_dheparams: String = text("auto") => "auto", Text, reload,
-            "DHE key exchange for client connections: none, auto or legacy (stored; no TLS yet).";
+            "DHE key exchange for clients: none, auto or legacy (rustls has ECDHE only).";
         client_tls_ecdhcurve: String = text("auto") => "auto", Text, reload,
-            "ECDH curve for client connections (stored; no TLS yet).";
+            "ECDH curves for clients: auto, or x25519, prime256v1, secp384r1.";
         client_tls_key_file: String = String::new() => "", Text, reload,
-            "Private key for client connections (stored; no TLS yet).";
+            "Private key (PEM) for client connections.";
         client_tls_protocols: String = text("secure") => "secure", Text, reload,
-            "TLS protocol versions allowed for clients (stored; no TLS yet).";
+            "TLS versions for clients: secure, tlsv1.2, tlsv1.3 (rustls has no 1.0/1.1).";
         client_tls_sslmode: String = text("disable") => "disable", SslMode, reload,
-            "TLS mode for clients: disable, allow, prefer, require, verify-ca, verify-full \
-             (stored; no TLS yet).";
+            "TLS mode for clients: disable, allow, prefer, require, verify-ca, verify-full.";
         conffile: String = String::new() => "", Text, reload,
             "The configuration file; the reader sets it to the file it loaded.";
         default_pool_size: u32 = 20 => "20", Count, reload,
@@ -191,20 +190,20 @@ define_settings! {
         server_round_robin: bool = false => "0", Flag, reload,
             "Use idle server connections in turn (FIFO) instead of most-recent first (LIFO).";
         server_tls13_ciphers: String = String::new() => "", Text, reload,
-            "TLS 1.3 cipher suites for server connections (stored; sluice has no TLS yet).";
+            "TLS 1.3 cipher suites towards servers; empty: all.";
         server_tls_ca_file: String = String::new() => "", Text, reload,
-            "CA certificates that validate server certificates (stored; no TLS yet).";
+            "CA certificates that validate server certificates (verify-ca, verify-full).";
         server_tls_cert_file: String = String::new() => "", Text, reload,
-            "Client certificate presented to servers (stored; no TLS yet).";
+            "Client certificate chain (PEM) presented to servers.";
         server_tls_ciphers: String = text("default") => "default", Text, reload,
-            "TLS 1.2-and-older ciphers for server connections (stored; no TLS yet).";
+            "TLS 1.2 ciphers towards servers: keywords keep all rustls suites, named suites restrict.";
         server_tls_key_file: String = String::new() => "", Text, reload,
-            "Private key for server connections (stored; no TLS yet).";
+            "Private key (PEM) for the client certificate presented to servers.";
         server_tls_protocols: String = text("secure") => "secure", Text, reload,
-            "TLS protocol versions allowed towards servers (stored; no TLS yet).";
+            "TLS versions towards servers: secure, tlsv1.2, tlsv1.3.";
         server_tls_sslmode: String = text("prefer") => "prefer", SslMode, reload,
-            "TLS mode towards servers: disable, allow, prefer, require, verify-ca, verify-full \
-             (stored; no TLS yet).";
+            "TLS mode towards servers, with libpq's meanings: disable, allow, prefer, require, \
+             verify-ca, verify-full.";
         so_reuseport: bool = false => "0", Flag, fixed,
             "Set SO_REUSEPORT on listening sockets so several processes can share the port.";
         stats_period: Duration = secs(60) => "60", Seconds, reload,

@@ -54,7 +54,20 @@ pub fn reload(app: &App) {
     // broken set keeps the old one (connected clients keep theirs anyway).
     match crate::tls::ClientTls::from_settings(&config.settings) {
         Ok(tls) => app.set_client_tls(tls),
-        Err(e) => tracing::error!("client TLS not reloaded, keeping the old one: {e}"),
+        Err(e) => {
+            tracing::error!("client TLS not reloaded, keeping the old one: {e}");
+            let wanted =
+                crate::tls::Mode::parse("client_tls_sslmode", &config.settings.client_tls_sslmode);
+            let old = app.client_tls();
+            if let Ok(wanted) = wanted
+                && wanted > old.mode
+            {
+                tracing::error!(
+                    "client_tls_sslmode {wanted:?} is in force with the old certificate                      (TCP logins without TLS are refused)"
+                );
+                app.set_client_tls(old.at_least(wanted));
+            }
+        }
     }
     match crate::tls::ServerTls::from_settings(&config.settings) {
         Ok(tls) => app.set_server_tls(tls),

@@ -32,11 +32,18 @@ impl ClientError {
         ErrorFields::new(Severity::Fatal, &self.code, &self.message).encode(buf);
     }
 
-    /// Sends the error, best effort: the client may be gone already.
+    /// Sends the error, best effort: the client may be gone already. A
+    /// write the relay left unfinished is flushed first (over TLS it would
+    /// otherwise swallow this one), and the stream is shut down after (TLS
+    /// close_notify).
     pub async fn send(&self, stream: &mut Stream) {
         let mut buf = BytesMut::with_capacity(64 + self.message.len());
         self.encode(&mut buf);
-        let write = stream.write_all(&buf);
+        let write = async {
+            stream.flush().await?;
+            stream.write_all(&buf).await?;
+            stream.shutdown().await
+        };
         let _ = tokio::time::timeout(std::time::Duration::from_secs(2), write).await;
     }
 }

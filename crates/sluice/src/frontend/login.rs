@@ -174,6 +174,11 @@ async fn login_inner(
                     .map_err(|e| ClientError::protocol(e.to_string()))?;
                 return Ok(Some(Decided::StartTls));
             }
+            StartupPacket::SslRequest if matches!(stream, Stream::Tls(_)) => {
+                return Err(ClientError::protocol(
+                    "SSL request on a connection that is already encrypted",
+                ));
+            }
             StartupPacket::SslRequest | StartupPacket::GssEncRequest => {
                 stream
                     .write_all(b"N")

@@ -18,6 +18,10 @@ use super::settings::{Mode, TlsError, load_certs, load_key, load_roots, provider
 use super::stream::{TlsConn, TlsSocket};
 use crate::net::Stream;
 
+/// A client's handshake gets this long, even where client_login_timeout
+/// is 0 (no bound): a stalled ClientHello holds up to 64 KiB in rustls.
+const HANDSHAKE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+
 /// ALPN protocol name of PostgreSQL (required for direct TLS).
 pub const ALPN_POSTGRESQL: &[u8] = b"postgresql";
 
@@ -104,6 +108,16 @@ impl ClientTls {
         })
     }
 
+    /// The same certificates under a stricter mode: what a RELOAD that asks
+    /// for more (say require) but cannot load its files leaves in force, so
+    /// a broken reload never lets plain logins in that the new file forbids.
+    pub fn at_least(&self, mode: Mode) -> Self {
+        Self {
+            mode: self.mode.max(mode),
+            acceptor: self.acceptor.clone(),
+        }
+    }
+
     /// Whether an SSLRequest gets `S`.
     pub fn offers(&self) -> bool {
         self.acceptor.is_some()
@@ -121,7 +135,11 @@ impl ClientTls {
         let Some(acceptor) = &self.acceptor else {
             return Err(std::io::Error::other("TLS is not configured"));
         };
-        let tls = acceptor.accept(TlsSocket::new(tcp)).await?;
+        let tls = tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(TlsSocket::new(tcp)))
+            .await
+            .map_err(|_| {
+                std::io::Error::new(std::io::ErrorKind::TimedOut, "TLS handshake timed out")
+            })??;
         let conn = TlsConn::new(tokio_rustls::TlsStream::Server(tls));
         if direct && conn.negotiated_protocol() != Some(ALPN_POSTGRESQL) {
             return Err(std::io::Error::other(

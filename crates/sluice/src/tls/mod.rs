@@ -12,4 +12,5 @@ mod stream;
 
 pub use client_side::ClientTls;
 pub use server_side::ServerTls;
+pub use settings::Mode;
 pub use stream::TlsConn;

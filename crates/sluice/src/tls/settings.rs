@@ -146,9 +146,21 @@ const OPENSSL_TLS12_NAMES: &[(&str, &str)] = &[
     ),
 ];
 
-/// Which of `suites` (of one TLS version) a cipher list keeps: a keyword
-/// or OpenSSL expression keeps them all; named suites (OpenSSL or IANA
-/// names) keep those.
+/// A suite's standard name: rustls calls TLS 1.3 suites `TLS13_…`, the
+/// RFC and OpenSSL `TLS_…`.
+fn suite_name(suite: &rustls::SupportedCipherSuite) -> String {
+    let debug = format!("{:?}", suite.suite());
+    match debug.strip_prefix("TLS13_") {
+        Some(rest) => format!("TLS_{rest}"),
+        None => debug,
+    }
+}
+
+/// Which of `suites` (of one TLS version) a cipher list keeps. Named suites
+/// (OpenSSL or IANA names) restrict to those; a suite name rustls does not
+/// have is warned about and skipped. A list of keywords and OpenSSL
+/// selections only (default, secure, HIGH, !aNULL, ECDHE…) keeps every
+/// suite rustls offers, all of them AEAD with forward secrecy.
 fn pick_suites(
     key: &'static str,
     value: &str,
@@ -160,40 +172,49 @@ fn pick_suites(
         .copied()
         .filter(|s| matches!(s, rustls::SupportedCipherSuite::Tls13(_)) == tls13)
         .collect();
-    let words: Vec<&str> = value
+    let mut named = Vec::new();
+    let mut missing = Vec::new();
+    let mut selections = Vec::new();
+    for word in value
         .split(|c: char| c == ':' || c == ',' || c.is_whitespace())
         .filter(|w| !w.is_empty())
-        .collect();
-    let mut named = Vec::new();
-    let mut expression = words.is_empty();
-    for word in &words {
+    {
         let iana = OPENSSL_TLS12_NAMES
             .iter()
             .find(|(openssl, _)| openssl.eq_ignore_ascii_case(word))
-            .map_or(*word, |(_, iana)| iana);
-        match of_version
+            .map_or(word, |(_, iana)| iana);
+        if let Some(suite) = of_version
             .iter()
-            .find(|s| format!("{:?}", s.suite()).eq_ignore_ascii_case(iana))
+            .find(|s| suite_name(s).eq_ignore_ascii_case(iana))
         {
-            Some(s) => named.push(*s),
-            // default, secure, fast, normal, HIGH, !aNULL, +3DES…: OpenSSL
-            // selections, of which rustls's suites are the secure end.
-            None if word
-                .chars()
-                .all(|c| c.is_ascii_alphanumeric() || "!+-@=".contains(c)) =>
-            {
-                expression = true;
-            }
-            None => return Err(setting(key, value, format!("unknown cipher {word}"))),
+            named.push(*suite);
+        } else if word.to_ascii_uppercase().starts_with("TLS_")
+            || word.get(1..).is_some_and(|rest| rest.contains('-'))
+        {
+            missing.push(word);
+        } else {
+            selections.push(word);
         }
     }
-    if expression {
+    if !missing.is_empty() {
+        tracing::warn!(
+            "{key} = {value}: not offered by rustls, skipped: {}",
+            missing.join(" ")
+        );
+    }
+    if !named.is_empty() {
+        if !selections.is_empty() {
+            tracing::warn!(
+                "{key} = {value}: the named suites are used; {} ignored",
+                selections.join(" ")
+            );
+        }
+        return Ok(named);
+    }
+    if missing.is_empty() || !selections.is_empty() {
         return Ok(of_version);
     }
-    if named.is_empty() {
-        return Err(setting(key, value, "names no cipher suite rustls offers"));
-    }
-    Ok(named)
+    Err(setting(key, value, "names no cipher suite rustls offers"))
 }
 
 /// A ring provider restricted as `ciphers`, `tls13_ciphers` and `ecdhcurve`
@@ -325,7 +346,22 @@ mod tests {
         assert_eq!(one.len(), 1);
         let iana = pick_suites("k", "TLS_AES_128_GCM_SHA256", true, &all).unwrap();
         assert_eq!(iana.len(), 1);
-        assert!(pick_suites("k", "RC4/SHA", false, &all).is_err());
+        assert_eq!(
+            pick_suites(
+                "k",
+                "TLS_AES_256_GCM_SHA384:TLS_CHACHA20_POLY1305_SHA256",
+                true,
+                &all
+            )
+            .unwrap()
+            .len(),
+            2
+        );
+        // A real suite rustls lacks restricts to nothing: an error, not "all".
+        assert!(pick_suites("k", "ECDHE-RSA-AES256-SHA384", false, &all).is_err());
+        // Named suites win over selections in the same list.
+        let mixed = pick_suites("k", "ECDHE-RSA-AES128-GCM-SHA256:!aNULL", false, &all).unwrap();
+        assert_eq!(mixed.len(), 1);
     }
 
     #[test]

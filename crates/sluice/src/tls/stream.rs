@@ -5,7 +5,9 @@
 //! inside rustls when the socket has nothing to read (readiness must say
 //! so), and encrypted bytes may wait inside rustls after a write returned
 //! (a write is reported done only once they are on the socket, so that a
-//! relay that never flushes does not leave a reply behind).
+//! relay that never flushes does not leave a reply behind; the caller
+//! retries the same bytes, as relay_io and write_all do, and a writer that
+//! starts afresh after an abandoned write flushes first).
 
 use std::io;
 use std::pin::Pin;
@@ -160,8 +162,13 @@ impl AsyncWrite for TlsConn {
         }
     }
 
+    /// Also ends a write taken earlier whose caller went away (a relay
+    /// that stopped mid-reply): what follows is a new write.
     fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.get_mut().tls).poll_flush(cx)
+        let me = self.get_mut();
+        ready!(Pin::new(&mut me.tls).poll_flush(cx))?;
+        me.taken = 0;
+        Poll::Ready(Ok(()))
     }
 
     fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
