@@ -63,6 +63,8 @@ pub struct App {
     userlist: RwLock<Arc<Userlist>>,
     /// TLS towards clients, as `client_tls_*` last loaded well.
     client_tls: RwLock<Arc<crate::tls::ClientTls>>,
+    /// hba rules and ident map, as last loaded well.
+    auth_rules: RwLock<Arc<crate::auth::rules::AuthRules>>,
     /// TLS towards servers, as `server_tls_*` last loaded well.
     server_tls: RwLock<Arc<crate::tls::ServerTls>>,
     pools: Mutex<HashMap<(String, String), Arc<Pool>>>,
@@ -109,6 +111,7 @@ impl App {
             userlist: RwLock::new(Arc::new(userlist)),
             client_tls: RwLock::new(Arc::new(crate::tls::ClientTls::disabled())),
             server_tls: RwLock::new(Arc::default()),
+            auth_rules: RwLock::new(Arc::default()),
             pools: Mutex::new(HashMap::new()),
             clusters: Mutex::new(HashMap::new()),
             db_limits: Mutex::new(HashMap::new()),
@@ -176,6 +179,18 @@ impl App {
     /// Replaces the TLS configuration for clients that connect from now on.
     pub fn set_client_tls(&self, tls: crate::tls::ClientTls) {
         *self.client_tls.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(tls);
+    }
+
+    /// hba rules and the ident map.
+    pub fn auth_rules(&self) -> Arc<crate::auth::rules::AuthRules> {
+        self.auth_rules
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    pub fn set_auth_rules(&self, rules: crate::auth::rules::AuthRules) {
+        *self.auth_rules.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(rules);
     }
 
     /// TLS towards servers (what new targets carry).

@@ -50,9 +50,17 @@ pub fn reload(app: &App) {
             tracing::warn!("{key} changed; it takes effect only after a restart");
         }
     }
-    // New certificates and keys for clients that connect from now on; a
-    // broken set keeps the old one (connected clients keep theirs anyway).
-    match crate::tls::ClientTls::from_settings(&config.settings) {
+    // New hba rules, certificates and keys for clients that connect from
+    // now on; a broken set keeps the old one (connected clients keep
+    // theirs anyway).
+    match crate::auth::rules::AuthRules::load(&config.settings) {
+        Ok(rules) => app.set_auth_rules(rules),
+        Err(e) => tracing::error!("auth_hba_file not reloaded, keeping the old rules: {e}"),
+    }
+    let certs = app
+        .auth_rules()
+        .wants_client_certificates(config.settings.auth_type);
+    match crate::tls::ClientTls::from_settings(&config.settings, certs) {
         Ok(tls) => app.set_client_tls(tls),
         Err(e) => {
             tracing::error!("client TLS not reloaded, keeping the old one: {e}");

@@ -18,11 +18,15 @@ pub fn check_supported(s: &Settings) -> Result<(), Unsupported> {
         | AuthType::Trust
         | AuthType::Plain
         | AuthType::Md5
-        | AuthType::ScramSha256 => {}
+        | AuthType::ScramSha256
+        | AuthType::Cert
+        | AuthType::Hba => {}
         other => {
             return Err(Unsupported(format!(
-                "auth_type = {} is not supported by sluice yet (use trust, plain, md5 or scram-sha-256)",
-                other.as_str()
+                "auth_type = {} is not supported by sluice (no {} library is linked): use hba \
+                 with md5, scram-sha-256 or cert, or auth_query",
+                other.as_str(),
+                other.as_str().to_ascii_uppercase()
             )));
         }
     }

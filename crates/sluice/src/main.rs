@@ -63,7 +63,15 @@ fn main() -> ExitCode {
         return ExitCode::FAILURE;
     }
     if cli.check_config {
-        if let Err(e) = tls::ClientTls::from_settings(&config.settings)
+        let rules = match auth::rules::AuthRules::load(&config.settings) {
+            Ok(r) => r,
+            Err(e) => {
+                eprintln!("sluice: {e}");
+                return ExitCode::FAILURE;
+            }
+        };
+        let certs = rules.wants_client_certificates(config.settings.auth_type);
+        if let Err(e) = tls::ClientTls::from_settings(&config.settings, certs)
             .map(drop)
             .and_then(|()| tls::ServerTls::from_settings(&config.settings).map(drop))
         {
@@ -106,7 +114,16 @@ fn main() -> ExitCode {
     } else {
         settings.workers
     };
-    let client_tls = match tls::ClientTls::from_settings(&config.settings) {
+    let rules = match auth::rules::AuthRules::load(&config.settings) {
+        Ok(r) => r,
+        Err(e) => {
+            tracing::error!("{e}");
+            eprintln!("sluice: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let certs = rules.wants_client_certificates(config.settings.auth_type);
+    let client_tls = match tls::ClientTls::from_settings(&config.settings, certs) {
         Ok(t) => t,
         Err(e) => {
             tracing::error!("{e}");
@@ -124,6 +141,7 @@ fn main() -> ExitCode {
     };
     let app = App::new(cli.config.clone(), config, userlist).shared();
     app.set_client_tls(client_tls);
+    app.set_auth_rules(rules);
     app.set_server_tls(server_tls);
     let sockets = match workers::bind(&app, workers, settings.runtime) {
         Ok(s) => s,

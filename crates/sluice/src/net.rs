@@ -117,6 +117,34 @@ impl Stream {
         }
     }
 
+    /// SCRAM-SHA-256-PLUS channel binding data (a client over TLS).
+    pub fn tls_end_point(&self) -> Option<std::sync::Arc<[u8]>> {
+        match self {
+            Self::Tls(t) => t.end_point(),
+            _ => None,
+        }
+    }
+
+    /// The common name of the client certificate the TLS handshake
+    /// verified, if any.
+    pub fn peer_certificate_cn(&self) -> Option<String> {
+        match self {
+            Self::Tls(t) => t
+                .peer_certificates()
+                .and_then(|chain| chain.first())
+                .and_then(|leaf| crate::tls::x509::subject_common_name(leaf)),
+            _ => None,
+        }
+    }
+
+    /// The OS user id of a Unix-socket peer (SO_PEERCRED).
+    pub fn peer_uid(&self) -> Option<u32> {
+        match self {
+            Self::Unix(s) => s.peer_cred().ok().map(|c| c.uid()),
+            _ => None,
+        }
+    }
+
     /// The TCP socket, plain or under TLS.
     pub fn tcp(&self) -> Option<&TcpStream> {
         match self {

@@ -1,7 +1,9 @@
 //! Authentication: checking clients against the auth_file (PgBouncer's
 //! userlist.txt) and logging in to PostgreSQL with passwords or SCRAM keys.
 
+pub mod hba;
 pub mod md5;
+pub mod rules;
 pub mod scram;
 pub mod userlist;
 

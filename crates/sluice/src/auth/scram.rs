@@ -147,8 +147,10 @@ pub enum ScramError {
     WrongProof,
     #[error("server signature does not match")]
     ServerSignature,
-    #[error("channel binding is not supported")]
+    #[error("channel binding does not match what was negotiated")]
     ChannelBinding,
+    #[error("the client supports channel binding but thinks sluice does not (a downgrade?)")]
+    Downgrade,
     #[error(
         "the server asks for {0} SCRAM iterations, more than the {MAX_ITERATIONS} sluice computes"
     )]
@@ -168,23 +170,57 @@ fn attribute(msg: &str, name: char) -> Option<&str> {
     })
 }
 
+/// Channel binding on the client's connection, as sluice offered it.
+#[derive(Debug, Clone, Copy)]
+pub enum Channel<'a> {
+    /// No TLS: only SCRAM-SHA-256 was offered.
+    None,
+    /// TLS: SCRAM-SHA-256-PLUS was offered, and the client chose plain
+    /// SCRAM-SHA-256.
+    Offered,
+    /// The client chose SCRAM-SHA-256-PLUS; the data to bind to.
+    Bound(&'a [u8]),
+}
+
 /// sluice as the SCRAM server, verifying a connecting client.
 pub struct ServerExchange {
     secret: ScramSecret,
     client_first_bare: String,
     server_first: String,
-    gs2_header: String,
+    /// What `c=` of the client-final message must decode to: the GS2
+    /// header, plus the channel binding data when bound.
+    binding: Vec<u8>,
     nonce: String,
 }
 
 impl ServerExchange {
     /// Takes the client-first message; returns the exchange and the
     /// server-first message to send.
-    pub fn start(secret: ScramSecret, client_first: &[u8]) -> Result<(Self, String), ScramError> {
+    pub fn start(
+        secret: ScramSecret,
+        client_first: &[u8],
+        channel: Channel<'_>,
+    ) -> Result<(Self, String), ScramError> {
         let msg = std::str::from_utf8(client_first).map_err(|_| ScramError::Malformed("utf8"))?;
-        let (gs2, bare) = match msg.split_once(",,") {
-            Some((g, b)) if g == "n" || g == "y" => (format!("{g},,"), b),
-            Some((g, _)) if g.starts_with("p=") => return Err(ScramError::ChannelBinding),
+        // gs2-header: cb-flag "," [authzid] ","; an authzid is not taken.
+        let (flag, bare) = msg
+            .split_once(",,")
+            .ok_or(ScramError::Malformed("gs2 header"))?;
+        let gs2 = format!("{flag},,");
+        let binding = match (flag, channel) {
+            ("p=tls-server-end-point", Channel::Bound(data)) => {
+                let mut b = gs2.into_bytes();
+                b.extend_from_slice(data);
+                b
+            }
+            // PLUS chosen without binding, or binding without PLUS, or
+            // another binding type.
+            (_, Channel::Bound(_)) => return Err(ScramError::ChannelBinding),
+            (f, _) if f.starts_with("p=") => return Err(ScramError::ChannelBinding),
+            // "y": the client could bind but thinks sluice cannot; sluice
+            // offered PLUS, so something on the way removed it.
+            ("y", Channel::Offered) => return Err(ScramError::Downgrade),
+            ("n" | "y", _) => gs2.into_bytes(),
             _ => return Err(ScramError::Malformed("gs2 header")),
         };
         let client_nonce = attribute(bare, 'r').ok_or(ScramError::Malformed("nonce"))?;
@@ -199,7 +235,7 @@ impl ServerExchange {
                 secret,
                 client_first_bare: bare.to_owned(),
                 server_first: server_first.clone(),
-                gs2_header: gs2,
+                binding,
                 nonce,
             },
             server_first,
@@ -214,7 +250,7 @@ impl ServerExchange {
             .rsplit_once(",p=")
             .ok_or(ScramError::Malformed("proof"))?;
         let binding = attribute(without_proof, 'c').ok_or(ScramError::Malformed("binding"))?;
-        if B64.decode(binding).ok().as_deref() != Some(self.gs2_header.as_bytes()) {
+        if B64.decode(binding).ok().as_deref() != Some(self.binding.as_slice()) {
             return Err(ScramError::ChannelBinding);
         }
         if attribute(without_proof, 'r') != Some(self.nonce.as_str()) {
@@ -347,7 +383,8 @@ mod tests {
 
     fn run(secret: ScramSecret, credential: ClientCredential) -> Result<ScramKeys, ScramError> {
         let (mut client, first) = ClientExchange::start(credential);
-        let (server, server_first) = ServerExchange::start(secret, first.as_bytes())?;
+        let (server, server_first) =
+            ServerExchange::start(secret, first.as_bytes(), Channel::None)?;
         let client_final = client.respond(server_first.as_bytes())?;
         let (server_final, keys) = server.finish(client_final.as_bytes())?;
         client.verify(server_final.as_bytes())?;
@@ -383,5 +420,62 @@ mod tests {
         );
         assert_eq!(ScramSecret::parse(&text), Some(s));
         assert_eq!(ScramSecret::parse("SCRAM-SHA-256$x"), None);
+    }
+
+    #[test]
+    fn channel_binding_is_checked() {
+        let secret = ScramSecret::from_password("pencil");
+        let first = "n=,r=abc";
+        // A client that could bind but saw no PLUS: sluice offered it.
+        assert_eq!(
+            ServerExchange::start(
+                secret.clone(),
+                format!("y,,{first}").as_bytes(),
+                Channel::Offered
+            )
+            .err(),
+            Some(ScramError::Downgrade)
+        );
+        assert!(
+            ServerExchange::start(
+                secret.clone(),
+                format!("y,,{first}").as_bytes(),
+                Channel::None
+            )
+            .is_ok()
+        );
+        // PLUS chosen but no binding in the header, and the reverse.
+        assert_eq!(
+            ServerExchange::start(
+                secret.clone(),
+                format!("n,,{first}").as_bytes(),
+                Channel::Bound(b"h")
+            )
+            .err(),
+            Some(ScramError::ChannelBinding)
+        );
+        assert_eq!(
+            ServerExchange::start(
+                secret.clone(),
+                format!("p=tls-server-end-point,,{first}").as_bytes(),
+                Channel::None
+            )
+            .err(),
+            Some(ScramError::ChannelBinding)
+        );
+        // Bound: c= must carry the header and the certificate's hash.
+        let (exchange, server_first) = ServerExchange::start(
+            secret.clone(),
+            format!("p=tls-server-end-point,,{first}").as_bytes(),
+            Channel::Bound(b"certhash"),
+        )
+        .unwrap();
+        let nonce = attribute(&server_first, 'r').unwrap().to_owned();
+        let plain_c = B64.encode("p=tls-server-end-point,,");
+        let wrong = format!("c={plain_c},r={nonce},p={}", B64.encode([0u8; 32]));
+        assert_eq!(
+            exchange.finish(wrong.as_bytes()).err(),
+            Some(ScramError::ChannelBinding)
+        );
     }
 }

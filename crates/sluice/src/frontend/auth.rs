@@ -10,7 +10,7 @@ use sluice_wire::{Authentication, PasswordMessage, tags::frontend};
 use tokio::io::AsyncWriteExt;
 
 use super::error::ClientError;
-use crate::auth::scram::{ScramKeys, ScramSecret, ServerExchange, fill_random};
+use crate::auth::scram::{Channel, ScramKeys, ScramSecret, ServerExchange, fill_random};
 use crate::auth::{Secret, Userlist, md5};
 use crate::codec::read_message;
 use crate::net::Stream;
@@ -118,7 +118,9 @@ fn scram_matches(secret: &ScramSecret, password: &str) -> bool {
     let (mut client, first) = crate::auth::scram::ClientExchange::start(
         crate::auth::scram::ClientCredential::Password(password.to_owned()),
     );
-    let Ok((server, server_first)) = ServerExchange::start(secret.clone(), first.as_bytes()) else {
+    let Ok((server, server_first)) =
+        ServerExchange::start(secret.clone(), first.as_bytes(), Channel::None)
+    else {
         return false;
     };
     let Ok(client_final) = client.respond(server_first.as_bytes()) else {
@@ -169,26 +171,34 @@ async fn scram(
     secret: ScramSecret,
     user: &str,
 ) -> Result<ScramKeys, ClientError> {
-    send(
-        stream,
-        Authentication::Sasl {
-            mechanisms: vec!["SCRAM-SHA-256"],
-        },
-    )
-    .await?;
+    // Over TLS, SCRAM-SHA-256-PLUS binds the exchange to sluice's
+    // certificate (tls-server-end-point): a man in the middle with another
+    // certificate cannot relay the proof.
+    let end_point = stream.tls_end_point();
+    let mechanisms = if end_point.is_some() {
+        vec!["SCRAM-SHA-256-PLUS", "SCRAM-SHA-256"]
+    } else {
+        vec!["SCRAM-SHA-256"]
+    };
+    send(stream, Authentication::Sasl { mechanisms }).await?;
     let body = read_password_message(stream, buf).await?;
     let PasswordMessage::SaslInitial { mechanism, data } =
         PasswordMessage::decode_sasl_initial(&body)?
     else {
         return Err(ClientError::protocol("malformed SASLInitialResponse"));
     };
-    if mechanism != "SCRAM-SHA-256" {
-        return Err(ClientError::protocol(format!(
-            "client selected an invalid SASL authentication mechanism {mechanism}"
-        )));
-    }
-    let (exchange, server_first) =
-        ServerExchange::start(secret, data).map_err(|e| ClientError::protocol(e.to_string()))?;
+    let channel = match (mechanism, end_point.as_deref()) {
+        ("SCRAM-SHA-256-PLUS", Some(data)) => Channel::Bound(data),
+        ("SCRAM-SHA-256", Some(_)) => Channel::Offered,
+        ("SCRAM-SHA-256", None) => Channel::None,
+        _ => {
+            return Err(ClientError::protocol(format!(
+                "client selected an invalid SASL authentication mechanism {mechanism}"
+            )));
+        }
+    };
+    let (exchange, server_first) = ServerExchange::start(secret, data, channel)
+        .map_err(|e| ClientError::protocol(e.to_string()))?;
     send(
         stream,
         Authentication::SaslContinue {

@@ -364,7 +364,26 @@ async fn authenticate_client(
     user: &str,
 ) -> Result<Learnt, ClientError> {
     let userlist = app.userlist();
-    let auth_type = config.settings.auth_type;
+    // PgBouncer's usage.md: the console user pgbouncer logs in without a
+    // password over the Unix socket from the pooler's own OS user.
+    if CONSOLE_DATABASES.contains(&database)
+        && user == "pgbouncer"
+        && stream.peer_uid() == Some(crate::auth::rules::own_uid())
+    {
+        return Ok(Learnt::default());
+    }
+    let rules = app.auth_rules();
+    let auth_type = match config.settings.auth_type {
+        AuthType::Hba => match by_hba(&rules, stream, database, user)? {
+            Some(t) => t,
+            None => return Ok(Learnt::default()),
+        },
+        AuthType::Cert => {
+            certificate_names_user(&rules, stream, None, user)?;
+            return Ok(Learnt::default());
+        }
+        t => t,
+    };
     // PgBouncer's rule for trust: no password, but the user must still be
     // known (auth_file or [users]). Without an auth_file, sluice's trust
     // admits any name (warned about at startup).
@@ -406,6 +425,94 @@ async fn authenticate_client(
         scram_keys: proven?,
         md5_hash,
     })
+}
+
+/// The `auth_type` the first matching hba line asks of this connection;
+/// `None` when the line's method already admitted the client (trust, cert,
+/// peer), an error when it refuses it (reject, or no line), with
+/// PostgreSQL's messages.
+fn by_hba(
+    rules: &crate::auth::rules::AuthRules,
+    stream: &Stream,
+    database: &str,
+    user: &str,
+) -> Result<Option<AuthType>, ClientError> {
+    use crate::auth::hba::{Conn, Method};
+    let conn = Conn {
+        unix: matches!(stream, Stream::Unix(_)),
+        tls: matches!(stream, Stream::Tls(_)),
+        addr: stream.peer_addr().map(|a| a.ip()),
+        database,
+        user,
+    };
+    let describe = || {
+        let host = conn
+            .addr
+            .map_or_else(|| "[local]".to_owned(), |a| a.to_string());
+        let encryption = if conn.tls {
+            "SSL encryption"
+        } else {
+            "no encryption"
+        };
+        format!("host \"{host}\", user \"{user}\", database \"{database}\", {encryption}")
+    };
+    let rule = rules
+        .hba
+        .as_ref()
+        .and_then(|h| h.decide(&conn))
+        .ok_or_else(|| {
+            ClientError::new("28000", format!("no pg_hba.conf entry for {}", describe()))
+        })?;
+    Ok(match rule.method {
+        Method::Reject => {
+            return Err(ClientError::new(
+                "28000",
+                format!("pg_hba.conf rejects connection for {}", describe()),
+            ));
+        }
+        Method::Trust => None,
+        Method::Md5 => Some(AuthType::Md5),
+        Method::ScramSha256 => Some(AuthType::ScramSha256),
+        Method::Password => Some(AuthType::Plain),
+        Method::Cert => {
+            certificate_names_user(rules, stream, rule.map.as_deref(), user)?;
+            None
+        }
+        Method::Peer => {
+            let os_user = stream
+                .peer_uid()
+                .and_then(crate::auth::rules::os_user_name)
+                .ok_or_else(|| ClientError::new("28000", "could not get peer credentials"))?;
+            if !rules.ident.allows(rule.map.as_deref(), &os_user, user) {
+                return Err(ClientError::new(
+                    "28000",
+                    format!("Peer authentication failed for user \"{user}\""),
+                ));
+            }
+            None
+        }
+    })
+}
+
+/// `cert` authentication: the verified client certificate's CN is `user`
+/// (or maps to it).
+fn certificate_names_user(
+    rules: &crate::auth::rules::AuthRules,
+    stream: &Stream,
+    map: Option<&str>,
+    user: &str,
+) -> Result<(), ClientError> {
+    let cn = stream.peer_certificate_cn().ok_or_else(|| {
+        ClientError::new("28000", "connection requires a valid client certificate")
+    })?;
+    if rules.ident.allows(map, &cn, user) {
+        Ok(())
+    } else {
+        Err(ClientError::new(
+            "28000",
+            format!("certificate authentication failed for user \"{user}\""),
+        ))
+    }
 }
 
 /// The client's wanted parameters: the server's greeting overridden by the

@@ -29,6 +29,9 @@ pub const ALPN_POSTGRESQL: &[u8] = b"postgresql";
 pub struct ClientTls {
     pub mode: Mode,
     acceptor: Option<tokio_rustls::TlsAcceptor>,
+    /// SCRAM-SHA-256-PLUS data of the certificate (None when its signature
+    /// algorithm names no hash, e.g. Ed25519: PLUS is then not offered).
+    end_point: Option<Arc<[u8]>>,
 }
 
 impl std::fmt::Debug for ClientTls {
@@ -46,11 +49,16 @@ impl ClientTls {
         Self {
             mode: Mode::Disable,
             acceptor: None,
+            end_point: None,
         }
     }
 
     /// From the `client_tls_*` settings; an error names the key at fault.
-    pub fn from_settings(s: &Settings) -> Result<Self, TlsError> {
+    /// `want_certificates`: some client may authenticate with a certificate
+    /// (auth_type cert, or a cert line in the hba file), so below
+    /// verify-ca one is asked for, and checked against client_tls_ca_file
+    /// when given (a client without one can still log in otherwise).
+    pub fn from_settings(s: &Settings, want_certificates: bool) -> Result<Self, TlsError> {
         let mode = Mode::parse("client_tls_sslmode", &s.client_tls_sslmode)?;
         if mode == Mode::Disable {
             return Ok(Self::disabled());
@@ -71,6 +79,7 @@ impl ClientTls {
             return Ok(Self {
                 mode,
                 acceptor: None,
+                end_point: None,
             });
         }
         let provider = Arc::new(provider(
@@ -97,14 +106,31 @@ impl ClientTls {
             builder.with_client_cert_verifier(
                 WebPkiClientVerifier::builder_with_provider(roots, provider).build()?,
             )
+        } else if want_certificates && !s.client_tls_ca_file.is_empty() {
+            let roots = load_roots("client_tls_ca_file", &s.client_tls_ca_file)?;
+            builder.with_client_cert_verifier(
+                WebPkiClientVerifier::builder_with_provider(roots, provider)
+                    .allow_unauthenticated()
+                    .build()?,
+            )
         } else {
+            if want_certificates {
+                tracing::warn!(
+                    "certificate authentication needs client_tls_ca_file: no client certificate                      is asked for, and cert logins fail"
+                );
+            }
             builder.with_no_client_auth()
         };
+        let end_point = certs
+            .first()
+            .and_then(|leaf| super::x509::end_point_binding(leaf))
+            .map(Arc::from);
         let mut config = builder.with_single_cert(certs, key)?;
         config.alpn_protocols = vec![ALPN_POSTGRESQL.to_vec()];
         Ok(Self {
             mode,
             acceptor: Some(tokio_rustls::TlsAcceptor::from(Arc::new(config))),
+            end_point,
         })
     }
 
@@ -115,6 +141,7 @@ impl ClientTls {
         Self {
             mode: self.mode.max(mode),
             acceptor: self.acceptor.clone(),
+            end_point: self.end_point.clone(),
         }
     }
 
@@ -140,7 +167,7 @@ impl ClientTls {
             .map_err(|_| {
                 std::io::Error::new(std::io::ErrorKind::TimedOut, "TLS handshake timed out")
             })??;
-        let conn = TlsConn::new(tokio_rustls::TlsStream::Server(tls));
+        let conn = TlsConn::new(tokio_rustls::TlsStream::Server(tls), self.end_point.clone());
         if direct && conn.negotiated_protocol() != Some(ALPN_POSTGRESQL) {
             return Err(std::io::Error::other(
                 "direct TLS connection without ALPN protocol \"postgresql\"",

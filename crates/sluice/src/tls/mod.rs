@@ -9,6 +9,7 @@ mod client_side;
 mod server_side;
 mod settings;
 mod stream;
+pub mod x509;
 
 pub use client_side::ClientTls;
 pub use server_side::ServerTls;

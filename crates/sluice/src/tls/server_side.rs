@@ -188,6 +188,7 @@ impl ServerTls {
             .map_err(|e| e.to_string())?;
         Ok(Stream::Tls(Box::new(TlsConn::new(
             tokio_rustls::TlsStream::Client(tls),
+            None,
         ))))
     }
 }

@@ -11,6 +11,7 @@
 
 use std::io;
 use std::pin::Pin;
+use std::sync::Arc;
 use std::task::{Context, Poll, ready};
 
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
@@ -78,6 +79,9 @@ impl AsyncWrite for TlsSocket {
 /// An established TLS connection, either side.
 pub struct TlsConn {
     tls: tokio_rustls::TlsStream<TlsSocket>,
+    /// `tls-server-end-point` data of the certificate sluice presented (a
+    /// client connection whose certificate allows it).
+    end_point: Option<Arc<[u8]>>,
     /// Plaintext bytes taken by a write whose encrypted form is not all on
     /// the socket yet: reported to the caller once it is.
     taken: usize,
@@ -92,8 +96,25 @@ impl std::fmt::Debug for TlsConn {
 }
 
 impl TlsConn {
-    pub fn new(tls: tokio_rustls::TlsStream<TlsSocket>) -> Self {
-        Self { tls, taken: 0 }
+    pub fn new(tls: tokio_rustls::TlsStream<TlsSocket>, end_point: Option<Arc<[u8]>>) -> Self {
+        Self {
+            tls,
+            end_point,
+            taken: 0,
+        }
+    }
+
+    /// Channel binding data for SCRAM-SHA-256-PLUS, when there is one.
+    pub fn end_point(&self) -> Option<Arc<[u8]>> {
+        self.end_point.clone()
+    }
+
+    /// The verified certificate chain the peer presented (leaf first).
+    pub fn peer_certificates(&self) -> Option<&[rustls_pki_types::CertificateDer<'static>]> {
+        match &self.tls {
+            tokio_rustls::TlsStream::Server(s) => s.get_ref().1.peer_certificates(),
+            tokio_rustls::TlsStream::Client(c) => c.get_ref().1.peer_certificates(),
+        }
     }
 
     /// The TCP socket (for addresses, keepalive, the descriptor).
