@@ -21,7 +21,11 @@ sluice started from $SLUICE_BASE_BIN with the same ini as sluice, to compare a c
 sluice before (sluice-base) and after (sluice) in the same run on the same database; the
 report gives cpu/tx and tps of sluice / sluice-base per cell.  It is among the default
 targets when SLUICE_BASE_BIN is set, and skipped with a warning when it names no file.
-sluice-metrics is sluice with /metrics scraped every second.
+sluice-metrics is sluice with /metrics scraped every second.  sluice-tls and pgbouncer-tls are
+sluice and PgBouncer with client_tls_sslmode=require and a P-256 certificate made with the
+openssl CLI, pgbench connecting with PGSSLMODE=require (their report line gives cpu/tx
+sluice-tls / pgbouncer-tls).  --connect adds pgbench -C (a new connection, so a new TLS
+handshake, per transaction): the per-connection cost.
 
 Environment: SLUICE_BIN (default target/release/sluice), SLUICE_BASE_BIN (the "before" sluice
 binary for sluice-base; no default), SLUICE_TESTKIT (default target/release/sluice-testkit),
@@ -57,7 +61,10 @@ IDLE_CLIENTS = 10_000
 # sluice-base: sluice from $SLUICE_BASE_BIN, the "before" of a before/after comparison.
 # sluice-routed: sluice with a streaming replica behind the same database
 # entry and route_reads on (issue 10: what routing costs per transaction).
-PROXIES = ("sluice", "sluice-base", "pgbouncer", "sluice-metrics", "sluice-routed")
+# sluice-tls, pgbouncer-tls: clients over TLS (issue 11).
+PROXIES = ("sluice", "sluice-base", "pgbouncer", "sluice-metrics", "sluice-routed",
+           "sluice-tls", "pgbouncer-tls")
+TLS_TARGETS = ("sluice-tls", "pgbouncer-tls")
 # pgbench's built-in scripts: what --script accepts.
 SCRIPTS = {
     "select": {"select_only": True, "pgbench": "-S (select-only), -n",
@@ -82,9 +89,12 @@ def parse_args(argv=None):
                          "TPC-B-like script); several run one after the other")
     ap.add_argument("--targets",
                     help="comma list of direct,sluice,sluice-base,pgbouncer,sluice-metrics,"
-                         "sluice-routed "
+                         "sluice-routed,sluice-tls,pgbouncer-tls "
                          "(default all but sluice-base, and sluice-base too when "
                          "SLUICE_BASE_BIN is set)")
+    ap.add_argument("--connect", action="store_true",
+                    help="pgbench -C: a new connection per transaction (login and TLS "
+                         "handshake cost)")
     ap.add_argument("--skip-idle", action="store_true", help="skip the 10,000 idle clients test")
     ap.add_argument("--idle-clients", type=int, default=IDLE_CLIENTS, help=argparse.SUPPRESS)
     ap.add_argument("--jobs", type=int, default=2, help="pgbench -j (default 2)")
@@ -236,7 +246,7 @@ def main(argv=None) -> int:
         for kind in PROXIES:
             if kind not in a.targets:
                 continue
-            if kind == "pgbouncer" and not pglab.pgbouncer_bin():
+            if kind.startswith("pgbouncer") and not pglab.pgbouncer_bin():
                 msg = "pgbouncer not found (install it or set PGBOUNCER_BIN): skipped"
                 warn(msg)
                 result["targets"][kind] = {"skipped": msg}
@@ -257,11 +267,18 @@ def main(argv=None) -> int:
                                       f"port={pg_port},{cluster['replica_port']} "
                                       f"dbname=postgres route_reads=1"}
 
-            def ini(port, logfile, metrics_port=metrics_port, databases=databases):
+            tls_extra = None
+            if kind in TLS_TARGETS:
+                cert, key = lab_certificate(lab)
+                tls_extra = {"client_tls_sslmode": "require", "client_tls_cert_file": cert,
+                             "client_tls_key_file": key}
+
+            def ini(port, logfile, metrics_port=metrics_port, databases=databases,
+                    tls_extra=tls_extra):
                 text = pglab.pooler_ini(pg_port=pg_port, listen_port=port, logfile=logfile,
                                         auth_file=auth_file, default_pool_size=POOL_SIZE,
                                         max_client_conn=12000, admin_users=user,
-                                        databases=databases)
+                                        databases=databases, extra=tls_extra)
                 if metrics_port:
                     text += f"\n[sluice]\nmetrics_addr = 127.0.0.1:{metrics_port}\n"
                 return text
@@ -274,7 +291,8 @@ def main(argv=None) -> int:
                     continue
                 raise
             endpoints[kind] = {"port": proxy.port, "dbname": "bench", "proxy": proxy,
-                               "metrics_port": metrics_port}
+                               "metrics_port": metrics_port,
+                               "env": {"PGSSLMODE": "require"} if kind in TLS_TARGETS else {}}
             result["targets"][kind] = {"port": proxy.port, "pid": proxy.pid,
                                        "ini": proxy.ini.read_text()}
             log(f"{kind} on 127.0.0.1:{proxy.port} (pid {proxy.pid})")
@@ -297,7 +315,7 @@ def main(argv=None) -> int:
         if not a.skip_idle:
             for t in targets:
                 p = endpoints[t]["proxy"]
-                if p is None or t == "sluice-metrics" or not check_alive(t):
+                if p is None or t == "sluice-metrics" or t in TLS_TARGETS or not check_alive(t):
                     continue
                 log(f"idle test: {a.idle_clients:,} idle clients to {t} ...")
                 result["idle"][t] = idle_test(p, user, a.idle_clients)
@@ -314,7 +332,7 @@ def main(argv=None) -> int:
             log(f"warm-up {t} ({warm} s, 20 clients) ...")
             pglab.run_pgbench(host="127.0.0.1", port=ep["port"], dbname=ep["dbname"], user=user,
                               password=password, clients=20, jobs=a.jobs, duration=warm,
-                              mode="simple")
+                              mode="simple", env=ep.get("env"))
             check_alive(t)
 
         total = len(a.scripts) * len(a.modes) * len(a.clients) * a.rounds * len(targets)
@@ -374,6 +392,24 @@ def main(argv=None) -> int:
     return 0
 
 
+def lab_certificate(lab: Lab) -> tuple[str, str]:
+    """A self-signed P-256 certificate for localhost in the lab's directory (made once),
+    readable by PgBouncer (which runs as postgres)."""
+    d = lab.tmp / "tls"
+    cert, key = d / "server.crt", d / "server.key"
+    if not cert.exists():
+        d.mkdir(parents=True, exist_ok=True)
+        subprocess.run(["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt",
+                        "ec_paramgen_curve:prime256v1", "-nodes", "-keyout", str(key), "-out",
+                        str(cert), "-days", "2", "-subj", "/CN=localhost",
+                        "-addext", "subjectAltName=DNS:localhost,IP:127.0.0.1"],
+                       check=True, capture_output=True)
+        key.chmod(0o600)
+        for f in (d, cert, key):
+            lab.chown_pg(f)
+    return str(cert), str(key)
+
+
 def scrape_metrics_while(ep: dict, stop: threading.Event, counter: list) -> None:
     """Fetches /metrics once a second until `stop` (the sluice-metrics target)."""
     import urllib.request
@@ -416,7 +452,8 @@ def one_run_inner(lab: Lab, a, ep: dict, user: str, password, script: str, mode:
                             password=password, clients=clients, jobs=a.jobs,
                             duration=a.duration, mode=mode, log_dir=lab.tmp / "pgbench-log",
                             sampling_rate=a.sampling_rate,
-                            select_only=SCRIPTS[script]["select_only"])
+                            select_only=SCRIPTS[script]["select_only"],
+                            extra_args=["-C"] if a.connect else [], env=ep.get("env"))
     cpu1 = pglab.proc_cpu_seconds(proxy.pid) if proxy else None
     res["proxy_cpu_s"] = round(cpu1 - cpu0, 4) if cpu0 is not None and cpu1 is not None else None
     tx = res.get("transactions") or 0
@@ -496,6 +533,11 @@ def summarize(runs, a, targets):
                     if s and b:
                         s["tps_ratio_vs_pgbouncer"] = ratio(s["tps"], b["tps"])
                         s["cpu_ratio_vs_pgbouncer"] = ratio(s["cpu_us_per_tx"], b["cpu_us_per_tx"])
+                s, b = cells.get("sluice-tls"), cells.get("pgbouncer-tls")
+                if s and b:
+                    # both over TLS: the ratio columns compare like with like
+                    s["tps_ratio_vs_pgbouncer"] = ratio(s["tps"], b["tps"])
+                    s["cpu_ratio_vs_pgbouncer"] = ratio(s["cpu_us_per_tx"], b["cpu_us_per_tx"])
                 s, routed = cells.get("sluice"), cells.get("sluice-routed")
                 if s and routed:
                     # routing on / off: cpu > 1, routing costs that much more

@@ -514,7 +514,7 @@ class Lab:
                                "or set SLUICE_BIN")
             proc = self.spawn(kind, [binary, str(ini)], stdout=errf, stderr=errf,
                               stdin=subprocess.DEVNULL)
-        elif kind == "pgbouncer":
+        elif kind.startswith("pgbouncer"):
             binary = pgbouncer_bin()
             if not binary:
                 raise LabError("pgbouncer not installed")
@@ -630,7 +630,7 @@ def run_pgbench(*, host: str, port: int, dbname: str, user: str, clients: int,
                 duration: float, mode: str = "simple", select_only: bool = True,
                 jobs: int = 2, password: str | None = None, log_dir: Path | None = None,
                 sampling_rate: float | None = None, extra_args: list[str] = (),
-                timeout: float | None = None) -> dict:
+                timeout: float | None = None, env: dict | None = None) -> dict:
     """Run pgbench and return a dict of parsed numbers (never raises on pgbench failure)."""
     jobs = max(1, min(jobs, clients))
     cmd = [pg_bin("pgbench"), "-h", host, "-p", str(port), "-U", user, "-n",
@@ -644,7 +644,7 @@ def run_pgbench(*, host: str, port: int, dbname: str, user: str, clients: int,
             cmd.append(f"--sampling-rate={sampling_rate}")
     cmd += list(extra_args)
     cmd.append(dbname)
-    env = dict(os.environ, PGCONNECT_TIMEOUT="10", PGAPPNAME="pgbench")
+    env = dict(os.environ, PGCONNECT_TIMEOUT="10", PGAPPNAME="pgbench", **(env or {}))
     if password is not None:
         env["PGPASSWORD"] = password
     timeout = timeout or (duration + 90)

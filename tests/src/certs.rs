@@ -1,7 +1,8 @@
 //! Certificates for TLS tests, made at run time with Debian's `openssl`
 //! CLI: a CA, a server certificate for `localhost` / 127.0.0.1, a client
-//! certificate whose CN is a user name, a server certificate for another
-//! name (`wrongname.*`), and a second CA that signed nothing (for
+//! certificate whose CN is a user name, a second server certificate for
+//! the same names (`server2.*`, for swaps), a server certificate for
+//! another name (`wrongname.*`), and a second CA that signed nothing (for
 //! verification failures). EC P-256 keys: fast
 //! to make.
 
@@ -116,6 +117,14 @@ impl Certs {
         make_leaf(
             d,
             "ca",
+            "server2",
+            "localhost",
+            "subjectAltName=DNS:localhost,IP:127.0.0.1\nbasicConstraints=CA:FALSE\n\
+             keyUsage=critical,digitalSignature,keyEncipherment\nextendedKeyUsage=serverAuth\n",
+        );
+        make_leaf(
+            d,
+            "ca",
             "wrongname",
             "elsewhere.example",
             "subjectAltName=DNS:elsewhere.example\nbasicConstraints=CA:FALSE\n\
@@ -130,7 +139,7 @@ impl Certs {
              extendedKeyUsage=clientAuth\n",
         );
         // libpq refuses a key file others can read.
-        for key in ["server.key", "wrongname.key", "client.key"] {
+        for key in ["server.key", "server2.key", "wrongname.key", "client.key"] {
             use std::os::unix::fs::PermissionsExt;
             std::fs::set_permissions(d.join(key), std::fs::Permissions::from_mode(0o600))
                 .expect("chmod key");

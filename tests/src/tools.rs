@@ -91,7 +91,12 @@ pub fn pgbench_env(
     let mut cmd = client_command(&tool_path(sluice_testkit::pgbench_path()), password);
     cmd.envs(env.iter().copied());
     cmd.args(args);
-    cmd.args(["-h", "127.0.0.1", "-p", &port.to_string(), "-U", user]);
+    // PGHOST in `env` (say localhost, for verify-full) wins over 127.0.0.1.
+    let host = env
+        .iter()
+        .find(|(k, _)| *k == "PGHOST")
+        .map_or("127.0.0.1", |(_, v)| *v);
+    cmd.args(["-h", host, "-p", &port.to_string(), "-U", user]);
     cmd.arg(db);
     run(cmd, deadline)
 }

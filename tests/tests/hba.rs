@@ -10,6 +10,7 @@ use sluice_tests::*;
 const HBA: &str = "
 # type    database   user     address        method
 local     pgbouncer  all                     reject
+host      pgbouncer  all      127.0.0.1/32   reject
 local     all        all                     peer map=os
 hostssl   certdb     all      127.0.0.1/32   cert
 hostssl   all        nobody   127.0.0.1/32   reject
@@ -45,7 +46,7 @@ fn setup() -> Setup {
         .set("auth_hba_file", &certs.path("hba.conf"))
         .set("auth_ident_file", &certs.path("ident.conf"))
         .set("unix_socket_dir", "@DIR@")
-        .set("admin_users", "pgbouncer")
+        .set("admin_users", "someone_else")
         .set("client_tls_sslmode", "prefer")
         .set("client_tls_cert_file", &certs.path("server.crt"))
         .set("client_tls_key_file", &certs.path("server.key"))
@@ -207,11 +208,28 @@ async fn the_console_user_pgbouncer_needs_no_password_over_the_socket() {
     let ok = s.psql_local("pgbouncer", "pgbouncer", "SHOW VERSION").await;
     assert!(ok.success(), "{}", ok.stderr);
     assert!(ok.stdout.contains("sluice"), "{}", ok.stdout);
-    // Not over TCP.
+    // Not over TCP; and a line for pgbouncer covers the console's other
+    // name, sluice.
+    for db in ["pgbouncer", "sluice"] {
+        assert_refused(
+            &s.psql("pgbouncer", "", db, "sslmode=disable").await,
+            "pg_hba.conf rejects connection for host \"127.0.0.1\", user \"pgbouncer\"",
+        );
+    }
+}
+
+/// trust, cert and peer check no password, but the user must still be one
+/// sluice knows (auth_file here), as in PgBouncer.
+#[tokio::test]
+async fn methods_without_a_password_still_want_a_known_user() {
+    let s = setup();
     assert_refused(
-        &s.psql("pgbouncer", "", "pgbouncer", "sslmode=disable")
-            .await,
-        "no pg_hba.conf entry",
+        &s.psql("ghost", "", "trustdb", "sslmode=disable").await,
+        "no such user: \"ghost\"",
+    );
+    assert_refused(
+        &s.psql_local("ghost", "postgres", "select 1").await,
+        "Peer authentication failed for user \"ghost\"",
     );
 }
 

@@ -97,3 +97,71 @@ async fn verify_ca_ignores_the_name_verify_full_does_not() {
         "{message}"
     );
 }
+
+/// prefer: a handshake that fails (the server allows only TLS 1.2, sluice
+/// only 1.3) falls back to plain TCP on a new connection, as libpq does;
+/// require does not.
+#[tokio::test]
+async fn prefer_falls_back_to_plain_when_the_handshake_fails() {
+    let certs = Certs::make(APP_USER);
+    let cluster = app_cluster_with(ServerAuth::ScramSha256, |b| {
+        b.tls(&certs.text("server.crt"), &certs.text("server.key"))
+            .setting("ssl_max_protocol_version", "TLSv1.2")
+    });
+    let start = |mode: &str| {
+        ConfigBuilder::new()
+            .database(
+                "postgres",
+                &format!("host=127.0.0.1 port={} dbname=postgres", cluster.port()),
+            )
+            .set("server_tls_sslmode", mode)
+            .set("server_tls_protocols", "tlsv1.3")
+            .userlist(&[(APP_USER, APP_PASSWORD)])
+            .start()
+    };
+    let prefer = start("prefer");
+    assert_eq!(
+        ssl_in_use(prefer.port()).await.expect("plain fallback"),
+        "false"
+    );
+    let require = start("require");
+    let error = expect_sqlstate(ssl_in_use(require.port()).await, "08006");
+    let message = error.as_db_error().expect("a server error").message();
+    assert!(
+        message.contains("TLS handshake with server 127.0.0.1 failed"),
+        "{message}"
+    );
+}
+
+/// A RELOAD that changes server_tls_* drops the servers opened under the
+/// old settings: the next transaction runs on a server opened anew.
+#[tokio::test]
+async fn reload_of_server_tls_settings_reopens_servers() {
+    let certs = Certs::make(APP_USER);
+    let cluster = app_cluster_with(ServerAuth::ScramSha256, |b| {
+        b.tls(&certs.text("server.crt"), &certs.text("server.key"))
+    });
+    let config = |mode: &str| {
+        ConfigBuilder::new()
+            .database(
+                "postgres",
+                &format!("host=127.0.0.1 port={} dbname=postgres", cluster.port()),
+            )
+            .set("pool_mode", "transaction")
+            .set("server_tls_sslmode", mode)
+            .userlist(&[(APP_USER, APP_PASSWORD)])
+    };
+    let sluice = config("prefer").start();
+    let client = connect(sluice.port(), APP_USER, APP_PASSWORD, "postgres")
+        .await
+        .expect("login");
+    let ssl = "select ssl::text from pg_stat_ssl where pid = pg_backend_pid()";
+    assert_eq!(scalar_text(&client, ssl).await, "true");
+    sluice.rewrite_config(&config("disable").render());
+    sluice.reload();
+    let plain = eventually(std::time::Duration::from_secs(10), || async {
+        (scalar_text(&client, ssl).await == "false").then_some(())
+    })
+    .await;
+    assert!(plain.is_some(), "servers opened with TLS kept after RELOAD");
+}

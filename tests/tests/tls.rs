@@ -373,3 +373,53 @@ async fn a_broken_reload_to_require_refuses_plain_logins() {
         sluice.log()
     );
 }
+
+/// RELOAD swaps the certificate again and again while pgbench opens a new
+/// TLS connection for every transaction (-C), verifying each: no client
+/// fails.
+#[tokio::test]
+async fn reload_swapping_certificates_under_pgbench_fails_no_client() {
+    let cluster = app_cluster(ServerAuth::Trust);
+    let certs = Certs::make(APP_USER);
+    let config = |cert: &str| {
+        tls_config(&cluster, &certs, "require")
+            .set("client_tls_cert_file", &certs.path(&format!("{cert}.crt")))
+            .set("client_tls_key_file", &certs.path(&format!("{cert}.key")))
+            .render()
+    };
+    let sluice = SluiceProcess::start(&config("server"));
+    let port = sluice.port();
+    let root = certs.path("ca.crt");
+    let script = certs.file("select.sql");
+    std::fs::write(&script, "select 1;\n").expect("write script");
+    let script = script.display().to_string();
+    let bench = tokio::task::spawn_blocking(move || {
+        pgbench_env(
+            port,
+            APP_USER,
+            APP_PASSWORD,
+            "postgres",
+            &["-n", "-f", &script, "-C", "-c", "4", "-j", "2", "-T", "6"],
+            Duration::from_secs(60),
+            &[
+                ("PGSSLMODE", "verify-full"),
+                ("PGSSLROOTCERT", &root),
+                ("PGHOST", "localhost"),
+            ],
+        )
+    });
+    for i in 0..10 {
+        tokio::time::sleep(Duration::from_millis(400)).await;
+        sluice.rewrite_config(&config(if i % 2 == 0 { "server2" } else { "server" }));
+        sluice.reload();
+    }
+    let out = bench.await.expect("pgbench task");
+    assert!(out.success(), "pgbench: {}", out.stderr);
+    assert!(
+        out.stdout.contains("number of failed transactions: 0"),
+        "{}",
+        out.stdout
+    );
+    let reloads = sluice.log().matches("configuration reloaded").count();
+    assert!(reloads >= 10, "{reloads} reloads seen:\n{}", sluice.log());
+}

@@ -79,7 +79,21 @@ pub fn reload(app: &App) {
     }
     match crate::tls::ServerTls::from_settings(&config.settings) {
         Ok(tls) => app.set_server_tls(tls),
-        Err(e) => tracing::error!("server TLS not reloaded, keeping the old one: {e}"),
+        Err(e) => {
+            let wanted =
+                crate::tls::Mode::parse("server_tls_sslmode", &config.settings.server_tls_sslmode);
+            let old = app.server_tls().mode.unwrap_or(crate::tls::Mode::Disable);
+            match wanted {
+                Ok(wanted) if wanted > old => {
+                    tracing::error!(
+                        "server TLS not reloaded: {e}; server_tls_sslmode {wanted:?} cannot be \
+                         honoured, so no new server connection is opened until it can"
+                    );
+                    app.set_server_tls(crate::tls::ServerTls::refusing(wanted, e.to_string()));
+                }
+                _ => tracing::error!("server TLS not reloaded, keeping the old one: {e}"),
+            }
+        }
     }
     app.reload(config, Some(userlist));
     tracing::info!("configuration reloaded");

@@ -17,4 +17,7 @@ pub struct Learnt {
     pub scram_keys: Option<scram::ScramKeys>,
     /// An md5 hash auth_query returned (md5(password || user), hex).
     pub md5_hash: Option<String>,
+    /// The console user pgbouncer over the Unix socket from sluice's own
+    /// OS user: an admin whatever admin_users says (PgBouncer's rule).
+    pub local_admin: bool,
 }

@@ -93,10 +93,26 @@ async fn connect(
                 .map_err(err)?;
             s.set_nodelay(true).map_err(err)?;
             keepalive.apply(&s);
-            if tls.requests() {
-                return start_tls(s, host, tls).await;
+            if let Some(why) = tls.refusal() {
+                return Err(LoginError::Tls(why.to_owned()));
             }
-            Ok(Stream::Tcp(s))
+            if !tls.requests() {
+                return Ok(Stream::Tcp(s));
+            }
+            match start_tls(s, host, tls).await {
+                // prefer: a handshake that fails is retried in plain TCP on
+                // a new connection, as libpq does.
+                Err(LoginError::Tls(why)) if !tls.required() => {
+                    tracing::warn!("{why}; server_tls_sslmode=prefer: connecting without TLS");
+                    let s = TcpStream::connect((host.as_str(), *port))
+                        .await
+                        .map_err(err)?;
+                    s.set_nodelay(true).map_err(err)?;
+                    keepalive.apply(&s);
+                    Ok(Stream::Tcp(s))
+                }
+                other => other,
+            }
         }
         ServerAddr::Unix(path) => Ok(Stream::Unix(UnixStream::connect(path).await.map_err(err)?)),
     }

@@ -560,7 +560,8 @@ impl Pool {
         let target_changed = st.target.addr != target.addr
             || st.target.dbname != target.dbname
             || st.target.user != target.user
-            || st.target.startup_params != target.startup_params;
+            || st.target.startup_params != target.startup_params
+            || !st.target.tls.same_settings(&target.tls);
         st.settings = Arc::new(settings);
         st.target = Arc::new(target);
         let mut credential = credential;

@@ -10,7 +10,9 @@ use sluice_wire::{Authentication, PasswordMessage, tags::frontend};
 use tokio::io::AsyncWriteExt;
 
 use super::error::ClientError;
-use crate::auth::scram::{Channel, ScramKeys, ScramSecret, ServerExchange, fill_random};
+use crate::auth::scram::{
+    Channel, ScramError, ScramKeys, ScramSecret, ServerExchange, fill_random,
+};
 use crate::auth::{Secret, Userlist, md5};
 use crate::codec::read_message;
 use crate::net::Stream;
@@ -207,7 +209,10 @@ async fn scram(
     )
     .await?;
     let body = read_password_message(stream, buf).await?;
-    let (server_final, keys) = exchange.finish(&body).map_err(|_| auth_failed(user))?;
+    let (server_final, keys) = exchange.finish(&body).map_err(|e| match e {
+        ScramError::ChannelBinding => ClientError::protocol("SCRAM channel binding check failed"),
+        _ => auth_failed(user),
+    })?;
     send(
         stream,
         Authentication::SaslFinal {

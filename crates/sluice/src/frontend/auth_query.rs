@@ -18,8 +18,11 @@ use super::error::ClientError;
 
 /// What a lookup found.
 pub struct Found {
+    /// The query found the role (possibly without a password).
+    pub exists: bool,
     /// `None` when the query finds no row or a NULL password (an expired or
-    /// password-less role): the login then fails as an unknown user's does.
+    /// password-less role): a password login then fails as an unknown
+    /// user's does.
     pub secret: Option<Secret>,
     /// The auth pool, when this lookup made it for a database only `*`
     /// stands for: forgotten unless the login succeeds.
@@ -68,12 +71,15 @@ pub async fn lookup(app: &App, lookup: &AuthLookup) -> Result<Found, ClientError
         }
     };
     let outcome = match tokio::time::timeout(lookup.timeout, run).await {
-        Ok(Ok((rows, count))) => secret_of(rows, count).map_err(failed),
+        Ok(Ok((rows, count))) => secret_of(rows, count)
+            .map(|secret| (count == 1, secret))
+            .map_err(failed),
         Ok(Err(e)) => Err(failed(e)),
         Err(_) => Err(failed(format!("no answer within {:?}", lookup.timeout))),
     };
     match outcome {
-        Ok(secret) => Ok(Found {
+        Ok((exists, secret)) => Ok(Found {
+            exists,
             secret,
             disposable: disposable.then_some(pool),
         }),

@@ -255,7 +255,11 @@ async fn login_inner(
     }
     let learnt = authenticate_client(app, stream, &mut buf, &config, &database, &user).await?;
     if CONSOLE_DATABASES.contains(&database.as_str()) {
-        let role = role_of(app, &user)?;
+        let role = if learnt.local_admin {
+            Role::Admin
+        } else {
+            role_of(app, &user)?
+        };
         tracing::info!(user = %user, peer = %stream.peer(), "console login");
         return Ok(Some(Decided::Console(role)));
     }
@@ -365,43 +369,33 @@ async fn authenticate_client(
 ) -> Result<Learnt, ClientError> {
     let userlist = app.userlist();
     // PgBouncer's usage.md: the console user pgbouncer logs in without a
-    // password over the Unix socket from the pooler's own OS user.
+    // password over the Unix socket from the pooler's own OS user, as admin.
     if CONSOLE_DATABASES.contains(&database)
         && user == "pgbouncer"
         && stream.peer_uid() == Some(crate::auth::rules::own_uid())
     {
-        return Ok(Learnt::default());
+        return Ok(Learnt {
+            local_admin: true,
+            ..Learnt::default()
+        });
     }
     let rules = app.auth_rules();
     let auth_type = match config.settings.auth_type {
-        AuthType::Hba => match by_hba(&rules, stream, database, user)? {
-            Some(t) => t,
-            None => return Ok(Learnt::default()),
-        },
+        AuthType::Hba => by_hba(&rules, stream, database, user).await?,
         AuthType::Cert => {
             certificate_names_user(&rules, stream, None, user)?;
-            return Ok(Learnt::default());
+            AuthType::Trust
         }
         t => t,
     };
-    // PgBouncer's rule for trust: no password, but the user must still be
-    // known (auth_file or [users]). Without an auth_file, sluice's trust
-    // admits any name (warned about at startup).
-    if auth_type == AuthType::Trust
-        && config.settings.auth_file.is_some()
-        && userlist.get(user).is_none()
-        && config.user(user).is_none()
-    {
-        return Err(ClientError::new(
-            "28000",
-            format!("no such user: \"{user}\" is not in auth_file"),
-        ));
+    if auth_type == AuthType::Trust {
+        return known_without_password(app, config, &userlist, database, user).await;
     }
     let (known, disposable) = match app.auth_lookup(database, user) {
         Some(lookup)
             if userlist.get(user).is_none()
                 && !CONSOLE_DATABASES.contains(&database)
-                && !matches!(auth_type, AuthType::Any | AuthType::Trust) =>
+                && auth_type != AuthType::Any =>
         {
             let found = super::auth_query::lookup(app, &lookup).await?;
             (Known::Queried(found.secret), found.disposable)
@@ -424,20 +418,67 @@ async fn authenticate_client(
     Ok(Learnt {
         scram_keys: proven?,
         md5_hash,
+        ..Learnt::default()
     })
 }
 
-/// The `auth_type` the first matching hba line asks of this connection;
-/// `None` when the line's method already admitted the client (trust, cert,
-/// peer), an error when it refuses it (reject, or no line), with
-/// PostgreSQL's messages.
-fn by_hba(
+/// A client let in without a password (trust, cert, peer) must still be a
+/// user sluice knows, as in PgBouncer: in auth_file or `[users]`, or found
+/// by auth_query (a role without a password counts: certificate users
+/// often have none). Without an auth_file and auth_user, any name is
+/// admitted (warned about at startup for trust).
+async fn known_without_password(
+    app: &Arc<App>,
+    config: &sluice_config::Config,
+    userlist: &crate::auth::Userlist,
+    database: &str,
+    user: &str,
+) -> Result<Learnt, ClientError> {
+    if userlist.get(user).is_some() || config.user(user).is_some() {
+        return Ok(Learnt::default());
+    }
+    let unknown = || ClientError::new("28000", format!("no such user: \"{user}\""));
+    if !CONSOLE_DATABASES.contains(&database)
+        && let Some(lookup) = app.auth_lookup(database, user)
+    {
+        let found = super::auth_query::lookup(app, &lookup).await?;
+        if !found.exists {
+            if let Some(pool) = found.disposable {
+                app.forget_pool(&pool);
+            }
+            return Err(unknown());
+        }
+        return Ok(Learnt {
+            md5_hash: match found.secret {
+                Some(Secret::Md5(hash)) => Some(hash),
+                _ => None,
+            },
+            ..Learnt::default()
+        });
+    }
+    if config.settings.auth_file.is_none() {
+        return Ok(Learnt::default());
+    }
+    Err(unknown())
+}
+
+/// The `auth_type` the first matching hba line asks of this connection:
+/// `Trust` when the line's method needs no password (trust) or already
+/// admitted the client (cert, peer); an error when it refuses it (reject,
+/// or no line), with PostgreSQL's messages. The console's two names are
+/// one database here: a line for `pgbouncer` covers `sluice` too.
+async fn by_hba(
     rules: &crate::auth::rules::AuthRules,
     stream: &Stream,
     database: &str,
     user: &str,
-) -> Result<Option<AuthType>, ClientError> {
+) -> Result<AuthType, ClientError> {
     use crate::auth::hba::{Conn, Method};
+    let database = if CONSOLE_DATABASES.contains(&database) {
+        CONSOLE_DATABASES[0]
+    } else {
+        database
+    };
     let conn = Conn {
         unix: matches!(stream, Stream::Unix(_)),
         tls: matches!(stream, Stream::Tls(_)),
@@ -470,26 +511,31 @@ fn by_hba(
                 format!("pg_hba.conf rejects connection for {}", describe()),
             ));
         }
-        Method::Trust => None,
-        Method::Md5 => Some(AuthType::Md5),
-        Method::ScramSha256 => Some(AuthType::ScramSha256),
-        Method::Password => Some(AuthType::Plain),
+        Method::Trust => AuthType::Trust,
+        Method::Md5 => AuthType::Md5,
+        Method::ScramSha256 => AuthType::ScramSha256,
+        Method::Password => AuthType::Plain,
         Method::Cert => {
             certificate_names_user(rules, stream, rule.map.as_deref(), user)?;
-            None
+            AuthType::Trust
         }
         Method::Peer => {
-            let os_user = stream
-                .peer_uid()
-                .and_then(crate::auth::rules::os_user_name)
-                .ok_or_else(|| ClientError::new("28000", "could not get peer credentials"))?;
+            let no_credentials = || ClientError::new("28000", "could not get peer credentials");
+            let uid = stream.peer_uid().ok_or_else(no_credentials)?;
+            // The name service may be slow (LDAP, sssd): not on a worker.
+            let os_user =
+                tokio::task::spawn_blocking(move || crate::auth::rules::os_user_name(uid))
+                    .await
+                    .ok()
+                    .flatten()
+                    .ok_or_else(no_credentials)?;
             if !rules.ident.allows(rule.map.as_deref(), &os_user, user) {
                 return Err(ClientError::new(
                     "28000",
                     format!("Peer authentication failed for user \"{user}\""),
                 ));
             }
-            None
+            AuthType::Trust
         }
     })
 }

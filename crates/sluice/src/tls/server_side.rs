@@ -1,7 +1,8 @@
 //! TLS towards PostgreSQL: `server_tls_*` with libpq's sslmode meanings.
-//! disable and allow never ask (allow: plain first, and a server that
-//! takes plain is never asked again); prefer asks and falls back to plain
-//! when refused; require insists; verify-ca also checks the chain against
+//! disable and allow never ask (libpq's allow would retry with TLS after a
+//! refused plain login; sluice does not); prefer asks, and falls back to
+//! plain TCP when refused or when the handshake fails (on a new
+//! connection, as libpq does); require insists; verify-ca also checks the chain against
 //! `server_tls_ca_file`; verify-full also the host name (DNS name or IP
 //! address of the database entry). `server_tls_cert_file`/`key_file` are
 //! the client certificate sluice presents (for `cert` in pg_hba.conf).
@@ -27,6 +28,12 @@ use crate::net::Stream;
 pub struct ServerTls {
     pub mode: Option<Mode>,
     connector: Option<tokio_rustls::TlsConnector>,
+    /// The `server_tls_*` values this was made from: a RELOAD that changes
+    /// them makes pools drop the servers opened under the old ones.
+    key: String,
+    /// Set when a RELOAD asked for a stricter mode whose files do not load:
+    /// every new server connection fails with this (fail closed).
+    refusal: Option<String>,
 }
 
 impl std::fmt::Debug for ServerTls {
@@ -105,10 +112,23 @@ impl ServerTls {
     /// From the `server_tls_*` settings; an error names the key at fault.
     pub fn from_settings(s: &Settings) -> Result<Self, TlsError> {
         let mode = Mode::parse("server_tls_sslmode", &s.server_tls_sslmode)?;
+        let key = [
+            &s.server_tls_sslmode,
+            &s.server_tls_ca_file,
+            &s.server_tls_cert_file,
+            &s.server_tls_key_file,
+            &s.server_tls_protocols,
+            &s.server_tls_ciphers,
+            &s.server_tls13_ciphers,
+        ]
+        .map(String::as_str)
+        .join("\u{0}");
         if mode <= Mode::Allow {
             return Ok(Self {
                 mode: Some(mode),
                 connector: None,
+                key,
+                refusal: None,
             });
         }
         let provider = Arc::new(provider(
@@ -161,7 +181,33 @@ impl ServerTls {
         Ok(Self {
             mode: Some(mode),
             connector: Some(tokio_rustls::TlsConnector::from(Arc::new(config))),
+            key,
+            refusal: None,
         })
+    }
+
+    /// What a RELOAD leaves when it asks for `mode`, stricter than what is
+    /// in force, and its files do not load: no server connection at all
+    /// rather than a weaker one than the operator asked for.
+    pub fn refusing(mode: Mode, why: String) -> Self {
+        Self {
+            mode: Some(mode),
+            connector: None,
+            key: String::new(),
+            refusal: Some(format!(
+                "server_tls_sslmode {mode:?} is configured but its files could not be loaded: {why}"
+            )),
+        }
+    }
+
+    /// Why new server connections are refused, if they are.
+    pub fn refusal(&self) -> Option<&str> {
+        self.refusal.as_deref()
+    }
+
+    /// Whether two configurations come from the same settings.
+    pub fn same_settings(&self, other: &ServerTls) -> bool {
+        self.key == other.key && self.refusal == other.refusal
     }
 
     /// Whether a new server connection starts with SSLRequest.

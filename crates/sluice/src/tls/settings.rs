@@ -202,6 +202,17 @@ fn pick_suites(
             missing.join(" ")
         );
     }
+    let exclusions: Vec<&str> = selections
+        .iter()
+        .copied()
+        .filter(|w| w.starts_with(['!', '-']))
+        .collect();
+    if named.is_empty() && !exclusions.is_empty() {
+        tracing::warn!(
+            "{key} = {value}: exclusions are not applied ({}); every suite rustls offers is used",
+            exclusions.join(" ")
+        );
+    }
     if !named.is_empty() {
         if !selections.is_empty() {
             tracing::warn!(
