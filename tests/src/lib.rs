@@ -15,6 +15,7 @@ pub mod msg;
 mod process;
 mod raw;
 mod scratch;
+mod tls_client;
 mod tools;
 mod wait;
 
@@ -33,6 +34,7 @@ pub use raw::{
 };
 pub use scratch::ScratchDir;
 pub use sluice_testkit::{Cluster, ServerAuth};
+pub use tls_client::RustlsConnector;
 pub use tools::{
     ToolOutput, pgbench, pgbench_env, psql, psql_conninfo, psql_interactive, run as run_tool,
 };

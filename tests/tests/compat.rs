@@ -14,6 +14,12 @@
 //! | `COMPAT_RESTART_CMD` | a `sh -c` line restarting PostgreSQL (`pg_ctl restart -m fast`) |
 //! | `COMPAT_POOL_SIZE` | sluice's `default_pool_size` |
 //!
+//! The go suite also runs over TLS (`compat_go_pgx_over_tls_verify_full`):
+//! clients must use TLS and verify sluice's certificate (`sslmode=
+//! verify-full`, `sslrootcert=` in the DSN and `PGSSLMODE`/`PGSSLROOTCERT`),
+//! and sluice verifies PostgreSQL's (`server_tls_sslmode = verify-full`),
+//! PostgreSQL serving TLS with a certificate from the same test CA.
+//!
 //! With `SLUICE_COMPAT_TARGET=direct` the suite is pointed at PostgreSQL
 //! itself instead (same variables), to check that what a suite expects is
 //! what PostgreSQL does.
@@ -40,14 +46,23 @@ fn compat_dir() -> PathBuf {
 }
 
 fn run_suite(suite: &str) {
-    let cluster = app_cluster(ServerAuth::ScramSha256);
+    run_suite_with(suite, None);
+}
+
+fn run_suite_with(suite: &str, certs: Option<&Certs>) {
+    let cluster = match certs {
+        None => app_cluster(ServerAuth::ScramSha256),
+        Some(c) => app_cluster_with(ServerAuth::ScramSha256, |b| {
+            b.tls(&c.text("server.crt"), &c.text("server.key"))
+        }),
+    };
     cluster
         .psql(
             "postgres",
             &format!("create database compat owner {APP_USER}"),
         )
         .expect("create database compat");
-    let sluice = ConfigBuilder::new()
+    let mut builder = ConfigBuilder::new()
         .database_on(&cluster, "compat", "")
         .set("pool_mode", "transaction")
         .set("auth_type", "scram-sha-256")
@@ -55,8 +70,16 @@ fn run_suite(suite: &str) {
         .set("default_pool_size", &POOL_SIZE.to_string())
         .set("max_client_conn", "2000")
         .set("query_wait_timeout", "60")
-        .userlist(&[(APP_USER, APP_PASSWORD)])
-        .start();
+        .userlist(&[(APP_USER, APP_PASSWORD)]);
+    if let Some(c) = certs {
+        builder = builder
+            .set("client_tls_sslmode", "require")
+            .set("client_tls_cert_file", &c.path("server.crt"))
+            .set("client_tls_key_file", &c.path("server.key"))
+            .set("server_tls_sslmode", "verify-full")
+            .set("server_tls_ca_file", &c.path("ca.crt"));
+    }
+    let sluice = builder.start();
     let restart = cluster
         .restart_command_line()
         .expect("pg_ctl for the restart command");
@@ -65,6 +88,9 @@ fn run_suite(suite: &str) {
         Ok("direct") => cluster.port(),
         _ => sluice.port(),
     };
+    let tls_query = certs.map_or(String::new(), |c| {
+        format!("?sslmode=verify-full&sslrootcert={}", c.path("ca.crt"))
+    });
     let script = compat_dir().join(suite).join("run.sh");
     let mut cmd = Command::new("bash");
     cmd.arg(&script)
@@ -82,11 +108,15 @@ fn run_suite(suite: &str) {
         .env("PGDATABASE", "compat")
         .env(
             "COMPAT_DSN",
-            format!("postgres://{APP_USER}:{APP_PASSWORD}@127.0.0.1:{port}/compat"),
+            format!("postgres://{APP_USER}:{APP_PASSWORD}@127.0.0.1:{port}/compat{tls_query}"),
         )
         .env("COMPAT_DIRECT_PORT", cluster.port().to_string())
         .env("COMPAT_RESTART_CMD", restart)
         .env("COMPAT_POOL_SIZE", POOL_SIZE.to_string());
+    if let Some(c) = certs {
+        cmd.env("PGSSLMODE", "verify-full")
+            .env("PGSSLROOTCERT", c.path("ca.crt"));
+    }
     let output = run_tool(cmd, SUITE_DEADLINE);
     assert!(
         output.success(),
@@ -107,6 +137,12 @@ fn compat_python_psycopg_and_asyncpg() {
 #[test]
 fn compat_go_pgx() {
     run_suite("go");
+}
+
+#[test]
+fn compat_go_pgx_over_tls_verify_full() {
+    let certs = Certs::make(APP_USER);
+    run_suite_with("go", Some(&certs));
 }
 
 #[test]

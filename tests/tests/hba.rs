@@ -300,3 +300,34 @@ async fn auth_type_cert_takes_the_user_from_the_certificate() {
         "certificate authentication failed for user \"other\"",
     );
 }
+
+/// tokio-postgres over TLS (a rustls connector) with channel binding
+/// required: SCRAM-SHA-256-PLUS end to end.
+#[tokio::test]
+async fn tokio_postgres_over_tls_with_channel_binding() {
+    let s = setup();
+    let mut config = tokio_postgres::Config::new();
+    config
+        .host("localhost")
+        .port(s.sluice.port())
+        .user(APP_USER)
+        .password(APP_PASSWORD)
+        .dbname("postgres")
+        .ssl_mode(tokio_postgres::config::SslMode::Require)
+        .channel_binding(tokio_postgres::config::ChannelBinding::Require);
+    let tls = RustlsConnector::trusting(&s.certs.file("ca.crt"));
+    let (client, connection) = config.connect(tls.clone()).await.expect("SCRAM-PLUS login");
+    tokio::spawn(connection);
+    let row = client
+        .query_one("select current_user::text", &[])
+        .await
+        .expect("query");
+    assert_eq!(row.get::<_, String>(0), APP_USER);
+    config.password("wrong");
+    let refused = config.connect(tls).await.map(|_| ());
+    let error = expect_sqlstate(refused, "28P01");
+    assert_eq!(
+        error.as_db_error().expect("a server error").message(),
+        "password authentication failed for user \"app\""
+    );
+}
