@@ -106,29 +106,21 @@ impl Certs {
         let d = dir.path();
         make_ca(d, "ca");
         make_ca(d, "other-ca");
-        make_leaf(
-            d,
-            "ca",
-            "server",
-            "localhost",
-            "subjectAltName=DNS:localhost,IP:127.0.0.1\nbasicConstraints=CA:FALSE\n\
-             keyUsage=critical,digitalSignature,keyEncipherment\nextendedKeyUsage=serverAuth\n",
-        );
-        make_leaf(
-            d,
-            "ca",
-            "server2",
-            "localhost",
-            "subjectAltName=DNS:localhost,IP:127.0.0.1\nbasicConstraints=CA:FALSE\n\
-             keyUsage=critical,digitalSignature,keyEncipherment\nextendedKeyUsage=serverAuth\n",
-        );
+        let server_ext = |names: &str| {
+            format!(
+                "subjectAltName={names}\nbasicConstraints=CA:FALSE\n\
+                 keyUsage=critical,digitalSignature,keyEncipherment\nextendedKeyUsage=serverAuth\n"
+            )
+        };
+        let localhost = server_ext("DNS:localhost,IP:127.0.0.1");
+        make_leaf(d, "ca", "server", "localhost", &localhost);
+        make_leaf(d, "ca", "server2", "localhost", &localhost);
         make_leaf(
             d,
             "ca",
             "wrongname",
             "elsewhere.example",
-            "subjectAltName=DNS:elsewhere.example\nbasicConstraints=CA:FALSE\n\
-             keyUsage=critical,digitalSignature,keyEncipherment\nextendedKeyUsage=serverAuth\n",
+            &server_ext("DNS:elsewhere.example"),
         );
         make_leaf(
             d,

@@ -36,7 +36,8 @@ pub use scratch::ScratchDir;
 pub use sluice_testkit::{Cluster, ServerAuth};
 pub use tls_client::RustlsConnector;
 pub use tools::{
-    ToolOutput, pgbench, pgbench_env, psql, psql_conninfo, psql_interactive, run as run_tool,
+    ToolOutput, pgbench, pgbench_env, pgbench_select_one_ok, psql, psql_conninfo, psql_interactive,
+    run as run_tool,
 };
 pub use wait::{eventually, eventually_sync};
 

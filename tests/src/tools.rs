@@ -71,11 +71,7 @@ pub fn pgbench(
     args: &[&str],
     deadline: Duration,
 ) -> ToolOutput {
-    let mut cmd = client_command(&tool_path(sluice_testkit::pgbench_path()), password);
-    cmd.args(args);
-    cmd.args(["-h", "127.0.0.1", "-p", &port.to_string(), "-U", user]);
-    cmd.arg(db);
-    run(cmd, deadline)
+    pgbench_env(port, user, password, db, args, deadline, &[])
 }
 
 /// Like [`pgbench`], with extra environment variables (`PGSSLMODE`…).
@@ -99,6 +95,48 @@ pub fn pgbench_env(
     cmd.args(["-h", host, "-p", &port.to_string(), "-U", user]);
     cmd.arg(db);
     run(cmd, deadline)
+}
+
+/// pgbench running `select 1` (a script written into `dir`) as
+/// [`crate::APP_USER`] on database postgres, with `args` (clients, time,
+/// -M, -C…) and `env`; asserts that it succeeded with no failed
+/// transaction.
+pub async fn pgbench_select_one_ok(
+    dir: &Path,
+    port: u16,
+    args: &[&str],
+    env: &[(&str, &str)],
+) -> ToolOutput {
+    let script = dir.join("select_one.sql");
+    std::fs::write(&script, "select 1;\n").expect("write pgbench script");
+    let mut all: Vec<String> = vec!["-n".into(), "-f".into(), script.display().to_string()];
+    all.extend(args.iter().map(|a| a.to_string()));
+    let env: Vec<(String, String)> = env
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+    let out = tokio::task::spawn_blocking(move || {
+        let args: Vec<&str> = all.iter().map(String::as_str).collect();
+        let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+        pgbench_env(
+            port,
+            crate::APP_USER,
+            crate::APP_PASSWORD,
+            "postgres",
+            &args,
+            Duration::from_secs(60),
+            &env,
+        )
+    })
+    .await
+    .expect("pgbench task");
+    assert!(out.success(), "pgbench: {}", out.stderr);
+    assert!(
+        out.stdout.contains("number of failed transactions: 0"),
+        "{}",
+        out.stdout
+    );
+    out
 }
 
 fn tool_path(

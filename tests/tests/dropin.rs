@@ -6,8 +6,6 @@
 //! starts from it unchanged and serves psql and pgbench over TLS, and the
 //! application user's password is nowhere in sluice's files.
 
-use std::time::Duration;
-
 use sluice_tests::*;
 
 const AUTH_USER: &str = "pgbouncer_auth";
@@ -74,30 +72,13 @@ async fn a_pgbouncer_ini_with_tls_both_ways_auth_query_and_hba_serves_psql_and_p
     );
     assert_eq!(out.stdout.trim(), format!("{APP_USER} true"));
 
-    let script = certs.file("select.sql");
-    std::fs::write(&script, "select 1;\n").expect("script");
-    let script = script.display().to_string();
-    let out = tokio::task::spawn_blocking(move || {
-        pgbench_env(
-            port,
-            APP_USER,
-            APP_PASSWORD,
-            "postgres",
-            &[
-                "-n", "-f", &script, "-c", "8", "-j", "2", "-T", "3", "-M", "prepared",
-            ],
-            Duration::from_secs(60),
-            &[("PGSSLMODE", "require")],
-        )
-    })
-    .await
-    .expect("pgbench task");
-    assert!(out.success(), "pgbench over TLS: {}", out.stderr);
-    assert!(
-        out.stdout.contains("number of failed transactions: 0"),
-        "{}",
-        out.stdout
-    );
+    pgbench_select_one_ok(
+        &certs.file(""),
+        port,
+        &["-c", "8", "-j", "2", "-T", "3", "-M", "prepared"],
+        &[("PGSSLMODE", "require")],
+    )
+    .await;
     // Plain TCP is refused.
     expect_sqlstate(
         connect(port, APP_USER, APP_PASSWORD, "postgres").await,

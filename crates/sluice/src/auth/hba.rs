@@ -91,24 +91,30 @@ pub struct HbaError {
     pub reason: String,
 }
 
+impl HbaError {
+    fn at(path: &Path, (line, reason): (usize, String)) -> Self {
+        Self {
+            path: path.display().to_string(),
+            line,
+            reason,
+        }
+    }
+}
+
+/// A rules file's text; an error names it (line 0: the file as a whole).
+fn read_file(path: &Path) -> Result<String, HbaError> {
+    std::fs::read_to_string(path).map_err(|e| HbaError::at(path, (0, e.to_string())))
+}
+
 impl Hba {
     /// Reads `path`; `@file` names are taken from its directory.
     pub fn load(path: &Path) -> Result<Self, HbaError> {
-        let shown = path.display().to_string();
-        let text = std::fs::read_to_string(path).map_err(|e| HbaError {
-            path: shown.clone(),
-            line: 0,
-            reason: e.to_string(),
-        })?;
+        let text = read_file(path)?;
         let dir = path.parent().unwrap_or(Path::new("."));
         Self::parse(&text, &|name| {
             std::fs::read_to_string(dir.join(name)).map_err(|e| format!("@{name}: {e}"))
         })
-        .map_err(|(line, reason)| HbaError {
-            path: shown,
-            line,
-            reason,
-        })
+        .map_err(|at| HbaError::at(path, at))
     }
 
     /// Parses the text; `include` reads an `@file`.
@@ -406,17 +412,7 @@ pub struct IdentMap {
 
 impl IdentMap {
     pub fn load(path: &Path) -> Result<Self, HbaError> {
-        let shown = path.display().to_string();
-        let text = std::fs::read_to_string(path).map_err(|e| HbaError {
-            path: shown.clone(),
-            line: 0,
-            reason: e.to_string(),
-        })?;
-        Self::parse(&text).map_err(|(line, reason)| HbaError {
-            path: shown,
-            line,
-            reason,
-        })
+        Self::parse(&read_file(path)?).map_err(|at| HbaError::at(path, at))
     }
 
     pub fn parse(text: &str) -> Result<Self, (usize, String)> {
@@ -487,60 +483,41 @@ host    all       all          0.0.0.0/0  md5
 
     #[test]
     fn first_matching_line_decides() {
+        use Method::*;
         let hba = Hba::parse(FILE, &no_files).unwrap();
-        let m = |c: Conn<'_>| hba.decide(&c).map(|r| (r.method, r.line));
-        assert_eq!(
-            m(conn(true, false, "", "x", "postgres")),
-            Some((Method::Peer, 3))
+        // (unix, tls, address, database, user) -> (method, line)
+        type Case<'a> = (
+            (bool, bool, &'a str, &'a str, &'a str),
+            Option<(Method, usize)>,
         );
-        assert_eq!(
-            m(conn(true, false, "", "bob", "bob")),
-            Some((Method::Md5, 4))
-        );
-        assert_eq!(m(conn(true, false, "", "x", "bob")), None);
-        assert_eq!(
-            m(conn(false, true, "10.1.2.3", "x", "carol")),
-            Some((Method::Cert, 5))
-        );
-        assert_eq!(
-            hba.decide(&conn(false, true, "10.1.2.3", "x", "carol"))
-                .unwrap()
-                .map
-                .as_deref(),
-            Some("certs")
-        );
-        // Not over TLS: the hostssl line does not match.
-        assert_eq!(
-            m(conn(false, false, "10.1.2.3", "x", "carol")),
-            Some((Method::Md5, 9))
-        );
-        // "all" quoted is a database named all.
-        assert_eq!(
-            m(conn(false, false, "192.168.1.7", "all", "u")),
-            Some((Method::ScramSha256, 6))
-        );
-        assert_eq!(
-            m(conn(false, false, "192.168.1.7", "other", "u")),
-            Some((Method::Md5, 9))
-        );
-        assert_eq!(
-            m(conn(false, true, "192.168.1.7", "app", "u")),
-            Some((Method::Md5, 9))
-        );
-        assert_eq!(
-            m(conn(false, false, "1.2.3.4", "x", "bad")),
-            Some((Method::Reject, 7))
-        );
-        assert_eq!(
-            m(conn(false, false, "::1", "x", "u")),
-            Some((Method::Trust, 8))
-        );
-        // An IPv4 peer seen as IPv4-mapped IPv6 still matches 0.0.0.0/0.
-        assert_eq!(
-            m(conn(false, false, "::ffff:1.2.3.4", "x", "u")),
-            Some((Method::Md5, 9))
-        );
-        assert!(hba.uses(Method::Cert));
+        let cases: &[Case<'_>] = &[
+            ((true, false, "", "x", "postgres"), Some((Peer, 3))),
+            ((true, false, "", "bob", "bob"), Some((Md5, 4))),
+            ((true, false, "", "x", "bob"), None),
+            ((false, true, "10.1.2.3", "x", "carol"), Some((Cert, 5))),
+            // Not over TLS: the hostssl line does not match.
+            ((false, false, "10.1.2.3", "x", "carol"), Some((Md5, 9))),
+            // "all" quoted is a database named all.
+            (
+                (false, false, "192.168.1.7", "all", "u"),
+                Some((ScramSha256, 6)),
+            ),
+            ((false, false, "192.168.1.7", "other", "u"), Some((Md5, 9))),
+            ((false, true, "192.168.1.7", "app", "u"), Some((Md5, 9))),
+            ((false, false, "1.2.3.4", "x", "bad"), Some((Reject, 7))),
+            ((false, false, "::1", "x", "u"), Some((Trust, 8))),
+            // An IPv4 peer seen as IPv4-mapped IPv6 still matches 0.0.0.0/0.
+            ((false, false, "::ffff:1.2.3.4", "x", "u"), Some((Md5, 9))),
+        ];
+        for &((unix, tls, addr, db, user), want) in cases {
+            let got = hba
+                .decide(&conn(unix, tls, addr, db, user))
+                .map(|r| (r.method, r.line));
+            assert_eq!(got, want, "{addr} {db} {user} tls={tls}");
+        }
+        let cert = hba.decide(&conn(false, true, "10.1.2.3", "x", "carol"));
+        assert_eq!(cert.and_then(|r| r.map.as_deref()), Some("certs"));
+        assert!(hba.uses(Cert));
     }
 
     #[test]
