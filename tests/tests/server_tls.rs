@@ -26,8 +26,26 @@ fn sluice_to(cluster: &Cluster, host: &str, mode: &str, certs: &Certs, ca: &str)
         )
         .set("server_tls_sslmode", mode)
         .set("server_tls_ca_file", &certs.path(ca))
+        .set("admin_users", APP_USER)
         .userlist(&[(APP_USER, APP_PASSWORD)])
         .start()
+}
+
+/// The `tls` column of SHOW SERVERS, one entry per server.
+async fn show_servers_tls(port: u16) -> Vec<String> {
+    let console = connect(port, APP_USER, APP_PASSWORD, "pgbouncer")
+        .await
+        .expect("console");
+    let rows = console
+        .simple_query("SHOW SERVERS")
+        .await
+        .expect("SHOW SERVERS");
+    rows.iter()
+        .filter_map(|m| match m {
+            tokio_postgres::SimpleQueryMessage::Row(r) => r.get("tls").map(str::to_owned),
+            _ => None,
+        })
+        .collect()
 }
 
 async fn ssl_in_use(port: u16) -> Result<String, tokio_postgres::Error> {
@@ -47,10 +65,20 @@ async fn prefer_uses_tls_where_offered_and_plain_where_not() {
     let with_tls = tls_cluster(&certs, "server");
     let sluice = sluice_to(&with_tls, "127.0.0.1", "prefer", &certs, "ca.crt");
     assert_eq!(ssl_in_use(sluice.port()).await.expect("login"), "true");
+    let tls = show_servers_tls(sluice.port()).await;
+    assert!(
+        !tls.is_empty() && tls.iter().all(|t| t.starts_with("TLSv1.3/TLS_AES_")),
+        "SHOW SERVERS tls: {tls:?}"
+    );
 
     let plain = app_cluster(ServerAuth::ScramSha256);
     let sluice = sluice_to(&plain, "127.0.0.1", "prefer", &certs, "ca.crt");
     assert_eq!(ssl_in_use(sluice.port()).await.expect("login"), "false");
+    let tls = show_servers_tls(sluice.port()).await;
+    assert!(
+        !tls.is_empty() && tls.iter().all(String::is_empty),
+        "{tls:?}"
+    );
 
     let required = sluice_to(&plain, "127.0.0.1", "require", &certs, "ca.crt");
     let error = expect_sqlstate(ssl_in_use(required.port()).await, "08006");

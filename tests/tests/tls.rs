@@ -12,6 +12,7 @@ use sluice_tests::*;
 fn tls_config(cluster: &Cluster, certs: &Certs, mode: &str) -> ConfigBuilder {
     ConfigBuilder::for_cluster(cluster)
         .set("pool_mode", "transaction")
+        .set("admin_users", APP_USER)
         .set("client_tls_sslmode", mode)
         .set("client_tls_cert_file", &certs.path("server.crt"))
         .set("client_tls_key_file", &certs.path("server.key"))
@@ -44,6 +45,22 @@ async fn require_serves_tls_and_refuses_plain() {
         ok.stdout.contains("SSL connection (protocol: TLSv1.3"),
         "{}",
         ok.stdout
+    );
+
+    // SHOW CLIENTS says how each client is encrypted, as PgBouncer does.
+    let mut held = psql_interactive_tls(port, &conninfo_verify(&certs, "ca.crt"));
+    assert_eq!(held.ask("select 1").await, "1");
+    let conninfo =
+        format!("host=localhost port={port} user={APP_USER} dbname=pgbouncer sslmode=require");
+    let show =
+        tokio::task::spawn_blocking(move || psql_conninfo(&conninfo, APP_PASSWORD, "SHOW CLIENTS"))
+            .await
+            .expect("psql task");
+    assert!(show.success(), "{}", show.stderr);
+    assert!(
+        show.stdout.contains("|TLSv1.3/TLS_AES_") && show.stdout.contains("ECDH="),
+        "{}",
+        show.stdout
     );
 
     let plain = psql_with(port, "sslmode=disable", "select 1").await;

@@ -125,6 +125,14 @@ impl Stream {
         }
     }
 
+    /// The `tls` column of SHOW CLIENTS/SERVERS (empty without TLS).
+    pub fn tls_description(&self) -> Option<Box<str>> {
+        match self {
+            Self::Tls(t) => Some(t.describe().into_boxed_str()),
+            _ => None,
+        }
+    }
+
     /// The common name of the client certificate the TLS handshake
     /// verified, if any.
     pub fn peer_certificate_cn(&self) -> Option<String> {

@@ -102,7 +102,7 @@ pub fn clients(app: &App) -> ResultSet {
             v(format!("{:x}", c.pid)),
             v(c.server_pid.map(|p| format!("{p:x}")).unwrap_or_default()),
             v(0),
-            v(""),
+            v(c.meta.tls.as_deref().unwrap_or("")),
             v(&c.meta.application_name),
             v(0),
             v(c.pid),
@@ -152,7 +152,7 @@ pub fn servers(app: &App) -> ResultSet {
                     .map(|c| format!("{c:x}"))
                     .unwrap_or_default()),
                 v(s.remote_pid),
-                v(""),
+                v(s.tls.as_deref().unwrap_or("")),
                 v(""),
                 v(s.prepared_statements),
                 v(s.id),

@@ -54,6 +54,8 @@ pub struct ClientMeta {
     /// Session objects that keep the client on its server (transaction
     /// mode), as "temp_tables,cursors"; None when not pinned.
     pub pinned: Option<Box<str>>,
+    /// The TLS session, as SHOW CLIENTS prints it (None: plain).
+    pub tls: Option<Box<str>>,
 }
 
 /// One row of SHOW CLIENTS.

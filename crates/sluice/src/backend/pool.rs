@@ -175,7 +175,7 @@ enum Recheck {
 }
 
 /// One row of SHOW SERVERS.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub struct ServerRow {
     pub id: u64,
     /// Made before the last RECONNECT: closes when released.
@@ -186,6 +186,8 @@ pub struct ServerRow {
     pub active: bool,
     /// Shared statements prepared on it (as of the lease, when lent).
     pub prepared_statements: usize,
+    /// The TLS session, as SHOW SERVERS prints it (None: plain).
+    pub tls: Option<Box<str>>,
     generation: u64,
 }
 
@@ -199,6 +201,7 @@ impl ServerRow {
             local: server.local_addr,
             active,
             prepared_statements: server.statements.len(),
+            tls: server.stream.tls_description(),
             generation: 0,
         }
     }

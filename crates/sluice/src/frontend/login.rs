@@ -308,6 +308,7 @@ async fn login_inner(
             .into(),
         fd: stream.raw_fd(),
         pinned: None,
+        tls: stream.tls_description(),
     };
     let cancel = app.cancels.register(meta).ok_or_else(|| {
         ClientError::new(

@@ -148,7 +148,7 @@ const OPENSSL_TLS12_NAMES: &[(&str, &str)] = &[
 
 /// A suite's standard name: rustls calls TLS 1.3 suites `TLS13_…`, the
 /// RFC and OpenSSL `TLS_…`.
-fn suite_name(suite: &rustls::SupportedCipherSuite) -> String {
+pub fn suite_name(suite: &rustls::SupportedCipherSuite) -> String {
     let debug = format!("{:?}", suite.suite());
     match debug.strip_prefix("TLS13_") {
         Some(rest) => format!("TLS_{rest}"),

@@ -143,6 +143,25 @@ impl TlsConn {
         Ok(())
     }
 
+    /// What SHOW CLIENTS and SHOW SERVERS print in `tls`, in PgBouncer's
+    /// form: `TLSv1.3/TLS_AES_256_GCM_SHA384/ECDH=X25519`.
+    pub fn describe(&self) -> String {
+        let state = self.tls.get_ref().1;
+        let version = match state.protocol_version() {
+            Some(rustls::ProtocolVersion::TLSv1_3) => "TLSv1.3".to_owned(),
+            Some(rustls::ProtocolVersion::TLSv1_2) => "TLSv1.2".to_owned(),
+            Some(other) => format!("{other:?}"),
+            None => "?".to_owned(),
+        };
+        let cipher = state
+            .negotiated_cipher_suite()
+            .map_or_else(|| "?".to_owned(), |s| super::settings::suite_name(&s));
+        let group = state
+            .negotiated_key_exchange_group()
+            .map_or_else(|| "?".to_owned(), |g| format!("{:?}", g.name()));
+        format!("{version}/{cipher}/ECDH={group}")
+    }
+
     /// The ALPN protocol agreed on, if any.
     pub fn negotiated_protocol(&self) -> Option<&[u8]> {
         self.tls.get_ref().1.alpn_protocol()
