@@ -248,7 +248,12 @@ async fn client_login_timeout_drops_silent_clients() {
         .start();
     let started = Instant::now();
     let mut silent = RawClient::connect(sluice.port()).await;
-    silent.expect_error_or_close(Duration::from_secs(6)).await;
+    let fields = silent
+        .expect_error_or_close(Duration::from_secs(6))
+        .await
+        .expect("an ErrorResponse saying why, as PgBouncer sends");
+    assert_eq!(error_field(&fields, b'C'), Some("08P01"));
+    assert_eq!(error_field(&fields, b'M'), Some("client_login_timeout"));
     let took = started.elapsed();
     assert!(
         took >= Duration::from_millis(800),
@@ -275,7 +280,11 @@ async fn client_login_timeout_drops_a_client_stuck_in_authentication() {
     }
     // Never answer it.
     let started = Instant::now();
-    stuck.expect_error_or_close(Duration::from_secs(6)).await;
+    let fields = stuck
+        .expect_error_or_close(Duration::from_secs(6))
+        .await
+        .expect("an ErrorResponse");
+    assert_eq!(error_field(&fields, b'M'), Some("client_login_timeout"));
     assert!(started.elapsed() < Duration::from_secs(3));
 }
 
@@ -339,4 +348,108 @@ async fn client_idle_timeout_also_ends_a_listening_client() {
         (code.as_str(), message.as_str()),
         ("08P01", "client_idle_timeout")
     );
+}
+
+/// autodb_idle_timeout: a pool made from the `*` entry is freed once unused
+/// that long (its servers close); one in use stays, and a listed database's
+/// pool is never freed.
+#[tokio::test]
+async fn autodb_idle_timeout_frees_unused_pools_of_the_star_entry() {
+    let cluster = app_cluster(ServerAuth::Trust);
+    cluster
+        .psql("postgres", "create database other")
+        .expect("create database");
+    let sluice = ConfigBuilder::new()
+        .database(
+            "*",
+            &format!("host={} port={}", cluster.host(), cluster.port()),
+        )
+        .database_on(&cluster, "listed", "dbname=postgres")
+        .set("autodb_idle_timeout", "1")
+        .set("admin_users", "admin")
+        .start();
+    let port = sluice.port();
+    let pools = || async move {
+        let console = connect_as(port, "admin", "pgbouncer").await;
+        let rows = console
+            .simple_query("SHOW POOLS")
+            .await
+            .expect("SHOW POOLS");
+        rows.iter()
+            .filter_map(|m| match m {
+                tokio_postgres::SimpleQueryMessage::Row(r) => r.get(0).map(str::to_owned),
+                _ => None,
+            })
+            .collect::<Vec<_>>()
+    };
+    let held = connect_as(port, APP_USER, "postgres").await;
+    assert_eq!(scalar_text(&held, "select 1").await, "1");
+    for db in ["other", "listed"] {
+        let c = connect_as(port, APP_USER, db).await;
+        assert_eq!(scalar_text(&c, "select 1").await, "1");
+    }
+    let freed = eventually(Duration::from_secs(10), || async {
+        let now = pools().await;
+        (!now.iter().any(|d| d == "other")).then_some(now)
+    })
+    .await
+    .expect("the unused pool of `other` is freed");
+    assert!(freed.iter().any(|d| d == "postgres"), "in use: {freed:?}");
+    assert!(freed.iter().any(|d| d == "listed"), "listed: {freed:?}");
+    assert_eq!(scalar_text(&held, "select 2").await, "2");
+    assert!(
+        sluice.log().contains("autodb_idle_timeout"),
+        "{}",
+        sluice.log()
+    );
+}
+
+/// application_name_add_host: the client's address and port follow its
+/// application_name on the server, as PgBouncer writes them.
+#[tokio::test]
+async fn application_name_add_host_appends_the_client_address() {
+    let cluster = app_cluster(ServerAuth::Trust);
+    let sluice = ConfigBuilder::for_cluster(&cluster)
+        .set("application_name_add_host", "1")
+        .start();
+    let mut config = tokio_postgres::Config::new();
+    config
+        .host("127.0.0.1")
+        .port(sluice.port())
+        .user(APP_USER)
+        .dbname("postgres")
+        .application_name("myapp");
+    let client = connect_config(&config).await.expect("login");
+    let name = scalar_text(&client, "select current_setting('application_name')").await;
+    assert!(
+        name.starts_with("myapp - 127.0.0.1:")
+            && name["myapp - 127.0.0.1:".len()..].parse::<u16>().is_ok(),
+        "{name}"
+    );
+}
+
+/// log_stats: the periodic stats line, every stats_period.
+#[tokio::test]
+async fn log_stats_writes_the_periodic_line() {
+    let cluster = app_cluster(ServerAuth::Trust);
+    let sluice = ConfigBuilder::for_cluster(&cluster)
+        .set("stats_period", "1")
+        .start();
+    let client = connect_as(sluice.port(), APP_USER, "postgres").await;
+    assert_eq!(scalar_text(&client, "select 1").await, "1");
+    let line = eventually(Duration::from_secs(10), || async {
+        sluice
+            .log()
+            .lines()
+            .find(|l| l.contains("stats: ") && l.contains(" xacts/s, ") && l.contains(" wait "))
+            .map(str::to_owned)
+    })
+    .await;
+    assert!(line.is_some(), "{}", sluice.log());
+    let quiet = ConfigBuilder::for_cluster(&cluster)
+        .set("stats_period", "1")
+        .set("log_stats", "0")
+        .start();
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    assert!(!quiet.log().contains("xacts/s"), "{}", quiet.log());
 }

@@ -493,6 +493,27 @@ impl App {
         Ok((pool, !existed && unlisted))
     }
 
+    /// autodb_idle_timeout: forgets pools of databases only the `*` entry
+    /// stands for that have been unused that long (their servers close).
+    pub fn free_unused_autodb_pools(&self) {
+        let config = self.config();
+        let timeout = config.settings.autodb_idle_timeout;
+        if timeout.is_zero() || config.fallback_database.is_none() {
+            return;
+        }
+        for pool in self.pools() {
+            if config.database(&pool.database).is_none()
+                && pool.unused_for().is_some_and(|unused| unused >= timeout)
+            {
+                tracing::info!(
+                    db = %pool.database, user = %pool.user,
+                    "pool unused for autodb_idle_timeout ({timeout:?}): freed"
+                );
+                self.forget_pool(&pool);
+            }
+        }
+    }
+
     /// Drops a pool (and its database's cluster, when it was the last pool
     /// of that database): its servers close as they come back.
     pub fn forget_pool(&self, pool: &Arc<Pool>) {

@@ -141,10 +141,14 @@ pub async fn run(app: Arc<App>, workers: Arc<Workers>) -> std::io::Result<()> {
                 }
                 busy.check(&app, &workers);
                 app.param_sets.prune();
+                app.free_unused_autodb_pools();
                 let period = app.config().settings.stats_period.max(std::time::Duration::from_secs(1));
                 if last_stats.elapsed() >= period {
                     last_stats = std::time::Instant::now();
-                    app.stats.sample(app.totals_by_database());
+                    let averages = app.stats.sample(app.totals_by_database());
+                    if app.config().settings.log_stats {
+                        log_stats(&averages);
+                    }
                 }
             }
         }
@@ -155,6 +159,26 @@ pub async fn run(app: Arc<App>, workers: Arc<Workers>) -> std::io::Result<()> {
             return Ok(());
         }
     }
+}
+
+/// log_stats: PgBouncer's periodic line, over all databases, per second
+/// and per transaction/query/assignment for the last stats_period.
+fn log_stats(averages: &std::collections::HashMap<String, crate::stats::Averages>) {
+    let mut total = crate::stats::Averages::default();
+    for a in averages.values() {
+        total.merge(a);
+    }
+    tracing::info!(
+        "stats: {} xacts/s, {} queries/s, in {} B/s, out {} B/s, xact {} us, query {} us, \
+         wait {} us",
+        total.xacts,
+        total.queries,
+        total.received,
+        total.sent,
+        total.xact_time_us,
+        total.query_time_us,
+        total.wait_time_us
+    );
 }
 
 /// Samples the accepting workers' CPU time and wakes a dormant worker when

@@ -135,6 +135,9 @@ struct PoolState {
     retired: bool,
     /// Clients logged in to this pool.
     clients: u32,
+    /// When the pool was last in use: made, a client left, a server came
+    /// back (autodb_idle_timeout).
+    last_used: Instant,
     /// Servers lent now (SHOW SERVERS).
     lent: Vec<ServerRow>,
     stats: PoolStats,
@@ -413,6 +416,7 @@ impl Pool {
                 generation: 0,
                 retired: false,
                 clients: 0,
+                last_used: Instant::now(),
                 lent: Vec::new(),
                 stats: PoolStats::default(),
             }),
@@ -526,6 +530,14 @@ impl Pool {
     pub fn client_left(&self) {
         let mut st = self.lock();
         st.clients = st.clients.saturating_sub(1);
+        st.last_used = Instant::now();
+    }
+
+    /// How long the pool has had no client, no lent server and no waiter;
+    /// `None` while it is in use.
+    pub fn unused_for(&self) -> Option<Duration> {
+        let st = self.lock();
+        (st.clients == 0 && st.active == 0 && st.waiters.is_empty()).then(|| st.last_used.elapsed())
     }
 
     /// Closes every idle server and marks busy ones to close when released
@@ -904,6 +916,7 @@ impl Pool {
     fn put_back(&self, mut server: Box<ServerConn>, generation: u64, stats: &TxStats) {
         server.last_used = Instant::now();
         let mut st = self.lock();
+        st.last_used = server.last_used;
         st.stats.add(stats);
         forget_lent(&mut st, server.id);
         st.active = st.active.saturating_sub(1);

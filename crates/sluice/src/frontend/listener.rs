@@ -161,19 +161,8 @@ async fn log_in(app: &Arc<App>, stream: Stream, count: u32) -> Option<Admitted> 
             s.log_pooler_errors,
         )
     };
-    let attempt = login(app, stream, over_limit);
-    let result = if login_timeout.is_zero() {
-        attempt.await
-    } else {
-        match tokio::time::timeout(login_timeout, attempt).await {
-            Ok(r) => r,
-            Err(_) => {
-                tracing::info!("client login timed out");
-                return None;
-            }
-        }
-    };
-    match result {
+    let deadline = (!login_timeout.is_zero()).then(|| tokio::time::Instant::now() + login_timeout);
+    match login(app, stream, over_limit, deadline).await {
         Ok(c) => c,
         Err((mut stream, e)) => {
             app.count_login_failure(&e.code);

@@ -50,19 +50,33 @@ enum Decided {
 /// without SSLRequest: direct TLS).
 const TLS_HANDSHAKE_RECORD: u8 = 0x16;
 
-/// Runs the login of one connection. `Ok(None)`: the connection was a cancel
-/// request (or a TLS handshake that failed) and is done.
+/// Runs the login of one connection, until `deadline` (client_login_timeout:
+/// past it the client is told so, 08P01, as PgBouncer does). `Ok(None)`:
+/// the connection was a cancel request (or a TLS handshake that failed) and
+/// is done.
 pub async fn login(
     app: &Arc<App>,
     mut stream: Stream,
     over_client_limit: bool,
+    deadline: Option<tokio::time::Instant>,
 ) -> Result<Option<Admitted>, (Stream, ClientError)> {
+    let timed_out = || {
+        tracing::info!("closing because: client_login_timeout");
+        ClientError::protocol("client_login_timeout")
+    };
     let tls = app.client_tls();
     if tls.offers()
         && let Stream::Tcp(tcp) = &stream
     {
         let mut first = [0u8; 1];
-        if tcp.peek(&mut first).await.is_ok() && first[0] == TLS_HANDSHAKE_RECORD {
+        let peeked = match deadline {
+            Some(at) => tokio::time::timeout_at(at, tcp.peek(&mut first)).await,
+            None => Ok(tcp.peek(&mut first).await),
+        };
+        let Ok(peeked) = peeked else {
+            return Err((stream, timed_out()));
+        };
+        if peeked.is_ok() && first[0] == TLS_HANDSHAKE_RECORD {
             stream = match upgrade(&tls, stream, true).await {
                 Some(s) => s,
                 None => return Ok(None),
@@ -70,7 +84,15 @@ pub async fn login(
         }
     }
     loop {
-        match login_inner(app, &mut stream, over_client_limit, &tls).await {
+        let step = login_inner(app, &mut stream, over_client_limit, &tls);
+        let decided = match deadline {
+            Some(at) => tokio::time::timeout_at(at, step).await,
+            None => Ok(step.await),
+        };
+        let Ok(decided) = decided else {
+            return Err((stream, timed_out()));
+        };
+        match decided {
             Ok(Some(Decided::Pooled(parts))) => {
                 return Ok(Some(Admitted::Client(Box::new(parts.into_client(stream)))));
             }
@@ -289,11 +311,19 @@ async fn login_inner(
         .welcome()
         .await
         .map_err(|e| ClientError::new(e.sqlstate(), e.to_string()))?;
-    let (client_params, session) = client_params(
+    let (mut client_params, session) = client_params(
         &welcome.tracked,
         &params,
         &config.settings.ignore_startup_parameters,
     )?;
+    // application_name_add_host: "<name> - <addr>:<port>", PgBouncer's form.
+    if config.settings.application_name_add_host
+        && let Some(peer) = stream.peer_addr()
+    {
+        let name = client_params.get("application_name").unwrap_or_default();
+        let with_host = format!("{name} - {}:{}", peer.ip(), peer.port());
+        crate::params::update_shared(&mut client_params, "application_name", &with_host);
+    }
     let client_params = app.param_sets.intern(client_params);
 
     let meta = crate::backend::cancel::ClientMeta {
