@@ -453,3 +453,36 @@ async fn log_stats_writes_the_periodic_line() {
     tokio::time::sleep(Duration::from_millis(2500)).await;
     assert!(!quiet.log().contains("xacts/s"), "{}", quiet.log());
 }
+
+/// query_timeout: a request the server has not answered within it ends the
+/// client with PgBouncer's error (and its server, mid-query, is closed);
+/// shorter queries and other clients are untouched.
+#[tokio::test]
+async fn query_timeout_ends_a_client_whose_query_runs_too_long() {
+    let cluster = app_cluster(ServerAuth::Trust);
+    let sluice = ConfigBuilder::for_cluster(&cluster)
+        .set("pool_mode", "transaction")
+        .set("query_timeout", "1")
+        .start();
+    let other = connect_as(sluice.port(), APP_USER, "postgres").await;
+    let slow = connect_as(sluice.port(), APP_USER, "postgres").await;
+    assert_eq!(
+        scalar_text(&slow, "select pg_sleep(0.3)::text").await,
+        "",
+        "a query shorter than query_timeout"
+    );
+    let started = Instant::now();
+    let error = slow
+        .simple_query("select pg_sleep(5)")
+        .await
+        .expect_err("query_timeout ends it");
+    assert!(
+        started.elapsed() < Duration::from_secs(4),
+        "{:?}",
+        started.elapsed()
+    );
+    let db = error.as_db_error().expect("an ErrorResponse");
+    assert_eq!(db.code().code(), "08P01");
+    assert_eq!(db.message(), "query_timeout");
+    assert_eq!(scalar_text(&other, "select 7").await, "7");
+}

@@ -663,6 +663,7 @@ impl App {
             server_reset_query: s.server_reset_query.clone(),
             server_reset_query_always: s.server_reset_query_always,
             idle_transaction_timeout: s.idle_transaction_timeout,
+            query_timeout: u.and_then(|u| u.query_timeout).unwrap_or(s.query_timeout),
             client_idle_timeout: s.client_idle_timeout,
             max_packet_size: s.max_packet_size as usize,
             max_prepared_statements: s.max_prepared_statements as usize,

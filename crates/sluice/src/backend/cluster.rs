@@ -136,6 +136,7 @@ mod tests {
                 server_reset_query_always: false,
                 idle_transaction_timeout: secs(1),
                 client_idle_timeout: secs(1),
+                query_timeout: Duration::ZERO,
                 max_packet_size: 1 << 20,
                 max_prepared_statements: 0,
                 session_objects: sluice_config::SessionObjects::Pin,

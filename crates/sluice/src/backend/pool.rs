@@ -60,6 +60,9 @@ pub struct PoolSettings {
     pub server_reset_query_always: bool,
     pub idle_transaction_timeout: Duration,
     pub client_idle_timeout: Duration,
+    /// A request the server has not finished answering after this long
+    /// ends the client (transaction and statement mode); zero: never.
+    pub query_timeout: Duration,
     pub max_packet_size: usize,
     /// Shared statements kept per server in transaction and statement mode
     /// (0: named statements pass through unchanged).

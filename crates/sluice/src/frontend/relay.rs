@@ -379,6 +379,9 @@ pub async fn run(client: &mut Client, cbuf: &mut BytesMut, mut lease: Lease) -> 
             || !cycle.client_scan.at_boundary());
         let wanted = if mid_message {
             Some((IdleKind::Message, MESSAGE_STALL_TIMEOUT))
+        } else if cycle.req.outstanding > 0 && !settings.query_timeout.is_zero() {
+            // query_timeout: the server still owes replies.
+            Some((IdleKind::Query, settings.query_timeout))
         } else if pinned_idle {
             (!settings.client_idle_timeout.is_zero())
                 .then_some((IdleKind::Client, settings.client_idle_timeout))
@@ -421,8 +424,12 @@ pub async fn run(client: &mut Client, cbuf: &mut BytesMut, mut lease: Lease) -> 
         };
         match std::future::poll_fn(|cx| sides.poll(cx)).await {
             IoEvent::Progress { client_read } => {
-                if client_read {
-                    // Activity restarts the idle-in-transaction clock.
+                if client_read
+                    && idle_timer
+                        .as_ref()
+                        .is_some_and(|(k, _)| *k != IdleKind::Query)
+                {
+                    // Activity restarts the idle clocks (not query_timeout's).
                     idle_timer = None;
                 }
             }
@@ -442,6 +449,7 @@ pub async fn run(client: &mut Client, cbuf: &mut BytesMut, mut lease: Lease) -> 
             IoEvent::IdleTimeout => {
                 break Err(End::Client(match idle_timer.as_ref().map(|(k, _)| *k) {
                     Some(IdleKind::Client) => ClientError::new("08P01", "client_idle_timeout"),
+                    Some(IdleKind::Query) => ClientError::new("08P01", "query_timeout"),
                     Some(IdleKind::Message) => ClientError::new(
                         "08P01",
                         format!(
@@ -640,6 +648,8 @@ enum IdleKind {
     Client,
     /// A client stalled halfway through a message while holding a server.
     Message,
+    /// query_timeout: the server has not finished answering.
+    Query,
 }
 
 /// How long a transaction-mode client may stall halfway through a message
