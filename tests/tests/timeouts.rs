@@ -486,3 +486,28 @@ async fn query_timeout_ends_a_client_whose_query_runs_too_long() {
     assert_eq!(db.message(), "query_timeout");
     assert_eq!(scalar_text(&other, "select 7").await, "7");
 }
+
+/// query_timeout times each request, not a busy stretch: queries pipelined
+/// back to back, each shorter than it, all succeed although together they
+/// take longer; and it applies in session mode too, as in PgBouncer.
+#[tokio::test]
+async fn query_timeout_times_each_request_in_every_mode() {
+    let cluster = app_cluster(ServerAuth::Trust);
+    for mode in ["transaction", "session"] {
+        let sluice = ConfigBuilder::for_cluster(&cluster)
+            .set("pool_mode", mode)
+            .set("query_timeout", "1")
+            .start();
+        let client = connect_as(sluice.port(), APP_USER, "postgres").await;
+        let pipelined = (0..5).map(|_| client.query_one("select pg_sleep(0.4)::text", &[]));
+        for result in futures_util::future::join_all(pipelined).await {
+            result.unwrap_or_else(|e| panic!("{mode}: a 0.4 s query in a 2 s pipeline: {e}"));
+        }
+        let error = client
+            .simple_query("select pg_sleep(5)")
+            .await
+            .expect_err("query_timeout ends it");
+        let db = error.as_db_error().expect("an ErrorResponse");
+        assert_eq!(db.message(), "query_timeout", "{mode}");
+    }
+}

@@ -149,8 +149,8 @@ define_settings! {
         pool_mode: PoolMode = PoolMode::Session => "session", Choice<PoolMode>, reload,
             "When a server connection returns to the pool: session, transaction or statement.";
         query_timeout: Duration = Duration::ZERO => "0", Seconds, reload,
-            "End a client (08P01 query_timeout) whose query runs longer than this, closing its \
-             server (transaction and statement mode); 0 disables. (seconds)";
+            "End a client (08P01 query_timeout) whose request runs longer than this, closing \
+             its server; 0 disables. (seconds)";
         query_wait_notify: Duration = secs(5) => "5", Seconds, reload,
             "Tell a queued client it is waiting after this long; 0 disables. (seconds)";
         query_wait_timeout: Duration = secs(120) => "120", Seconds, reload,

@@ -502,9 +502,7 @@ impl App {
             return;
         }
         for pool in self.pools() {
-            if config.database(&pool.database).is_none()
-                && pool.unused_for().is_some_and(|unused| unused >= timeout)
-            {
+            if config.database(&pool.database).is_none() && pool.retire_if_unused(timeout) {
                 tracing::info!(
                     db = %pool.database, user = %pool.user,
                     "pool unused for autodb_idle_timeout ({timeout:?}): freed"

@@ -165,9 +165,21 @@ pub async fn run(app: Arc<App>, workers: Arc<Workers>) -> std::io::Result<()> {
 /// and per transaction/query/assignment for the last stats_period.
 fn log_stats(averages: &std::collections::HashMap<String, crate::stats::Averages>) {
     let mut total = crate::stats::Averages::default();
+    // Times are means over all databases' transactions (weighted by their
+    // counts), as PgBouncer computes them from the totals.
+    let (mut xact_us, mut query_us, mut wait_us) = (0u128, 0u128, 0u128);
     for a in averages.values() {
         total.merge(a);
+        xact_us += u128::from(a.xact_time_us) * u128::from(a.xacts);
+        query_us += u128::from(a.query_time_us) * u128::from(a.queries);
+        wait_us += u128::from(a.wait_time_us) * u128::from(a.server_assignments);
     }
+    let mean = |sum: u128, n: u64| {
+        u64::try_from(sum.checked_div(u128::from(n)).unwrap_or(0)).unwrap_or(u64::MAX)
+    };
+    total.xact_time_us = mean(xact_us, total.xacts);
+    total.query_time_us = mean(query_us, total.queries);
+    total.wait_time_us = mean(wait_us, total.server_assignments);
     tracing::info!(
         "stats: {} xacts/s, {} queries/s, in {} B/s, out {} B/s, xact {} us, query {} us, \
          wait {} us",

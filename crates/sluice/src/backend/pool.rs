@@ -193,7 +193,7 @@ pub struct ServerRow {
     /// Shared statements prepared on it (as of the lease, when lent).
     pub prepared_statements: usize,
     /// The TLS session, as SHOW SERVERS prints it (None: plain).
-    pub tls: Option<Box<str>>,
+    pub tls: Option<Arc<str>>,
     generation: u64,
 }
 
@@ -207,7 +207,7 @@ impl ServerRow {
             local: server.local_addr,
             active,
             prepared_statements: server.statements.len(),
-            tls: server.stream.tls_description(),
+            tls: server.tls.clone(),
             generation: 0,
         }
     }
@@ -536,11 +536,26 @@ impl Pool {
         st.last_used = Instant::now();
     }
 
-    /// How long the pool has had no client, no lent server and no waiter;
-    /// `None` while it is in use.
-    pub fn unused_for(&self) -> Option<Duration> {
-        let st = self.lock();
-        (st.clients == 0 && st.active == 0 && st.waiters.is_empty()).then(|| st.last_used.elapsed())
+    /// Retires the pool if it has had no client, no lent server, no server
+    /// being opened and no waiter for `timeout` (autodb_idle_timeout): the
+    /// check and the retirement under one lock, so a client that joins
+    /// meanwhile keeps it alive.
+    pub fn retire_if_unused(&self, timeout: Duration) -> bool {
+        {
+            let mut st = self.lock();
+            let opening = st.total as usize > st.active as usize + st.idle.len();
+            if st.clients > 0
+                || st.active > 0
+                || opening
+                || !st.waiters.is_empty()
+                || st.last_used.elapsed() < timeout
+            {
+                return false;
+            }
+            st.retired = true;
+        }
+        self.reconnect();
+        true
     }
 
     /// Closes every idle server and marks busy ones to close when released

@@ -38,13 +38,17 @@ pub struct ServerConn {
     /// The server said at login it is a standby (`in_hot_standby`, sent by
     /// PostgreSQL 14 and later).
     pub standby: bool,
+    /// The TLS session as SHOW SERVERS prints it, made once (None: plain).
+    pub tls: Option<Arc<str>>,
 }
 
 impl ServerConn {
     pub fn new(stream: Stream, key: BackendKeyData, params: ParamSet) -> Self {
         let now = Instant::now();
         let local_addr = stream.local_addr();
+        let tls = stream.tls_description().map(Arc::from);
         Self {
+            tls,
             created_wall: std::time::SystemTime::now(),
             local_addr,
             id: NEXT_SERVER_ID.fetch_add(1, Ordering::Relaxed),
@@ -81,6 +85,7 @@ impl ServerConn {
             statements,
             session,
             standby,
+            tls,
             ..
         } = *self;
         Ok(Box::new(Self {
@@ -97,6 +102,7 @@ impl ServerConn {
             statements,
             session,
             standby,
+            tls,
         }))
     }
 

@@ -320,7 +320,10 @@ async fn login_inner(
     if config.settings.application_name_add_host
         && let Some(peer) = stream.peer_addr()
     {
-        let name = client_params.get("application_name").unwrap_or_default();
+        let name = client_params
+            .get("application_name")
+            .filter(|n| !n.is_empty())
+            .unwrap_or("app");
         let with_host = format!("{name} - {}:{}", peer.ip(), peer.port());
         crate::params::update_shared(&mut client_params, "application_name", &with_host);
     }

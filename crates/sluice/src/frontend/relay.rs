@@ -203,6 +203,8 @@ pub async fn run(client: &mut Client, cbuf: &mut BytesMut, mut lease: Lease) -> 
     };
     let idle_tx_timeout = settings.idle_transaction_timeout;
     let mut idle_timer: Option<(IdleKind, std::pin::Pin<Box<tokio::time::Sleep>>)> = None;
+    // Request cycles ended when the query_timeout clock was last armed.
+    let mut query_cycle = 0u64;
     // Transaction and statement mode: statements, session state and
     // LISTEN follow the client, so its messages are rewritten.
     let mut tracking = release_each.map(|_| Tracking::take());
@@ -377,11 +379,12 @@ pub async fn run(client: &mut Client, cbuf: &mut BytesMut, mut lease: Lease) -> 
                 && t.extra.len() < super::relay_io::BUFFER_LIMIT
         }) && (cycle.client_scan.wanted() > 0
             || !cycle.client_scan.at_boundary());
-        let wanted = if mid_message {
-            Some((IdleKind::Message, MESSAGE_STALL_TIMEOUT))
-        } else if cycle.req.outstanding > 0 && !settings.query_timeout.is_zero() {
-            // query_timeout: the server still owes replies.
+        let wanted = if cycle.req.outstanding > 0 && !settings.query_timeout.is_zero() {
+            // query_timeout: the server still owes replies (timed per
+            // request: re-armed at each ReadyForQuery, below).
             Some((IdleKind::Query, settings.query_timeout))
+        } else if mid_message {
+            Some((IdleKind::Message, MESSAGE_STALL_TIMEOUT))
         } else if pinned_idle {
             (!settings.client_idle_timeout.is_zero())
                 .then_some((IdleKind::Client, settings.client_idle_timeout))
@@ -396,8 +399,10 @@ pub async fn run(client: &mut Client, cbuf: &mut BytesMut, mut lease: Lease) -> 
         match wanted {
             None => idle_timer = None,
             Some((kind, after)) => {
-                if idle_timer.as_ref().is_none_or(|(k, _)| *k != kind) {
+                let next_request = kind == IdleKind::Query && query_cycle != cycle.cycles_done;
+                if next_request || idle_timer.as_ref().is_none_or(|(k, _)| *k != kind) {
                     idle_timer = Some((kind, Box::pin(tokio::time::sleep(after))));
+                    query_cycle = cycle.cycles_done;
                 }
             }
         }

@@ -156,6 +156,16 @@ pub fn suite_name(suite: &rustls::SupportedCipherSuite) -> String {
     }
 }
 
+/// A suite's name as OpenSSL (and so PgBouncer's SHOW output) gives it:
+/// the RFC name for TLS 1.3, OpenSSL's own for TLS 1.2.
+pub fn openssl_suite_name(suite: &rustls::SupportedCipherSuite) -> String {
+    let iana = suite_name(suite);
+    OPENSSL_TLS12_NAMES
+        .iter()
+        .find(|(_, i)| *i == iana)
+        .map_or(iana, |(openssl, _)| (*openssl).to_owned())
+}
+
 /// Which of `suites` (of one TLS version) a cipher list keeps. Named suites
 /// (OpenSSL or IANA names) restrict to those; a suite name rustls does not
 /// have is warned about and skipped. A list of keywords and OpenSSL

@@ -153,12 +153,17 @@ impl TlsConn {
             Some(other) => format!("{other:?}"),
             None => "?".to_owned(),
         };
-        let cipher = state
-            .negotiated_cipher_suite()
-            .map_or_else(|| "?".to_owned(), |s| super::settings::suite_name(&s));
-        let group = state
-            .negotiated_key_exchange_group()
-            .map_or_else(|| "?".to_owned(), |g| format!("{:?}", g.name()));
+        let cipher = state.negotiated_cipher_suite().map_or_else(
+            || "?".to_owned(),
+            |s| super::settings::openssl_suite_name(&s),
+        );
+        let group = state.negotiated_key_exchange_group().map_or_else(
+            || "?".to_owned(),
+            |g| match format!("{:?}", g.name()).as_str() {
+                "secp256r1" => "prime256v1".to_owned(),
+                other => other.to_owned(),
+            },
+        );
         format!("{version}/{cipher}/ECDH={group}")
     }
 
