@@ -193,3 +193,41 @@ async fn reload_of_server_tls_settings_reopens_servers() {
     .await;
     assert!(plain.is_some(), "servers opened with TLS kept after RELOAD");
 }
+
+/// A server over TLS that sluice closes (here by RECONNECT) gets a Terminate
+/// and close_notify, so PostgreSQL logs no broken connection.
+#[tokio::test]
+async fn servers_over_tls_are_closed_cleanly() {
+    let certs = Certs::make(APP_USER);
+    let cluster = tls_cluster(&certs, "server");
+    let sluice = sluice_to(&cluster, "127.0.0.1", "require", &certs, "ca.crt");
+    for _ in 0..3 {
+        assert_eq!(ssl_in_use(sluice.port()).await.expect("login"), "true");
+    }
+    assert!(!show_servers_tls(sluice.port()).await.is_empty());
+    let console = connect(sluice.port(), APP_USER, APP_PASSWORD, "pgbouncer")
+        .await
+        .expect("console");
+    console.simple_query("RECONNECT").await.expect("RECONNECT");
+    let closed = eventually(std::time::Duration::from_secs(10), || async {
+        show_servers_tls(sluice.port())
+            .await
+            .is_empty()
+            .then_some(())
+    })
+    .await;
+    assert!(closed.is_some(), "servers still open after RECONNECT");
+    // Give the backends a moment to log whatever they would.
+    tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+    let log = cluster.log_text();
+    for broken in [
+        "could not receive data from client",
+        "unexpected EOF",
+        "SSL error",
+    ] {
+        assert!(
+            !log.contains(broken),
+            "PostgreSQL logged {broken:?}:\n{log}"
+        );
+    }
+}

@@ -86,14 +86,13 @@ impl Stream {
         }
     }
 
-    /// Writes what the socket takes now; `WouldBlock` when it takes nothing
-    /// (always over TLS, where raw bytes would break the session: used only
-    /// for a parting Terminate).
-    pub fn try_write(&self, buf: &[u8]) -> io::Result<usize> {
+    /// Sends a parting message (Terminate) without waiting, as far as the
+    /// socket takes it now; over TLS encrypted, with close_notify.
+    pub fn try_send_last(&mut self, last: &[u8]) {
         match self {
-            Self::Tcp(s) => s.try_write(buf),
-            Self::Unix(s) => s.try_write(buf),
-            Self::Tls(_) => Err(io::ErrorKind::WouldBlock.into()),
+            Self::Tcp(s) => drop(s.try_write(last)),
+            Self::Unix(s) => drop(s.try_write(last)),
+            Self::Tls(t) => t.try_send_last(last),
         }
     }
 

@@ -169,6 +169,11 @@ impl Cluster {
         ))
     }
 
+    /// The server's log so far (empty if it cannot be read).
+    pub fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log_file).unwrap_or_default()
+    }
+
     /// `pg_ctl promote -w`: this replica becomes a primary (on a new
     /// timeline) and stops following its old primary.
     pub fn promote(&self) -> Result<(), TestkitError> {

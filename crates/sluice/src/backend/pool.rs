@@ -977,8 +977,8 @@ impl Pool {
         self.close_counted(&mut st, server);
     }
 
-    fn close_counted(&self, st: &mut PoolState, server: Box<ServerConn>) {
-        let _ = server.stream.try_write(&[b'X', 0, 0, 0, 4]);
+    fn close_counted(&self, st: &mut PoolState, mut server: Box<ServerConn>) {
+        server.stream.try_send_last(&[b'X', 0, 0, 0, 4]);
         drop(server);
         self.free_slot(st, true);
     }

@@ -167,6 +167,38 @@ impl TlsConn {
         format!("{version}/{cipher}/ECDH={group}")
     }
 
+    /// Sends `last` (a Terminate) and close_notify without waiting, as far
+    /// as the socket takes them now: for a connection about to be dropped.
+    pub fn try_send_last(&mut self, last: &[u8]) {
+        fn seal<D>(conn: &mut rustls::ConnectionCommon<D>, last: &[u8]) -> Vec<u8> {
+            use std::io::Write;
+            let _ = conn.writer().write_all(last);
+            conn.send_close_notify();
+            let mut out = Vec::new();
+            while conn.wants_write() {
+                if conn.write_tls(&mut out).is_err() {
+                    break;
+                }
+            }
+            out
+        }
+        let (socket, records) = match &mut self.tls {
+            tokio_rustls::TlsStream::Client(c) => {
+                let (socket, conn) = c.get_mut();
+                let records = seal(conn, last);
+                (socket, records)
+            }
+            tokio_rustls::TlsStream::Server(s) => {
+                let (socket, conn) = s.get_mut();
+                let records = seal(conn, last);
+                (socket, records)
+            }
+        };
+        if let Some(tcp) = socket.0.as_ref() {
+            let _ = tcp.try_write(&records);
+        }
+    }
+
     /// The ALPN protocol agreed on, if any.
     pub fn negotiated_protocol(&self) -> Option<&[u8]> {
         self.tls.get_ref().1.alpn_protocol()
