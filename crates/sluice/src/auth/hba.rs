@@ -84,11 +84,20 @@ pub struct Hba {
 
 /// Why a file cannot be used: the line and the reason.
 #[derive(Debug, thiserror::Error)]
-#[error("{path}:{line}: {reason}")]
+#[error("{path}{}: {reason}", line_suffix(*line))]
 pub struct HbaError {
     pub path: String,
     pub line: usize,
     pub reason: String,
+}
+
+/// `:N` for a line, nothing for the file as a whole (line 0).
+fn line_suffix(line: usize) -> String {
+    if line == 0 {
+        String::new()
+    } else {
+        format!(":{line}")
+    }
 }
 
 impl HbaError {
