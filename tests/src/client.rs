@@ -128,6 +128,24 @@ pub async fn scalar(client: &Client, sql: &str) -> Option<String> {
         .unwrap_or_else(|| panic!("{sql:?} returned no row"))
 }
 
+/// Runs `sql` (simple protocol: a console SHOW, say) and returns `column`
+/// of every row (NULL as empty); panics on an error.
+pub async fn column(client: &Client, sql: &str, column: &str) -> Vec<String> {
+    let messages = client
+        .simple_query(sql)
+        .await
+        .unwrap_or_else(|e| panic!("{sql:?} failed: {e:?}"));
+    messages
+        .iter()
+        .filter_map(|message| match message {
+            tokio_postgres::SimpleQueryMessage::Row(row) => {
+                Some(row.get(column).unwrap_or_default().to_owned())
+            }
+            _ => None,
+        })
+        .collect()
+}
+
 /// [`scalar`] for a value that must not be NULL.
 pub async fn scalar_text(client: &Client, sql: &str) -> String {
     scalar(client, sql)

@@ -22,7 +22,7 @@ mod wait;
 pub use backends::{count_backends, count_backends_psql, wait_for_backends};
 pub use certs::Certs;
 pub use client::{
-    Tracked, connect, connect_as, connect_config, connect_listening, connect_tracked,
+    Tracked, column, connect, connect_as, connect_config, connect_listening, connect_tracked,
     expect_sqlstate, scalar, scalar_text, spawn_query, sqlstate, superuser_connect,
 };
 pub use clusters::{app_cluster, app_cluster_with, grant_create};

@@ -299,17 +299,7 @@ async fn failed_logins_to_invented_databases_leave_no_pools() {
     let console = connect(port, "admin", "admin-pw", "pgbouncer")
         .await
         .expect("console");
-    let rows = console
-        .simple_query("SHOW POOLS")
-        .await
-        .expect("SHOW POOLS");
-    let pools: Vec<String> = rows
-        .iter()
-        .filter_map(|m| match m {
-            tokio_postgres::SimpleQueryMessage::Row(r) => r.get(0).map(str::to_owned),
-            _ => None,
-        })
-        .collect();
+    let pools = column(&console, "SHOW POOLS", "database").await;
     assert!(
         pools
             .iter()

@@ -36,16 +36,7 @@ async fn show_servers_tls(port: u16) -> Vec<String> {
     let console = connect(port, APP_USER, APP_PASSWORD, "pgbouncer")
         .await
         .expect("console");
-    let rows = console
-        .simple_query("SHOW SERVERS")
-        .await
-        .expect("SHOW SERVERS");
-    rows.iter()
-        .filter_map(|m| match m {
-            tokio_postgres::SimpleQueryMessage::Row(r) => r.get("tls").map(str::to_owned),
-            _ => None,
-        })
-        .collect()
+    column(&console, "SHOW SERVERS", "tls").await
 }
 
 async fn ssl_in_use(port: u16) -> Result<String, tokio_postgres::Error> {

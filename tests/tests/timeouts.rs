@@ -371,16 +371,7 @@ async fn autodb_idle_timeout_frees_unused_pools_of_the_star_entry() {
     let port = sluice.port();
     let pools = || async move {
         let console = connect_as(port, "admin", "pgbouncer").await;
-        let rows = console
-            .simple_query("SHOW POOLS")
-            .await
-            .expect("SHOW POOLS");
-        rows.iter()
-            .filter_map(|m| match m {
-                tokio_postgres::SimpleQueryMessage::Row(r) => r.get(0).map(str::to_owned),
-                _ => None,
-            })
-            .collect::<Vec<_>>()
+        column(&console, "SHOW POOLS", "database").await
     };
     let held = connect_as(port, APP_USER, "postgres").await;
     assert_eq!(scalar_text(&held, "select 1").await, "1");
