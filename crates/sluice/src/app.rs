@@ -429,14 +429,9 @@ impl App {
         cluster.host_pool(&main.user, index, |addr| {
             let config = self.config();
             let entry = Self::database_entry(&config, &main.database)?;
-            let (settings, mut target, credential) = self.resolve(&config, &entry, &main.user);
+            let (settings, mut target, mut credential) = self.resolve(&config, &entry, &main.user);
             target.addr = addr;
-            let (_, main_credential) = main.target_and_credential();
-            let mut credential = ServerCredential {
-                scram_keys: main_credential.scram_keys.clone(),
-                ..credential
-            };
-            credential.keep_learned_md5(&main_credential);
+            credential.keep_learned(&main.target_and_credential().1);
             Some(Pool::new(
                 main.database.clone(),
                 main.user.clone(),
@@ -541,12 +536,7 @@ impl App {
             pools.extend(cluster.pools().into_iter().filter(|p| p.user == pool.user));
         }
         for p in pools {
-            if let Some(keys) = &learnt.scram_keys {
-                p.learn_scram_keys(user, keys.clone());
-            }
-            if let Some(hash) = &learnt.md5_hash {
-                p.learn_md5_hash(user, hash.clone());
-            }
+            p.learn(user, learnt);
         }
     }
 

@@ -108,6 +108,16 @@ impl Secret {
         }
     }
 
+    /// The md5 hash a server login as `user` can answer with (none from a
+    /// SCRAM secret: its keys come from the client's proof instead).
+    pub fn md5_hash(&self, user: &str) -> Option<String> {
+        match self {
+            Secret::Md5(hash) => Some(hash.clone()),
+            Secret::Plain(password) => Some(super::md5::password_hash(password, user)),
+            Secret::Scram(_) => None,
+        }
+    }
+
     /// Reads a secret auth_query returned. Unlike the auth_file, something
     /// that looks like a hash but does not parse is no password at all:
     /// taking it as a plain password would let whoever read the hash log

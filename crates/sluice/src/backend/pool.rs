@@ -20,7 +20,6 @@ use super::server::ServerConn;
 use super::stats::{PoolStats, TxStats};
 use super::target::{ServerCredential, ServerTarget};
 use super::worker_id::current_worker;
-use crate::auth::scram::ScramKeys;
 use crate::params::ParamSet;
 
 /// How long a new server connection is retried while the server looks
@@ -61,7 +60,7 @@ pub struct PoolSettings {
     pub idle_transaction_timeout: Duration,
     pub client_idle_timeout: Duration,
     /// A request the server has not finished answering after this long
-    /// ends the client (transaction and statement mode); zero: never.
+    /// ends the client (every pool mode); zero: never.
     pub query_timeout: Duration,
     pub max_packet_size: usize,
     /// Shared statements kept per server in transaction and statement mode
@@ -598,12 +597,8 @@ impl Pool {
         st.settings = Arc::new(settings);
         st.target = Arc::new(target);
         let mut credential = credential;
-        credential.keep_learned_md5(&st.credential);
-        let scram_keys = st.credential.scram_keys.take();
+        credential.keep_learned(&st.credential);
         st.credential = credential;
-        if st.credential.scram_keys.is_none() {
-            st.credential.scram_keys = scram_keys;
-        }
         if target_changed {
             st.generation += 1;
             st.welcome = None;
@@ -614,25 +609,21 @@ impl Pool {
         }
     }
 
-    /// Keys proven by a client that logged in as `user`: kept only when
-    /// this pool logs in to the server as that same user (another user's
-    /// keys would make every server login fail), and no password is
-    /// configured for it.
-    pub fn learn_scram_keys(&self, user: &str, keys: ScramKeys) {
+    /// What the login of a client as `user` proved (SCRAM keys, an md5
+    /// hash auth_query returned): kept only when this pool logs in to the
+    /// server as that same user (another user's secrets would make every
+    /// server login fail) and no password is configured for it. Replaces
+    /// what an older login taught (the password changed in PostgreSQL).
+    pub fn learn(&self, user: &str, learnt: &crate::auth::Learnt) {
         let mut st = self.lock();
-        if st.credential.password.is_none() && st.target.user == user {
-            st.credential.scram_keys = Some(keys);
+        if st.credential.password.is_some() || st.target.user != user {
+            return;
         }
-    }
-
-    /// The md5 hash auth_query returned for `user`, whose client just
-    /// answered a challenge made from it: this pool logs in with it when it
-    /// logs in as that user and knows no password. Replaces an older hash
-    /// (the password changed in PostgreSQL).
-    pub fn learn_md5_hash(&self, user: &str, hash: String) {
-        let mut st = self.lock();
-        if st.credential.password.is_none() && st.target.user == user {
-            st.credential.md5_hash = Some(hash);
+        if let Some(keys) = &learnt.scram_keys {
+            st.credential.scram_keys = Some(keys.clone());
+        }
+        if let Some(hash) = &learnt.md5_hash {
+            st.credential.md5_hash = Some(hash.clone());
         }
     }
 

@@ -51,9 +51,13 @@ pub struct ServerCredential {
 }
 
 impl ServerCredential {
-    /// Keeps an md5 hash `old` learnt from auth_query when this credential,
-    /// made from the configuration, has no secret of its own.
-    pub fn keep_learned_md5(&mut self, old: &ServerCredential) {
+    /// Keeps what `old` learnt from clients' logins (SCRAM keys, an md5
+    /// hash from auth_query) where this credential, made from the
+    /// configuration, has nothing of its own.
+    pub fn keep_learned(&mut self, old: &ServerCredential) {
+        if self.scram_keys.is_none() {
+            self.scram_keys = old.scram_keys.clone();
+        }
         if self.password.is_none() && self.md5_hash.is_none() {
             self.md5_hash = old.md5_hash.clone();
         }

@@ -17,7 +17,7 @@ use super::client::Client;
 use super::error::ClientError;
 use crate::admin::{CONSOLE_DATABASES, Role, role_of};
 use crate::app::{App, Phase};
-use crate::auth::{Learnt, Secret};
+use crate::auth::Learnt;
 use crate::codec::read_startup;
 use crate::net::Stream;
 use crate::params::{ParamSet, tracked_name};
@@ -444,9 +444,8 @@ async fn authenticate_client(
     }
     // A queried md5 hash (or plain password) the client just answered for
     // is what the pool logs in with as this user.
-    let md5_hash = match known {
-        Known::Queried(Some(Secret::Md5(hash))) => Some(hash),
-        Known::Queried(Some(Secret::Plain(p))) => Some(crate::auth::md5::password_hash(&p, user)),
+    let md5_hash = match &known {
+        Known::Queried(Some(secret)) => secret.md5_hash(user),
         _ => None,
     };
     Ok(Learnt {
@@ -483,10 +482,7 @@ async fn known_without_password(
             return Err(unknown());
         }
         return Ok(Learnt {
-            md5_hash: match found.secret {
-                Some(Secret::Md5(hash)) => Some(hash),
-                _ => None,
-            },
+            md5_hash: found.secret.and_then(|s| s.md5_hash(user)),
             ..Learnt::default()
         });
     }
