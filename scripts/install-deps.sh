@@ -3,7 +3,8 @@
 # machine: PostgreSQL's server and pgbench, Patroni and etcd for the
 # switchover test, and the peers the benchmark
 # compares with (PgBouncer, Pgpool-II, and HAProxy for the lab's failover
-# scenario). Idempotent; quiet when all is there.
+# scenario; with --peers also what building PgBouncer 1.25 from ../shared/tools
+# takes). Idempotent; quiet when all is there.
 set -euo pipefail
 
 need=()
@@ -28,6 +29,22 @@ if [ "${1:-}" = "--peers" ]; then
   command -v pgpool >/dev/null 2>&1 || [ -x /usr/sbin/pgpool ] || need+=(pgpool2)
   # The lab's failover scenario puts HAProxy in front of Patroni, as the seed did.
   command -v haproxy >/dev/null 2>&1 || [ -x /usr/sbin/haproxy ] || need+=(haproxy)
+  # The bench's pgbouncer125 target: Debian's PgBouncer (1.18) predates
+  # max_prepared_statements, so scripts/bench.py builds 1.25.2 from the source in
+  # ../shared/tools into target/peers/; its build needs these, unless a 1.25 is
+  # already on PATH or built there.
+  root=$(cd "$(dirname "$0")/.." && pwd)
+  built="$root/target/peers/pgbouncer-1.25.2/pgbouncer"
+  if [ -f "$root/../shared/tools/pgbouncer-1.25.2-13a344f.tar.gz" ]; then
+    case "$(pgbouncer -V 2>/dev/null || true) / $("$built" -V 2>/dev/null || true)" in
+      *"PgBouncer 1.25"*) ;;
+      *)
+        for p in gcc make autoconf automake libtool pkg-config libevent-dev libssl-dev; do
+          dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || need+=("$p")
+        done
+        ;;
+    esac
+  fi
 fi
 if [ ${#need[@]} -gt 0 ]; then
   echo "installing: ${need[*]}"
