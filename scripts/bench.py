@@ -2,8 +2,9 @@
 """make bench: pgbench against PostgreSQL directly, through sluice and through PgBouncer.
 
 One throwaway PostgreSQL 15 (max_connections=100, 3 reserved, pgbench scale 10), one sluice
-and one PgBouncer running the whole time with the same generated pgbouncer.ini (only
-listen_port differs: transaction pooling, default_pool_size=20).  For every pgbench script x
+and the PgBouncers running the whole time with the same generated pgbouncer.ini (only
+listen_port differs: transaction pooling, default_pool_size=20; PgBouncer 1.25 also gets
+max_prepared_statements=200, sluice's default).  For every pgbench script x
 query mode x client count the targets run interleaved (A B C A B C ...) and the median over
 rounds is reported: TPS, average and p99 latency, failed clients, the proxy's CPU
 microseconds per transaction, then the proxies' peak RSS and RSS per idle client over 10,000
@@ -14,22 +15,31 @@ Scripts (--script, a comma list; each runs its whole matrix, in the order given)
   tpcb    pgbench -n, the built-in TPC-B-like script: BEGIN, three UPDATEs, a SELECT,
           an INSERT, END.  It writes to pgbench's tables, never vacuumed here (-n).
 
-Targets (--targets): direct, sluice, sluice-base, pgbouncer, sluice-metrics, sluice-routed.
+Targets (--targets): direct, sluice, sluice-base, pgbouncer, pgbouncer125, sluice-metrics,
+sluice-routed.  pgbouncer is the PgBouncer on PATH (Debian's 1.18, which predates
+max_prepared_statements: its -M prepared clients fail).  pgbouncer125 is PgBouncer 1.25:
+$PGBOUNCER125_BIN, else a pgbouncer 1.25 on PATH, else 1.25.2 built once from
+../shared/tools/pgbouncer-1.25.2-13a344f.tar.gz into target/peers/pgbouncer-1.25.2/ (its
+build dependencies come with make peers); skipped with a warning when none of these is there.
+It is the anchor of the "s/pgb125" columns (sluice / PgBouncer 1.25), the fair one for
+-M prepared; "s/pgb" are sluice / pgbouncer.
 sluice-routed is sluice with a streaming replica behind the same entry and route_reads=1 (its
 report line gives cpu/tx routing on / off against sluice).  sluice-base is
 sluice started from $SLUICE_BASE_BIN with the same ini as sluice, to compare a change to
 sluice before (sluice-base) and after (sluice) in the same run on the same database; the
 report gives cpu/tx and tps of sluice / sluice-base per cell.  It is among the default
 targets when SLUICE_BASE_BIN is set, and skipped with a warning when it names no file.
-sluice-metrics is sluice with /metrics scraped every second.  sluice-tls and pgbouncer-tls are
-sluice and PgBouncer with client_tls_sslmode=require and a P-256 certificate made with the
-openssl CLI, pgbench connecting with PGSSLMODE=require (their report line gives cpu/tx
-sluice-tls / pgbouncer-tls).  --connect adds pgbench -C (a new connection, so a new TLS
-handshake, per transaction): the per-connection cost.
+sluice-metrics is sluice with /metrics scraped every second.  sluice-tls, pgbouncer-tls and
+pgbouncer125-tls are sluice and the PgBouncers with client_tls_sslmode=require and a P-256
+certificate made with the openssl CLI, pgbench connecting with PGSSLMODE=require (the ratio
+columns of sluice-tls compare it with pgbouncer-tls and pgbouncer125-tls).  --connect adds
+pgbench -C (a new connection, so a new TLS handshake, per transaction): the per-connection
+cost.
 
 Environment: SLUICE_BIN (default target/release/sluice), SLUICE_BASE_BIN (the "before" sluice
 binary for sluice-base; no default), SLUICE_TESTKIT (default target/release/sluice-testkit),
-PGBOUNCER_BIN (default: pgbouncer on PATH), PG_BINDIR.
+PGBOUNCER_BIN (default: pgbouncer on PATH), PGBOUNCER125_BIN (default: see pgbouncer125),
+PG_BINDIR.
 """
 
 from __future__ import annotations
@@ -40,11 +50,13 @@ import hashlib
 import json
 import math
 import os
+import shutil
 import statistics
 import subprocess
 import sys
 import threading
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -62,9 +74,16 @@ IDLE_CLIENTS = 10_000
 # sluice-routed: sluice with a streaming replica behind the same database
 # entry and route_reads on (issue 10: what routing costs per transaction).
 # sluice-tls, pgbouncer-tls: clients over TLS (issue 11).
-PROXIES = ("sluice", "sluice-base", "pgbouncer", "sluice-metrics", "sluice-routed",
-           "sluice-tls", "pgbouncer-tls")
-TLS_TARGETS = ("sluice-tls", "pgbouncer-tls")
+# pgbouncer125: PgBouncer 1.25, the fair anchor for -M prepared (issue 13).
+PROXIES = ("sluice", "sluice-base", "pgbouncer", "pgbouncer125", "sluice-metrics",
+           "sluice-routed", "sluice-tls", "pgbouncer-tls", "pgbouncer125-tls")
+TLS_TARGETS = ("sluice-tls", "pgbouncer-tls", "pgbouncer125-tls")
+PGB125_TARGETS = ("pgbouncer125", "pgbouncer125-tls")
+PGB125_TARBALL = pglab.REPO.parent / "shared/tools/pgbouncer-1.25.2-13a344f.tar.gz"
+PGB125_DIR = pglab.REPO / "target/peers/pgbouncer-1.25.2"
+# sluice's default max_prepared_statements (its bench ini leaves it unset), given to
+# PgBouncer 1.25 explicitly
+MAX_PREPARED = 200
 # pgbench's built-in scripts: what --script accepts.
 SCRIPTS = {
     "select": {"select_only": True, "pgbench": "-S (select-only), -n",
@@ -88,8 +107,9 @@ def parse_args(argv=None):
                     help="comma list of select (pgbench -S, the default), tpcb (pgbench's "
                          "TPC-B-like script); several run one after the other")
     ap.add_argument("--targets",
-                    help="comma list of direct,sluice,sluice-base,pgbouncer,sluice-metrics,"
-                         "sluice-routed,sluice-tls,pgbouncer-tls "
+                    help="comma list of direct,sluice,sluice-base,pgbouncer,pgbouncer125,"
+                         "sluice-metrics,sluice-routed,sluice-tls,pgbouncer-tls,"
+                         "pgbouncer125-tls "
                          "(default all but sluice-base, and sluice-base too when "
                          "SLUICE_BASE_BIN is set)")
     ap.add_argument("--connect", action="store_true",
@@ -108,8 +128,9 @@ def parse_args(argv=None):
     a.modes = [m.strip() for m in a.modes.split(",") if m.strip()]
     a.scripts = list(dict.fromkeys(x.strip() for x in a.scripts.split(",") if x.strip()))
     if a.targets is None:
-        a.targets = ("direct,sluice,sluice-base,pgbouncer,sluice-metrics"
-                     if os.environ.get("SLUICE_BASE_BIN") else "direct,sluice,pgbouncer,sluice-metrics")
+        a.targets = ("direct,sluice,sluice-base,pgbouncer,pgbouncer125,sluice-metrics"
+                     if os.environ.get("SLUICE_BASE_BIN")
+                     else "direct,sluice,pgbouncer,pgbouncer125,sluice-metrics")
     a.targets = [t.strip() for t in a.targets.split(",") if t.strip()]
     for t in a.targets:
         if t not in ("direct",) + PROXIES:
@@ -126,11 +147,14 @@ def parse_args(argv=None):
     return a
 
 
-def versions() -> dict:
+def versions(pgbouncer125: str | None) -> dict:
     v = {
         "postgres": pglab.cmd_output([pglab.pg_bin("postgres"), "--version"]),
         "pgbench": pglab.cmd_output([pglab.pg_bin("pgbench"), "--version"]),
         "pgbouncer": None,
+        "pgbouncer_bin": pglab.pgbouncer_bin(),
+        "pgbouncer125": first_line(pgbouncer125, "-V") if pgbouncer125 else None,
+        "pgbouncer125_bin": pgbouncer125,
         "sluice": None,
         "sluice_bin": pglab.sluice_bin(),
         "sluice_sha256": None,
@@ -141,8 +165,7 @@ def versions() -> dict:
     }
     pgb = pglab.pgbouncer_bin()
     if pgb:
-        out = pglab.cmd_output([pgb, "--version"])
-        v["pgbouncer"] = out.splitlines()[0] if out else None
+        v["pgbouncer"] = first_line(pgb, "--version")
     for key, path in (("sluice", pglab.sluice_bin()), ("sluice_base", pglab.sluice_base_bin())):
         sb = Path(path) if path else None
         if sb is None or not sb.exists():
@@ -156,6 +179,70 @@ def versions() -> dict:
         out = pglab.cmd_output([str(sb), "--version"], timeout=5)
         v[key] = out.splitlines()[0] if out else None
     return v
+
+
+def first_line(*cmd) -> str | None:
+    out = pglab.cmd_output(list(cmd), timeout=5)
+    return out.splitlines()[0] if out else None
+
+
+def pgbouncer125() -> tuple[str | None, str]:
+    """PgBouncer 1.25 for the pgbouncer125 targets: (binary, where it comes from), or
+    (None, why there is none).  Builds 1.25.2 from ../shared/tools into PGB125_DIR the
+    first time (about a minute), never inside ../shared."""
+    env = os.environ.get("PGBOUNCER125_BIN")
+    if env:
+        return (env, "$PGBOUNCER125_BIN") if Path(env).is_file() else (
+            None, f"PGBOUNCER125_BIN={env} names no file")
+    on_path = shutil.which("pgbouncer")
+    if on_path and (first_line(on_path, "-V") or "").startswith("PgBouncer 1.25"):
+        return on_path, "PATH"
+    built = PGB125_DIR / "pgbouncer"
+    if built.is_file() and first_line(str(built), "-V") == "PgBouncer 1.25.2":
+        return str(built), "built before"
+    if not PGB125_TARBALL.is_file():
+        return None, f"no PgBouncer 1.25 on PATH and no {PGB125_TARBALL} to build it from"
+    src = PGB125_DIR / PGB125_TARBALL.name.removesuffix(".tar.gz")
+    build_log = PGB125_DIR / "build.log"
+    log(f"building PgBouncer 1.25.2 from {PGB125_TARBALL} in {PGB125_DIR} "
+        f"(once, about a minute; log in {build_log}) ...")
+    shutil.rmtree(PGB125_DIR, ignore_errors=True)
+    PGB125_DIR.mkdir(parents=True)
+    steps = (["tar", "-xzf", str(PGB125_TARBALL), "--no-same-owner", "-C", str(PGB125_DIR)],
+             ["./autogen.sh"], ["./configure", "--without-cares"],
+             ["make", f"-j{os.cpu_count() or 1}", "pgbouncer"])
+    with open(build_log, "wb") as out:
+        for cmd in steps:
+            out.write(f"$ {' '.join(cmd)}\n".encode())
+            out.flush()
+            try:
+                r = subprocess.run(cmd, cwd=str(PGB125_DIR if cmd[0] == "tar" else src),
+                                   stdout=out, stderr=subprocess.STDOUT,
+                                   stdin=subprocess.DEVNULL)
+            except OSError as e:
+                return None, f"building PgBouncer 1.25.2: {cmd[0]}: {e} (make peers installs it)"
+            if r.returncode != 0:
+                return None, (f"building PgBouncer 1.25.2 failed at {' '.join(cmd)} (see "
+                              f"{build_log}; make peers installs what it needs)")
+    shutil.copy2(src / "pgbouncer", built)
+    if first_line(str(built), "-V") != "PgBouncer 1.25.2":
+        return None, f"{built} built but its -V does not say PgBouncer 1.25.2"
+    return str(built), "built now"
+
+
+@contextmanager
+def pgbouncer_binary(path: str):
+    """pglab.Lab.start_proxy runs $PGBOUNCER_BIN (else pgbouncer on PATH) for every
+    pgbouncer* kind: point it at `path` while one is started, then put it back."""
+    old = os.environ.get("PGBOUNCER_BIN")
+    os.environ["PGBOUNCER_BIN"] = path
+    try:
+        yield
+    finally:
+        if old is None:
+            del os.environ["PGBOUNCER_BIN"]
+        else:
+            os.environ["PGBOUNCER_BIN"] = old
 
 
 def med(vals):
@@ -201,6 +288,10 @@ def main(argv=None) -> int:
     a = parse_args(argv)
     nofile = pglab.raise_nofile()
     pglab.install_signal_handlers()
+    pgb125, pgb125_from = (pgbouncer125() if any(t in PGB125_TARGETS for t in a.targets)
+                           else (None, "not requested"))
+    if pgb125:
+        log(f"pgbouncer125: {pgb125} ({pgb125_from})")
     t_start = time.monotonic()
     started = dt.datetime.now(dt.timezone.utc)
     result = {
@@ -210,7 +301,7 @@ def main(argv=None) -> int:
         "rlimit_nofile": list(nofile),
         "loadavg_start": loadavg(),
         "machine": pglab.machine_info(),
-        "versions": versions(),
+        "versions": versions(pgb125),
         "settings": {"max_connections": MAX_CONNECTIONS, "superuser_reserved_connections": RESERVED,
                      "pgbench_scale": SCALE, "pool_mode": "transaction",
                      "default_pool_size": POOL_SIZE,
@@ -246,7 +337,12 @@ def main(argv=None) -> int:
         for kind in PROXIES:
             if kind not in a.targets:
                 continue
-            if kind.startswith("pgbouncer") and not pglab.pgbouncer_bin():
+            if kind in PGB125_TARGETS and not pgb125:
+                warn(f"{kind}: {pgb125_from}: skipped")
+                result["targets"][kind] = {"skipped": pgb125_from}
+                continue
+            if (kind.startswith("pgbouncer") and kind not in PGB125_TARGETS
+                    and not pglab.pgbouncer_bin()):
                 msg = "pgbouncer not found (install it or set PGBOUNCER_BIN): skipped"
                 warn(msg)
                 result["targets"][kind] = {"skipped": msg}
@@ -267,25 +363,31 @@ def main(argv=None) -> int:
                                       f"port={pg_port},{cluster['replica_port']} "
                                       f"dbname=postgres route_reads=1"}
 
-            tls_extra = None
+            extra = {}
+            if kind in PGB125_TARGETS:
+                extra["max_prepared_statements"] = MAX_PREPARED
             if kind in TLS_TARGETS:
                 cert, key = lab_certificate(lab)
-                tls_extra = {"client_tls_sslmode": "require", "client_tls_cert_file": cert,
-                             "client_tls_key_file": key}
+                extra.update({"client_tls_sslmode": "require", "client_tls_cert_file": cert,
+                              "client_tls_key_file": key})
 
             def ini(port, logfile, metrics_port=metrics_port, databases=databases,
-                    tls_extra=tls_extra):
+                    extra=extra):
                 text = pglab.pooler_ini(pg_port=pg_port, listen_port=port, logfile=logfile,
                                         auth_file=auth_file, default_pool_size=POOL_SIZE,
                                         max_client_conn=12000, admin_users=user,
-                                        databases=databases, extra=tls_extra)
+                                        databases=databases, extra=extra or None)
                 if metrics_port:
                     text += f"\n[sluice]\nmetrics_addr = 127.0.0.1:{metrics_port}\n"
                 return text
             try:
-                proxy = lab.start_proxy(kind, ini)
+                if kind in PGB125_TARGETS:
+                    with pgbouncer_binary(pgb125):
+                        proxy = lab.start_proxy(kind, ini)
+                else:
+                    proxy = lab.start_proxy(kind, ini)
             except LabError as e:
-                if kind in ("pgbouncer", "sluice-base"):
+                if kind in ("pgbouncer", "sluice-base") + PGB125_TARGETS:
                     warn(f"{kind} did not start, skipped: {e}")
                     result["targets"][kind] = {"skipped": str(e)}
                     continue
@@ -527,17 +629,20 @@ def summarize(runs, a, targets):
                         "pg_backends_before": med([r.get("pg_backends_before") for r in rs]),
                         "error": errs[0] if errs else None,
                     }
-                b = cells.get("pgbouncer")
-                for kind in ("sluice", "sluice-base"):
-                    s = cells.get(kind)
-                    if s and b:
-                        s["tps_ratio_vs_pgbouncer"] = ratio(s["tps"], b["tps"])
-                        s["cpu_ratio_vs_pgbouncer"] = ratio(s["cpu_us_per_tx"], b["cpu_us_per_tx"])
-                s, b = cells.get("sluice-tls"), cells.get("pgbouncer-tls")
-                if s and b:
-                    # both over TLS: the ratio columns compare like with like
-                    s["tps_ratio_vs_pgbouncer"] = ratio(s["tps"], b["tps"])
-                    s["cpu_ratio_vs_pgbouncer"] = ratio(s["cpu_us_per_tx"], b["cpu_us_per_tx"])
+                # sluice / PgBouncer: *_vs_pgbouncer against the one on PATH (Debian's 1.18),
+                # *_vs_pgbouncer125 against 1.25; TLS against TLS, like with like
+                for anchor, mine in (("pgbouncer", ("sluice", "sluice-base")),
+                                     ("pgbouncer-tls", ("sluice-tls",)),
+                                     ("pgbouncer125", ("sluice", "sluice-base")),
+                                     ("pgbouncer125-tls", ("sluice-tls",))):
+                    b = cells.get(anchor)
+                    suffix = "pgbouncer125" if anchor in PGB125_TARGETS else "pgbouncer"
+                    for kind in mine:
+                        s = cells.get(kind)
+                        if s and b:
+                            s[f"tps_ratio_vs_{suffix}"] = ratio(s["tps"], b["tps"])
+                            s[f"cpu_ratio_vs_{suffix}"] = ratio(s["cpu_us_per_tx"],
+                                                                b["cpu_us_per_tx"])
                 s, routed = cells.get("sluice"), cells.get("sluice-routed")
                 if s and routed:
                     # routing on / off: cpu > 1, routing costs that much more
@@ -559,16 +664,24 @@ def geomean(vals):
 
 
 def print_report(result, a, targets):
-    hdr = ["mode", "clients", "target", "tps", "avg_ms", "p99_ms", "failed", "cpu_us/tx",
-           "tps s/pgb", "cpu s/pgb"]
+    # ratio columns, sluice / anchor: PgBouncer 1.25 first when it ran (the fair anchor
+    # for -M prepared), then the PgBouncer on PATH
+    anchors = [(suffix, label) for suffix, label in (("pgbouncer125", "pgb125"),
+                                                     ("pgbouncer", "pgb"))
+               if any(f"cpu_ratio_vs_{suffix}" in s for s in result["summary"])]
+    hdr = ["mode", "clients", "target", "tps", "avg_ms", "p99_ms", "failed", "cpu_us/tx"]
+    for _, label in anchors:
+        hdr += [f"tps s/{label}", f"cpu s/{label}"]
     rows = []
     for s in result["summary"]:
         failed = s["failed_clients"]
         failed_s = "-" if failed is None else f"{failed}{'*' if s['failed_clients_method'] == 'probe' and failed else ''}"
-        rows.append([s["mode"], str(s["clients"]), s["target"], fmt(s["tps"]), fmt(s["avg_ms"], 3),
-                     fmt(s["p99_ms"], 3), failed_s, fmt(s["cpu_us_per_tx"], 1),
-                     fmt(s.get("tps_ratio_vs_pgbouncer"), 2) if "tps_ratio_vs_pgbouncer" in s else "",
-                     fmt(s.get("cpu_ratio_vs_pgbouncer"), 2) if "cpu_ratio_vs_pgbouncer" in s else ""])
+        row = [s["mode"], str(s["clients"]), s["target"], fmt(s["tps"]), fmt(s["avg_ms"], 3),
+               fmt(s["p99_ms"], 3), failed_s, fmt(s["cpu_us_per_tx"], 1)]
+        for suffix, _ in anchors:
+            row += [fmt(s[k], 2) if k in s else ""
+                    for k in (f"tps_ratio_vs_{suffix}", f"cpu_ratio_vs_{suffix}")]
+        rows.append(row)
     widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(hdr)]
     left = {0, 1, 2}
     tw = max(len(t) for t in list(targets) + list(result["targets"]))
@@ -578,6 +691,12 @@ def print_report(result, a, targets):
                          for i, c in enumerate(cells)).rstrip()
     m = result["machine"]
     several = len(a.scripts) > 1
+    v = result["versions"]
+    if anchors:
+        print()
+        print("; ".join(f"s/{label} = sluice / {suffix} ({v.get(suffix) or '-'})"
+                        for suffix, label in anchors)
+              + (" (sluice-tls: against their -tls)" if "sluice-tls" in targets else ""))
     # one table per pgbench script, its header naming the script
     for script in a.scripts:
         print()
@@ -664,10 +783,18 @@ def print_report(result, a, targets):
                            f"{sp['cpu_us_per_tx'] / be['cpu_us_per_tx']:.2f}")
                 print(f"prepared   {f'{script:<7}' if several else ''}c={clients:<5} tps sluice "
                       f"prepared / sluice extended = {sp['tps'] / se['tps']:.2f}{cpu}")
+    # the anchor: sluice's cpu/tx over PgBouncer 1.25's, one line per script and mode
+    for script in a.scripts:
+        for mode in a.modes:
+            each = [f"c={c} {x['cpu_ratio_vs_pgbouncer125']:.2f}" for c in a.clients
+                    if (x := by.get((script, mode, c, "sluice")))
+                    and x.get("cpu_ratio_vs_pgbouncer125")]
+            if each:
+                print(f"cpu/tx sluice / pgbouncer125 {f'{script:<7}' if several else ''}"
+                      f"{mode:<8} {', '.join(each)}")
     # before/after: sluice (SLUICE_BIN) against sluice-base (SLUICE_BASE_BIN), same run
     vs_base = [x for x in result["summary"] if "cpu_ratio_vs_base" in x]
     if vs_base:
-        v = result["versions"]
         print(f"sluice vs sluice-base (after / before; sluice = {v.get('sluice_bin')}, "
               f"sluice-base = {v.get('sluice_base_bin')}):")
         if v.get("sluice_sha256") and v.get("sluice_sha256") == v.get("sluice_base_sha256"):
@@ -681,10 +808,12 @@ def print_report(result, a, targets):
         if len(vs_base) > 1 and gc is not None:
             print(f"  geometric mean over {len(vs_base)} cells: cpu/tx {gc:.3f}"
                   + (f", tps {gt:.3f}" if gt is not None else ""))
-    s_idle, b_idle = result["idle"].get("sluice"), result["idle"].get("pgbouncer")
-    if s_idle and b_idle and s_idle["per_client_bytes"] and b_idle["per_client_bytes"]:
-        print(f"idle bytes/client sluice/pgbouncer = "
-              f"{s_idle['per_client_bytes'] / b_idle['per_client_bytes']:.2f}")
+    s_idle = result["idle"].get("sluice")
+    for anchor in ("pgbouncer125", "pgbouncer"):
+        b_idle = result["idle"].get(anchor)
+        if s_idle and b_idle and s_idle["per_client_bytes"] and b_idle["per_client_bytes"]:
+            print(f"idle bytes/client sluice/{anchor} = "
+                  f"{s_idle['per_client_bytes'] / b_idle['per_client_bytes']:.2f}")
     base_idle = result["idle"].get("sluice-base")
     if s_idle and base_idle and s_idle["per_client_bytes"] and base_idle["per_client_bytes"]:
         print(f"idle bytes/client sluice/sluice-base = "
