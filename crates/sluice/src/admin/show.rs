@@ -347,16 +347,18 @@ pub fn config(app: &App) -> ResultSet {
     rs
 }
 
+/// PgBouncer counts objects here: `used_clients` and `used_servers` are
+/// every client and server connection it holds (console clients, logins and
+/// idle servers included), `free_*` its caches of unused objects, which
+/// sluice does not keep (0). `databases` counts the console's own
+/// `pgbouncer` database, a row of SHOW DATABASES in both.
 pub fn lists(app: &App) -> ResultSet {
     let mut rs = ResultSet::new(&["list", "items"], "si");
     let config = app.config();
     let pools = app.pools();
-    let (clients, servers_used, servers_free) =
-        pools.iter().fold((0u32, 0u32, 0u32), |(c, u, f), p| {
-            let n = p.counts();
-            (c + n.clients, u + n.active + n.opening, f + n.idle)
-        });
-    let dbs = config.databases.len() + usize::from(config.fallback_database.is_some());
+    let servers: u32 = pools.iter().map(|p| p.counts().total).sum();
+    let clients = app.clients.load(std::sync::atomic::Ordering::Relaxed);
+    let dbs = config.databases.len() + usize::from(config.fallback_database.is_some()) + 1;
     let users: std::collections::BTreeSet<&str> = pools.iter().map(|p| p.user.as_str()).collect();
     for (name, items) in [
         ("databases", dbs as u32),
@@ -367,8 +369,8 @@ pub fn lists(app: &App) -> ResultSet {
         ("free_clients", 0),
         ("used_clients", clients),
         ("login_clients", 0),
-        ("free_servers", servers_free),
-        ("used_servers", servers_used),
+        ("free_servers", 0),
+        ("used_servers", servers),
         ("dns_names", 0),
         ("dns_zones", 0),
         ("dns_queries", 0),
