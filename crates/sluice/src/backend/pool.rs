@@ -246,6 +246,10 @@ pub struct Pool {
     /// reads are routed); `i + 1`: the pool of host `i` of the entry, for
     /// transactions routed to a replica.
     pub host: u32,
+    /// Names this pool's (database, user) for statements proven by its
+    /// servers (`Statement::proven`): a Parse is answered without a server
+    /// only for a text a server of the same pair accepted. Never 0.
+    pub scope: u64,
     db_limit: Arc<ConnLimit>,
     user_limit: Arc<ConnLimit>,
     state: Mutex<PoolState>,
@@ -397,10 +401,17 @@ impl Pool {
         db_limit: Arc<ConnLimit>,
         user_limit: Arc<ConnLimit>,
     ) -> Self {
+        let scope = {
+            use std::hash::{Hash, Hasher};
+            let mut h = std::collections::hash_map::DefaultHasher::new();
+            (&database, &user).hash(&mut h);
+            h.finish() | 1
+        };
         Self {
             database,
             user,
             host: 0,
+            scope,
             notify: Default::default(),
             db_limit,
             user_limit,

@@ -125,6 +125,7 @@ pub async fn run(client: &mut Client, cbuf: &mut BytesMut, mut lease: Lease) -> 
         let host = lease.host();
         let server = lease.server();
         client.app.cancels.link(client.cancel, server.key, host);
+        server.statements.scope = client.pool.scope;
         if !Arc::ptr_eq(&server.params, &client.params) {
             if let Some(sql) = client.params.diff_sql(&server.params)
                 && let Err(e) = Box::pin(run_query(server, &sql)).await

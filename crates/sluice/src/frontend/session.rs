@@ -62,6 +62,10 @@ const REPLAY_WAIT: Duration = Duration::from_millis(20);
 /// Longest wait for a client to take a notification.
 const NOTIFY_WRITE_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// Longest wait for a client to take the replies to a batch answered
+/// without a server (it holds none meanwhile).
+const LOCAL_WRITE_TIMEOUT: Duration = Duration::from_secs(10);
+
 /// How a session ended.
 #[derive(Debug)]
 pub enum SessionEnd {
@@ -559,6 +563,29 @@ impl Client {
         }
     }
 
+    /// A batch that only prepares or closes statements is answered here,
+    /// without a server (see `prepared::idle_batch`). Ok(true): it was, and
+    /// left `buf`.
+    async fn answer_without_server(&mut self, buf: &mut BytesMut) -> Result<bool, SessionEnd> {
+        if self.pool.settings().max_prepared_statements == 0 {
+            return Ok(false);
+        }
+        let (app, scope) = (self.app.clone(), self.pool.scope);
+        let mut out = BytesMut::new();
+        let names = &mut self.carried().statements;
+        let Some(n) =
+            crate::prepared::idle_batch::answer(buf, names, &app.statements, scope, &mut out)
+        else {
+            return Ok(false);
+        };
+        bytes::Buf::advance(buf, n);
+        use tokio::io::AsyncWriteExt;
+        match tokio::time::timeout(LOCAL_WRITE_TIMEOUT, self.stream.write_all(&out)).await {
+            Ok(Ok(())) => Ok(true),
+            _ => Err(SessionEnd::ClientLeft),
+        }
+    }
+
     /// PAUSE: new transactions wait until RESUME (or shutdown).
     async fn wait_while_paused(&self) {
         loop {
@@ -702,6 +729,18 @@ pub async fn run(client: &mut Client) -> SessionEnd {
                 continue;
             }
             Err(e) => return SessionEnd::Error(e),
+        }
+        if tracked
+            && matches!(
+                buf.first(),
+                Some(&(sluice_wire::tags::frontend::PARSE | sluice_wire::tags::frontend::CLOSE))
+            )
+        {
+            match Box::pin(client.answer_without_server(&mut buf)).await {
+                Ok(true) => continue,
+                Ok(false) => {}
+                Err(end) => return end,
+            }
         }
         if let Some(end) = Box::pin(client.serve_request(&mut buf)).await {
             return end;

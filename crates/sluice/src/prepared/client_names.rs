@@ -37,6 +37,11 @@ impl ClientNames {
         self.names.remove(name)
     }
 
+    /// How many names the client has.
+    pub fn count(&self) -> usize {
+        self.names.len()
+    }
+
     pub fn clear(&mut self) {
         self.names.clear();
     }

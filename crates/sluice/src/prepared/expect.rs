@@ -194,7 +194,13 @@ impl Expected {
                 self.on_error(head, body, server);
                 return;
             }
-            Some(Expect::Prepare { .. }) => tag == b::PARSE_COMPLETE,
+            Some(Expect::Prepare { id, .. }) => {
+                let done = tag == b::PARSE_COMPLETE;
+                if done {
+                    server.confirm(*id);
+                }
+                done
+            }
             Some(Expect::Unprepare { .. }) => tag == b::CLOSE_COMPLETE,
             Some(Expect::Local(_)) => false,
             Some(Expect::Pass { reply, .. }) => ends(*reply, tag),

@@ -11,6 +11,7 @@
 pub mod client_names;
 pub mod expect;
 pub mod fast_hash;
+pub mod idle_batch;
 pub mod registry;
 pub mod rewrite;
 pub mod server_cache;

@@ -23,6 +23,11 @@ pub struct Statement {
     /// Whether a transaction of only this statement may run on a replica
     /// (classified on first use, then free).
     pub read_only: std::sync::OnceLock<bool>,
+    /// The scope (`Pool::scope`: database and user) in which a server
+    /// last accepted its Parse, 0 if none has: a Parse of the same text by
+    /// a client of that scope may be answered without a server (see
+    /// `idle_batch`), the server getting it when a Bind needs it.
+    pub proven: AtomicU64,
 }
 
 /// One statement per id.
@@ -84,9 +89,22 @@ impl Registry {
             text: text.clone(),
             effects,
             read_only: std::sync::OnceLock::new(),
+            proven: AtomicU64::new(0),
         });
         map.by_text.insert(text, Arc::downgrade(&statement));
         statement
+    }
+}
+
+impl Registry {
+    /// The statement for `text` if a client uses it and a server of
+    /// `scope` has accepted its Parse; nothing is interned.
+    pub fn proven(&self, text: &[u8], scope: u64) -> Option<Arc<Statement>> {
+        let map = self.map.lock().unwrap_or_else(|p| p.into_inner());
+        map.by_text
+            .get(text)
+            .and_then(Weak::upgrade)
+            .filter(|s| s.proven.load(Ordering::Relaxed) == scope)
     }
 }
 
@@ -106,5 +124,22 @@ mod tests {
         let old = a.id;
         drop((a, b));
         assert_ne!(registry.intern(b"select 1\0\0\0").id, old);
+    }
+
+    #[test]
+    fn proven_only_once_a_server_accepted_it() {
+        let registry = Registry::default();
+        assert!(registry.proven(b"select 1\0\0\0", 7).is_none());
+        let a = registry.intern(b"select 1\0\0\0");
+        assert!(registry.proven(b"select 1\0\0\0", 7).is_none());
+        a.proven.store(7, Ordering::Relaxed);
+        assert_eq!(
+            registry.proven(b"select 1\0\0\0", 7).map(|s| s.id),
+            Some(a.id)
+        );
+        // Not in another database or for another user.
+        assert!(registry.proven(b"select 1\0\0\0", 9).is_none());
+        drop(a);
+        assert!(registry.proven(b"select 1\0\0\0", 7).is_none());
     }
 }

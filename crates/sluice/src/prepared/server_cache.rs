@@ -18,6 +18,9 @@ pub struct ServerStatements {
     /// Statements the server still holds but must not be used again
     /// (evicted, or their plan went stale): closed before the next Parse.
     pub to_close: Vec<u64>,
+    /// The scope of the pool that lent the server last (`Pool::scope`),
+    /// recorded on the statements it proves.
+    pub scope: u64,
 }
 
 impl ServerStatements {
@@ -51,6 +54,18 @@ impl ServerStatements {
         self.used
             .insert(statement.id, (self.tick, statement.clone()));
         evicted
+    }
+
+    /// The server accepted the Parse of `id`: the statement is proven in
+    /// this server's scope (valid SQL for its database and user).
+    pub fn confirm(&self, id: u64) {
+        if self.scope != 0
+            && let Some((_, statement)) = self.used.get(&id)
+        {
+            statement
+                .proven
+                .store(self.scope, std::sync::atomic::Ordering::Relaxed);
+        }
     }
 
     /// The server does not have `id` (its Parse failed or was skipped).
