@@ -67,10 +67,19 @@ impl SluiceProcess {
     /// Like [`SluiceProcess::start`], also writing `auth_file` (if any) to
     /// `@DIR@/userlist.txt`.
     pub fn start_with(config: &str, auth_file: Option<&str>) -> SluiceProcess {
+        Self::start_inner(config, auth_file, &[])
+    }
+
+    /// Like [`SluiceProcess::start`], with extra environment variables.
+    pub fn start_with_env(config: &str, env: &[(&str, &str)]) -> SluiceProcess {
+        Self::start_inner(config, None, env)
+    }
+
+    fn start_inner(config: &str, auth_file: Option<&str>, env: &[(&str, &str)]) -> SluiceProcess {
         let mut last_log = String::new();
         for _ in 0..START_ATTEMPTS {
             let port = sluice_testkit::free_port().expect("free port");
-            let mut process = Self::spawn_in_scratch(config, auth_file, port);
+            let mut process = Self::spawn_in_scratch(config, auth_file, port, env);
             match process.wait_listening() {
                 Ok(()) => return process,
                 Err(log) if log.contains("in use") => last_log = log,
@@ -82,7 +91,12 @@ impl SluiceProcess {
 
     /// Writes the ini (and auth_file) into a new scratch directory and
     /// spawns sluice on `port`, without waiting for it.
-    fn spawn_in_scratch(config: &str, auth_file: Option<&str>, port: u16) -> SluiceProcess {
+    fn spawn_in_scratch(
+        config: &str,
+        auth_file: Option<&str>,
+        port: u16,
+        env: &[(&str, &str)],
+    ) -> SluiceProcess {
         let dir = ScratchDir::create();
         let ini_path = dir.path().join("pgbouncer.ini");
         let log_path = dir.path().join("sluice.log");
@@ -91,7 +105,7 @@ impl SluiceProcess {
             std::fs::write(dir.path().join("userlist.txt"), text).expect("write userlist.txt");
         }
         SluiceProcess {
-            child: spawn(&ini_path, &log_path),
+            child: spawn(&ini_path, &log_path, env),
             port,
             exit_status: None,
             log_path,
@@ -104,7 +118,7 @@ impl SluiceProcess {
     /// `so_reuseport = 1`): waits for the log to say it listens, since the
     /// port itself listens already.
     pub fn start_sharing_port(config: &str, port: u16) -> SluiceProcess {
-        let mut process = Self::spawn_in_scratch(config, None, port);
+        let mut process = Self::spawn_in_scratch(config, None, port, &[]);
         let deadline = Instant::now() + START_TIMEOUT;
         loop {
             if let Some(status) = process.try_exit_status() {
@@ -263,11 +277,12 @@ impl Drop for SluiceProcess {
 }
 
 /// Runs the binary on `ini_path`, stdout and stderr into `log_path`.
-fn spawn(ini_path: &Path, log_path: &Path) -> Child {
+fn spawn(ini_path: &Path, log_path: &Path, env: &[(&str, &str)]) -> Child {
     let log = File::create(log_path).expect("create sluice log file");
     let log_err = log.try_clone().expect("clone log file handle");
     Command::new(sluice_binary())
         .arg(ini_path)
+        .envs(env.iter().copied())
         .stdin(Stdio::null())
         .stdout(Stdio::from(log))
         .stderr(Stdio::from(log_err))
@@ -335,7 +350,7 @@ mod tests {
         let squatter = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
         let port = squatter.local_addr().expect("addr").port();
         let config = ConfigBuilder::new().render();
-        let mut process = SluiceProcess::spawn_in_scratch(&config, None, port);
+        let mut process = SluiceProcess::spawn_in_scratch(&config, None, port, &[]);
         let outcome = process.wait_listening();
         let log = outcome.expect_err("sluice cannot listen on a held port");
         assert!(log.contains("in use"), "{log}");

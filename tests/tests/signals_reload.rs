@@ -163,3 +163,108 @@ async fn sigquit_exits_at_once() {
         "SIGQUIT must exit promptly even with a transaction open"
     );
 }
+
+/// Sends `sql` to the console over a raw connection; returns the notices'
+/// messages and the command tag.
+async fn console_with_notices(port: u16, sql: &str) -> (Vec<String>, String) {
+    let t = Duration::from_secs(10);
+    let mut raw = RawClient::connect(port).await;
+    raw.startup("admin", "pgbouncer").await;
+    raw.read_until_ready(t).await;
+    raw.send(&msg::query(sql)).await.expect("send");
+    let (mut notices, mut tag) = (Vec::new(), String::new());
+    loop {
+        match raw.read_message(t).await {
+            RawReply::Message(b'N', body) => {
+                let fields = error_fields(&body);
+                notices.push(error_field(&fields, b'M').unwrap_or_default().to_owned());
+            }
+            RawReply::Message(b'C', body) => {
+                tag = String::from_utf8_lossy(body.strip_suffix(b"\0").unwrap_or(&body)).into()
+            }
+            RawReply::Message(b'Z', _) => return (notices, tag),
+            RawReply::Message(b'E', body) => panic!("{sql}: {:?}", error_fields(&body)),
+            RawReply::Message(..) => continue,
+            other => panic!("{sql}: {other:?}"),
+        }
+    }
+}
+
+/// The next datagram on systemd's notify socket.
+fn next_notification(socket: &std::os::unix::net::UnixDatagram) -> String {
+    let mut buf = [0u8; 4096];
+    let n = socket
+        .recv(&mut buf)
+        .expect("a notification within 10 s on NOTIFY_SOCKET");
+    String::from_utf8_lossy(&buf[..n]).into_owned()
+}
+
+#[tokio::test]
+async fn reload_names_keys_that_wait_for_a_restart_and_systemd_is_notified() {
+    let cluster = app_cluster(ServerAuth::Trust);
+    let dir = ScratchDir::create();
+    let path = dir.path().join("notify.sock");
+    let socket = std::os::unix::net::UnixDatagram::bind(&path).expect("bind notify socket");
+    socket
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .expect("timeout");
+    let config = ConfigBuilder::for_cluster(&cluster)
+        .set("admin_users", "admin")
+        .set("pool_mode", "transaction");
+    let mut sluice = SluiceProcess::start_with_env(
+        &config.render(),
+        &[("NOTIFY_SOCKET", path.to_str().expect("utf-8 path"))],
+    );
+    let ready = next_notification(&socket);
+    assert!(ready.contains("READY=1"), "{ready}");
+    assert!(
+        ready.contains(&format!("MAINPID={}", sluice.pid())),
+        "{ready}"
+    );
+
+    // One key that needs a restart (not changeable in the settings
+    // table), one that does not.
+    sluice.rewrite_config(
+        &config
+            .clone()
+            .set("listen_backlog", "77")
+            .set("default_pool_size", "7")
+            .render(),
+    );
+    let (notices, tag) = console_with_notices(sluice.port(), "RELOAD").await;
+    assert_eq!(tag, "RELOAD");
+    assert!(
+        notices
+            .iter()
+            .any(|n| n.starts_with("listen_backlog changed") && n.contains("after a restart")),
+        "{notices:?}"
+    );
+    assert!(
+        !notices.iter().any(|n| n.contains("default_pool_size")),
+        "{notices:?}"
+    );
+    assert!(
+        sluice.log().contains(
+            "listen_backlog changed from 128 to 77; it takes effect only after a restart"
+        ),
+        "{}",
+        sluice.log()
+    );
+    let (_, shown) = console_with_notices(sluice.port(), "SHOW CONFIG").await;
+    assert_eq!(shown, "SHOW");
+    let reloading = next_notification(&socket);
+    assert!(reloading.contains("RELOADING=1"), "{reloading}");
+    assert!(reloading.contains("MONOTONIC_USEC="), "{reloading}");
+    let ready = next_notification(&socket);
+    assert!(ready.contains("READY=1"), "{ready}");
+
+    // A reload by signal is announced too; nothing changed, nothing said.
+    sluice.reload();
+    assert!(next_notification(&socket).contains("RELOADING=1"));
+    assert!(next_notification(&socket).contains("READY=1"));
+
+    sluice.signal("TERM");
+    let stopping = next_notification(&socket);
+    assert!(stopping.contains("STOPPING=1"), "{stopping}");
+    assert!(sluice.wait_exit(Duration::from_secs(10)).is_some());
+}

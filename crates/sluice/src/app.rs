@@ -225,7 +225,14 @@ impl App {
 
     /// Moves to a later phase (never back).
     pub fn begin_shutdown(&self, phase: Phase) {
-        self.phase.fetch_max(phase as u8, Ordering::AcqRel);
+        let before = self.phase.fetch_max(phase as u8, Ordering::AcqRel);
+        if before < phase as u8 {
+            crate::sd_notify::stopping(match phase {
+                Phase::WaitForClients => "waiting for clients to leave",
+                Phase::WaitForServers => "waiting for servers to be released",
+                _ => "stopping",
+            });
+        }
         self.phase_changed.notify_waiters();
     }
 
@@ -644,21 +651,31 @@ impl App {
                 .or(entry.reserve_pool_size)
                 .unwrap_or(s.reserve_pool_size),
             reserve_pool_timeout: s.reserve_pool_timeout,
-            query_wait_timeout: s.query_wait_timeout,
+            query_wait_timeout: u
+                .and_then(|u| u.query_wait_timeout)
+                .unwrap_or(s.query_wait_timeout),
             server_idle_timeout: s.server_idle_timeout,
             server_lifetime: entry.server_lifetime.unwrap_or(s.server_lifetime),
             server_login_retry: s.server_login_retry,
             server_reset_query: s.server_reset_query.clone(),
             server_reset_query_always: s.server_reset_query_always,
-            idle_transaction_timeout: s.idle_transaction_timeout,
+            idle_transaction_timeout: u
+                .and_then(|u| u.idle_transaction_timeout)
+                .unwrap_or(s.idle_transaction_timeout),
+            transaction_timeout: u
+                .and_then(|u| u.transaction_timeout)
+                .unwrap_or(s.transaction_timeout),
             query_timeout: u.and_then(|u| u.query_timeout).unwrap_or(s.query_timeout),
-            client_idle_timeout: s.client_idle_timeout,
+            client_idle_timeout: u
+                .and_then(|u| u.client_idle_timeout)
+                .unwrap_or(s.client_idle_timeout),
             max_packet_size: s.max_packet_size as usize,
             max_prepared_statements: s.max_prepared_statements as usize,
             session_objects: s.track_session_objects,
             standby: crate::backend::pool::Standby::from_attrs(
                 entry.target_session_attrs.as_deref(),
             ),
+            disable_pqexec: s.disable_pqexec,
         };
         let mut startup_params = Vec::new();
         for (k, v) in [

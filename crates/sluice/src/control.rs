@@ -16,46 +16,83 @@ use crate::workers::Workers;
 /// Janitor period.
 const TICK: Duration = Duration::from_millis(500);
 
-/// Reloads the configuration file and the auth_file.
-pub fn reload(app: &App) {
+/// Reloads the configuration file and the auth_file (SIGHUP and the
+/// console's RELOAD), telling systemd around it. Returns what went wrong or
+/// waits for a restart, each already logged, for the console to repeat.
+pub fn reload(app: &App) -> Vec<String> {
+    crate::sd_notify::reloading();
+    let mut said = Said::default();
+    reload_into(app, &mut said);
+    crate::sd_notify::reloaded();
+    said.0
+}
+
+/// What a reload logged as a warning or an error.
+#[derive(Default)]
+struct Said(Vec<String>);
+
+impl Said {
+    fn warn(&mut self, message: String) {
+        tracing::warn!("{message}");
+        self.0.push(message);
+    }
+
+    fn error(&mut self, message: String) {
+        tracing::error!("{message}");
+        self.0.push(message);
+    }
+}
+
+/// The keys whose new value waits for a restart: every key the settings
+/// table marks not changeable whose value differs.
+pub fn restart_needed(
+    old: &sluice_config::Settings,
+    new: &sluice_config::Settings,
+) -> Vec<&'static str> {
+    sluice_config::known_keys()
+        .iter()
+        .filter(|info| !info.changeable && old.value_of(info.key) != new.value_of(info.key))
+        .map(|info| info.key)
+        .collect()
+}
+
+fn reload_into(app: &App, said: &mut Said) {
     let config = match sluice_config::load(&app.config_path) {
         Ok(c) => c,
         Err(e) => {
-            tracing::error!("reload failed, keeping the old configuration: {e}");
+            said.error(format!("reload failed, keeping the old configuration: {e}"));
             return;
         }
     };
     for w in &config.warnings {
-        tracing::warn!("{w}");
+        said.warn(w.to_string());
     }
     let userlist = match &config.settings.auth_file {
         Some(path) => match Userlist::load(path) {
             Ok(u) => u,
             Err(e) => {
-                tracing::error!("reload failed, keeping the old configuration: {e}");
+                said.error(format!("reload failed, keeping the old configuration: {e}"));
                 return;
             }
         },
         None => Userlist::default(),
     };
     let old = app.config();
-    for key in [
-        "listen_addr",
-        "listen_port",
-        "unix_socket_dir",
-        "workers",
-        "runtime",
-    ] {
-        if old.settings.value_of(key) != config.settings.value_of(key) {
-            tracing::warn!("{key} changed; it takes effect only after a restart");
-        }
+    for key in restart_needed(&old.settings, &config.settings) {
+        said.warn(format!(
+            "{key} changed from {} to {}; it takes effect only after a restart",
+            old.settings.value_of(key).unwrap_or_default(),
+            config.settings.value_of(key).unwrap_or_default()
+        ));
     }
     // New hba rules, certificates and keys for clients that connect from
     // now on; a broken set keeps the old one (connected clients keep
     // theirs anyway).
     match crate::auth::rules::AuthRules::load(&config.settings) {
         Ok(rules) => app.set_auth_rules(rules),
-        Err(e) => tracing::error!("auth_hba_file not reloaded, keeping the old rules: {e}"),
+        Err(e) => said.error(format!(
+            "auth_hba_file not reloaded, keeping the old rules: {e}"
+        )),
     }
     let certs = app
         .auth_rules()
@@ -63,16 +100,17 @@ pub fn reload(app: &App) {
     match crate::tls::ClientTls::from_settings(&config.settings, certs) {
         Ok(tls) => app.set_client_tls(tls),
         Err(e) => {
-            tracing::error!("client TLS not reloaded, keeping the old one: {e}");
+            said.error(format!("client TLS not reloaded, keeping the old one: {e}"));
             let wanted =
                 crate::tls::Mode::parse("client_tls_sslmode", &config.settings.client_tls_sslmode);
             let old = app.client_tls();
             if let Ok(wanted) = wanted
                 && wanted > old.mode
             {
-                tracing::error!(
-                    "client_tls_sslmode {wanted:?} is in force with the old certificate                      (TCP logins without TLS are refused)"
-                );
+                said.error(format!(
+                    "client_tls_sslmode {wanted:?} is in force with the old certificate \
+                     (TCP logins without TLS are refused)"
+                ));
                 app.set_client_tls(old.at_least(wanted));
             }
         }
@@ -85,13 +123,13 @@ pub fn reload(app: &App) {
             let old = app.server_tls().mode.unwrap_or(crate::tls::Mode::Disable);
             match wanted {
                 Ok(wanted) if wanted > old => {
-                    tracing::error!(
+                    said.error(format!(
                         "server TLS not reloaded: {e}; server_tls_sslmode {wanted:?} cannot be \
                          honoured, so no new server connection is opened until it can"
-                    );
+                    ));
                     app.set_server_tls(crate::tls::ServerTls::refusing(wanted, e.to_string()));
                 }
-                _ => tracing::error!("server TLS not reloaded, keeping the old one: {e}"),
+                _ => said.error(format!("server TLS not reloaded, keeping the old one: {e}")),
             }
         }
     }
@@ -114,7 +152,9 @@ pub async fn run(app: Arc<App>, workers: Arc<Workers>) -> std::io::Result<()> {
     app.prewarm();
     loop {
         tokio::select! {
-            _ = hup.recv() => reload(&app),
+            _ = hup.recv() => {
+                reload(&app);
+            }
             _ = term.recv() => {
                 tracing::info!("got SIGTERM, waiting for clients to leave");
                 app.begin_shutdown(Phase::WaitForClients);

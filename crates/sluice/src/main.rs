@@ -18,6 +18,7 @@ mod operator;
 mod params;
 mod prepared;
 mod scan;
+mod sd_notify;
 mod session_vars;
 mod stats;
 mod tls;
@@ -194,6 +195,7 @@ fn main() -> ExitCode {
             }
         }
     }
+    sd_notify::ready();
     let result = control.block_on(control::run(app.clone(), worker_set));
     if !settings.pidfile.is_empty() {
         let _ = std::fs::remove_file(&settings.pidfile);

@@ -45,7 +45,10 @@ pub async fn run(app: &App, role: Role, sql: &str, out: &mut BytesMut) {
     match verb.as_str() {
         "SHOW" => show_command(app, &rest, out),
         "RELOAD" => {
-            crate::control::reload(app);
+            for said in crate::control::reload(app) {
+                sluice_wire::ErrorFields::new(sluice_wire::Severity::Warning, "01000", &said)
+                    .encode(out);
+            }
             command_complete(out, "RELOAD");
         }
         "PAUSE" => {

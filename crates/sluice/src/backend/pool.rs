@@ -58,6 +58,10 @@ pub struct PoolSettings {
     pub server_reset_query: String,
     pub server_reset_query_always: bool,
     pub idle_transaction_timeout: Duration,
+    /// A transaction (from the client's first message to the
+    /// ReadyForQuery that ends it) lasting longer ends the client; zero:
+    /// never (PgBouncer 1.25's `transaction_timeout`).
+    pub transaction_timeout: Duration,
     pub client_idle_timeout: Duration,
     /// A request the server has not finished answering after this long
     /// ends the client (every pool mode); zero: never.
@@ -71,6 +75,8 @@ pub struct PoolSettings {
     pub session_objects: sluice_config::SessionObjects,
     /// `target_session_attrs` of the entry, where reads are routed.
     pub standby: Standby,
+    /// The simple query protocol ends the client (`disable_pqexec`).
+    pub disable_pqexec: bool,
 }
 
 /// Where a database entry's transactions go by `target_session_attrs`
