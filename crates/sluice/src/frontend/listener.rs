@@ -59,7 +59,11 @@ pub fn unix_socket_path(dir: &str, port: u16) -> PathBuf {
 }
 
 /// Binds the Unix socket, replacing a stale socket file.
-pub fn bind_unix(path: &PathBuf, mode: u32) -> std::io::Result<std::os::unix::net::UnixListener> {
+pub fn bind_unix(
+    path: &PathBuf,
+    mode: u32,
+    group: &str,
+) -> std::io::Result<std::os::unix::net::UnixListener> {
     use std::os::unix::fs::PermissionsExt;
     if path.exists() {
         // Another live process answering there means the port is taken.
@@ -73,8 +77,48 @@ pub fn bind_unix(path: &PathBuf, mode: u32) -> std::io::Result<std::os::unix::ne
     }
     let l = std::os::unix::net::UnixListener::bind(path)?;
     std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode))?;
+    if !group.is_empty() {
+        std::os::unix::fs::chown(path, None, Some(group_id(group)?))?;
+    }
     l.set_nonblocking(true)?;
     Ok(l)
+}
+
+/// The id of group `name` (`unix_socket_group`): a name from the group
+/// database, or a number.
+fn group_id(name: &str) -> std::io::Result<u32> {
+    if let Ok(gid) = name.parse::<u32>() {
+        return Ok(gid);
+    }
+    let unknown = || {
+        std::io::Error::new(
+            std::io::ErrorKind::NotFound,
+            format!("unix_socket_group: no group named {name:?}"),
+        )
+    };
+    let cname = std::ffi::CString::new(name).map_err(|_| unknown())?;
+    let mut buf = vec![0 as libc::c_char; 16 * 1024];
+    // SAFETY: zeroed is a valid `group` (pointers null); getgrnam_r fills
+    // it with pointers into `buf`, which outlives its use here.
+    let mut group: libc::group = unsafe { std::mem::zeroed() };
+    let mut found: *mut libc::group = std::ptr::null_mut();
+    // SAFETY: every pointer is valid for the sizes given.
+    let rc = unsafe {
+        libc::getgrnam_r(
+            cname.as_ptr(),
+            &mut group,
+            buf.as_mut_ptr(),
+            buf.len(),
+            &mut found,
+        )
+    };
+    if rc != 0 {
+        return Err(std::io::Error::from_raw_os_error(rc));
+    }
+    if found.is_null() {
+        return Err(unknown());
+    }
+    Ok(group.gr_gid)
 }
 
 /// A listening socket of either kind.

@@ -49,6 +49,10 @@ pub(super) struct Cycle {
     /// Server bytes scanned and not yet written to the client.
     pub(super) to_client: usize,
     pub(super) client_terminated: bool,
+    /// `disable_pqexec`: a simple Query ends the client (PgBouncer's
+    /// "PQexec disallowed"); set when one is seen, nothing of it sent.
+    pub(super) no_pqexec: bool,
+    pub(super) pqexec_seen: bool,
     /// Statement mode saw a transaction block open.
     pub(super) refused_transaction: bool,
     /// ReadyForQuery messages seen, and those with status 'I'.
@@ -177,6 +181,8 @@ pub async fn run(client: &mut Client, cbuf: &mut BytesMut, mut lease: Lease) -> 
         to_server: 0,
         to_client: 0,
         client_terminated: false,
+        no_pqexec: settings.disable_pqexec,
+        pqexec_seen: false,
         refused_transaction: false,
         cycles_done: 0,
         xacts_done: 0,
@@ -206,6 +212,11 @@ pub async fn run(client: &mut Client, cbuf: &mut BytesMut, mut lease: Lease) -> 
     let mut idle_timer: Option<(IdleKind, std::pin::Pin<Box<tokio::time::Sleep>>)> = None;
     // Request cycles ended when the query_timeout clock was last armed.
     let mut query_cycle = 0u64;
+    // transaction_timeout: runs from the first message of a transaction to
+    // the ReadyForQuery that ends it (the lease begins with one).
+    let xact_timeout = settings.transaction_timeout;
+    let mut xact_timer =
+        (!xact_timeout.is_zero()).then(|| Box::pin(tokio::time::sleep(xact_timeout)));
     // Transaction and statement mode: statements, session state and
     // LISTEN follow the client, so its messages are rewritten.
     let mut tracking = release_each.map(|_| Tracking::take());
@@ -230,6 +241,9 @@ pub async fn run(client: &mut Client, cbuf: &mut BytesMut, mut lease: Lease) -> 
         };
         if let Err(e) = scanned {
             break Err(End::Client(ClientError::protocol(e.to_string())));
+        }
+        if cycle.pqexec_seen {
+            break Err(End::Client(pqexec_disallowed()));
         }
         let held = cycle.client_scan.wanted();
         if held > CLIENT_HELD_LIMIT {
@@ -407,6 +421,16 @@ pub async fn run(client: &mut Client, cbuf: &mut BytesMut, mut lease: Lease) -> 
                 }
             }
         }
+        if !xact_timeout.is_zero() {
+            let between = cycle.status == TransactionStatus::Idle
+                && cycle.req.outstanding == 0
+                && !cycle.req.unsynced;
+            if between {
+                xact_timer = None;
+            } else if xact_timer.is_none() {
+                xact_timer = Some(Box::pin(tokio::time::sleep(xact_timeout)));
+            }
+        }
         let server = lease.server();
         let (server_out, client_extra) = match tracking.as_deref_mut() {
             Some(t) => (Some(&mut t.out), Some(&mut t.extra)),
@@ -422,6 +446,7 @@ pub async fn run(client: &mut Client, cbuf: &mut BytesMut, mut lease: Lease) -> 
             to_client: &mut cycle.to_client,
             read_client,
             idle_timer: idle_timer.as_mut().map(|(_, t)| t.as_mut()),
+            xact_timer: xact_timer.as_mut().map(|t| t.as_mut()),
             written: &mut cycle.written,
             server_out,
             client_extra,
@@ -452,6 +477,12 @@ pub async fn run(client: &mut Client, cbuf: &mut BytesMut, mut lease: Lease) -> 
                 });
             }
             IoEvent::ClientGone => break Ok(Outcome::ClientGone),
+            IoEvent::TransactionTimeout => {
+                break Err(End::Client(ClientError::new(
+                    "08P01",
+                    "transaction timeout",
+                )));
+            }
             IoEvent::IdleTimeout => {
                 break Err(End::Client(match idle_timer.as_ref().map(|(k, _)| *k) {
                     Some(IdleKind::Client) => ClientError::new("08P01", "client_idle_timeout"),
@@ -688,6 +719,12 @@ pub(super) fn held_too_large(size: usize) -> ClientError {
 /// closed and the client told why.
 const SERVER_HELD_LIMIT: usize = 16 << 20;
 
+/// What a client using the simple query protocol gets under
+/// `disable_pqexec` (PgBouncer's text).
+pub(super) fn pqexec_disallowed() -> ClientError {
+    ClientError::new("08P01", "PQexec disallowed")
+}
+
 enum End {
     /// The client broke a rule; it gets this error.
     Client(ClientError),
@@ -715,6 +752,10 @@ fn scan_client(
         limit,
         |_| false,
         |tag, _| {
+            if tag == sluice_wire::tags::frontend::QUERY && cycle.no_pqexec {
+                cycle.pqexec_seen = true;
+                return Visit::StopBefore;
+            }
             if cycle.req.client(tag) == Counted::Terminate {
                 terminated = true;
                 return Visit::StopBefore;

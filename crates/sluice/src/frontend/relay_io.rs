@@ -32,6 +32,8 @@ pub enum IoEvent {
     ServerFailed(io::Error),
     ClientGone,
     IdleTimeout,
+    /// transaction_timeout: the client's transaction lasted too long.
+    TransactionTimeout,
 }
 
 /// The two sockets and their pending bytes.
@@ -46,6 +48,8 @@ pub struct Sides<'a> {
     pub to_client: &'a mut usize,
     pub read_client: bool,
     pub idle_timer: Option<Pin<&'a mut Sleep>>,
+    /// transaction_timeout's deadline for the transaction under way.
+    pub xact_timer: Option<Pin<&'a mut Sleep>>,
     /// Bytes written to the server and to the client (for SHOW STATS).
     pub written: &'a mut (u64, u64),
     /// With statement tracking: the rewritten bytes due to the server
@@ -168,6 +172,11 @@ impl Sides<'_> {
             && t.as_mut().poll(cx).is_ready()
         {
             return Poll::Ready(IoEvent::IdleTimeout);
+        }
+        if let Some(t) = self.xact_timer.as_mut()
+            && t.as_mut().poll(cx).is_ready()
+        {
+            return Poll::Ready(IoEvent::TransactionTimeout);
         }
         Poll::Pending
     }

@@ -719,7 +719,11 @@ pub async fn run(client: &mut Client) -> SessionEnd {
                 }
             }
         }
-        let tracked = client.pool.settings().mode != sluice_config::PoolMode::Session;
+        let settings = client.pool.settings();
+        if settings.disable_pqexec && buf.first() == Some(&sluice_wire::tags::frontend::QUERY) {
+            return SessionEnd::Error(super::relay::pqexec_disallowed());
+        }
+        let tracked = settings.mode != sluice_config::PoolMode::Session;
         match first_message_incomplete(&buf, tracked) {
             Ok(false) => {}
             Ok(true) => {

@@ -157,6 +157,10 @@ pub(super) fn rewrite_client(
                 if cap.is_some_and(|c| cycle.req.sent() >= c) {
                     return Visit::StopBefore;
                 }
+                if tag == tags::frontend::QUERY && cycle.no_pqexec {
+                    cycle.pqexec_seen = true;
+                    return Visit::StopBefore;
+                }
                 // Replies owed are bounded too (Syncs during a COPY get
                 // none until it ends): past this, the client waits.
                 if rewritten(tag) || expected.len() >= EXPECTED_LIMIT {
@@ -184,7 +188,7 @@ pub(super) fn rewrite_client(
         if terminated {
             cycle.client_terminated = true;
         }
-        if !end.stopped || terminated {
+        if !end.stopped || terminated || cycle.pqexec_seen {
             break;
         }
         // What the server or the client has not taken yet bounds what is

@@ -1,0 +1,262 @@
+//! Keys that used to be accepted and ignored (issue 12), each doing what
+//! PgBouncer's reference says: `transaction_timeout` (global and per user),
+//! the per-user `idle_transaction_timeout`, `disable_pqexec` and
+//! `unix_socket_group`.
+
+use std::time::{Duration, Instant};
+
+use sluice_tests::*;
+
+fn transaction_pool(cluster: &Cluster) -> ConfigBuilder {
+    ConfigBuilder::for_cluster(cluster)
+        .set("pool_mode", "transaction")
+        .set("default_pool_size", "2")
+}
+
+/// The SQLSTATE and message of a failed request.
+fn failure<T: std::fmt::Debug>(result: Result<T, tokio_postgres::Error>) -> (String, String) {
+    let error = result.expect_err("the request must fail");
+    let db = error
+        .as_db_error()
+        .unwrap_or_else(|| panic!("no ErrorResponse: {error:?}"));
+    (db.code().code().to_owned(), db.message().to_owned())
+}
+
+/// The FATAL a client was sent: with the failed request's result when it
+/// came as its answer, else from the connection (sent while it was idle).
+async fn fatal<T: std::fmt::Debug>(
+    client: &mut Tracked,
+    result: Result<T, tokio_postgres::Error>,
+) -> (String, String) {
+    let error = result.expect_err("the request must fail");
+    if let Some(db) = error.as_db_error() {
+        return (db.code().code().to_owned(), db.message().to_owned());
+    }
+    match client.ended(Duration::from_secs(5)).await {
+        Some(Err(e)) => {
+            let db = e
+                .as_db_error()
+                .unwrap_or_else(|| panic!("no ErrorResponse: {e:?}"));
+            (db.code().code().to_owned(), db.message().to_owned())
+        }
+        other => panic!("the connection did not end with an error: {other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn transaction_timeout_ends_a_long_transaction_not_a_short_one() {
+    let cluster = app_cluster(ServerAuth::Trust);
+    let sluice = transaction_pool(&cluster)
+        .set("transaction_timeout", "1")
+        .start();
+    let port = sluice.port();
+
+    // Busy inside its transaction the whole time: idle_transaction_timeout
+    // (off here) would never fire; transaction_timeout counts from BEGIN.
+    let long = connect_as(port, APP_USER, "postgres").await;
+    long.batch_execute("begin").await.unwrap();
+    let started = Instant::now();
+    let mut ended = None;
+    for _ in 0..20 {
+        if let Err(e) = long.simple_query("select pg_sleep(0.2)").await {
+            ended = Some(e);
+            break;
+        }
+    }
+    let error = ended.expect("a 4 s transaction under transaction_timeout=1 went on");
+    let waited = started.elapsed();
+    assert_eq!(sqlstate(&error), Some("08P01"), "{error:?}");
+    assert_eq!(
+        error.as_db_error().map(|d| d.message()),
+        Some("transaction timeout")
+    );
+    assert!(
+        waited >= Duration::from_millis(800) && waited < Duration::from_secs(3),
+        "ended after {waited:?}"
+    );
+
+    // One statement running longer than the limit, outside a block.
+    let single = connect_as(port, APP_USER, "postgres").await;
+    let (code, message) = failure(single.simple_query("select pg_sleep(3)").await);
+    assert_eq!(
+        (code.as_str(), message.as_str()),
+        ("08P01", "transaction timeout")
+    );
+
+    // Many short transactions add up to more than the limit: never ended.
+    let short = connect_as(port, APP_USER, "postgres").await;
+    let until = Instant::now() + Duration::from_millis(2500);
+    while Instant::now() < until {
+        short
+            .batch_execute("begin; select pg_sleep(0.05); commit")
+            .await
+            .expect("short transactions are not timed out");
+    }
+    // Idle between transactions is not a transaction either.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert_eq!(
+        scalar_text(&short, "select 'still here'").await,
+        "still here"
+    );
+}
+
+#[tokio::test]
+async fn per_user_transaction_and_idle_transaction_timeouts_override_the_global_ones() {
+    let cluster = app_cluster(ServerAuth::Trust);
+    let sluice = transaction_pool(&cluster)
+        .user(APP_USER, "idle_transaction_timeout=1")
+        .user(cluster.superuser(), "transaction_timeout=1")
+        .start();
+    let port = sluice.port();
+
+    let mut app = connect_tracked(port, APP_USER, "", "postgres")
+        .await
+        .expect("login");
+    app.client.batch_execute("begin").await.unwrap();
+    tokio::time::sleep(Duration::from_millis(2000)).await;
+    let result = app.client.simple_query("select 1").await;
+    let (code, message) = fatal(&mut app, result).await;
+    assert_eq!(
+        (code.as_str(), message.as_str()),
+        ("25P03", "idle transaction timeout")
+    );
+
+    let superuser = connect_as(port, cluster.superuser(), "postgres").await;
+    let (code, message) = failure(superuser.simple_query("select pg_sleep(3)").await);
+    assert_eq!(
+        (code.as_str(), message.as_str()),
+        ("08P01", "transaction timeout")
+    );
+
+    // Without an override neither applies: a user with no [users] line.
+    let direct = superuser_connect(&cluster, "postgres").await;
+    direct
+        .batch_execute("create role other login")
+        .await
+        .expect("create role");
+    let other = connect_as(port, "other", "postgres").await;
+    other.batch_execute("begin").await.unwrap();
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    other
+        .batch_execute("select pg_sleep(1.2); commit")
+        .await
+        .expect("no timeout applies to other");
+}
+
+#[tokio::test]
+async fn disable_pqexec_refuses_the_simple_protocol_and_serves_the_extended_one() {
+    let cluster = app_cluster(ServerAuth::Trust);
+    for mode in ["transaction", "session"] {
+        let sluice = ConfigBuilder::for_cluster(&cluster)
+            .set("pool_mode", mode)
+            .set("disable_pqexec", "1")
+            .start();
+        let port = sluice.port();
+
+        let extended = connect_as(port, APP_USER, "postgres").await;
+        let row = extended
+            .query_one("select $1::int + 1", &[&41i32])
+            .await
+            .unwrap_or_else(|e| panic!("{mode}: extended protocol refused: {e:?}"));
+        assert_eq!(row.get::<_, i32>(0), 42);
+
+        // A first message that is a Query, and one in the middle of a
+        // session that has a server already.
+        for warm in [false, true] {
+            let mut client = connect_tracked(port, APP_USER, "", "postgres")
+                .await
+                .expect("login");
+            // (the statement is kept: dropping it would send a Close whose
+            // reply slot tokio-postgres would give the FATAL to)
+            let _kept = if warm {
+                let st = client.client.prepare("select 1").await.expect("prepare");
+                client
+                    .client
+                    .query_one(&st, &[])
+                    .await
+                    .expect("extended query");
+                Some(st)
+            } else {
+                None
+            };
+            let result = client.client.simple_query("select 1").await;
+            let (code, message) = fatal(&mut client, result).await;
+            assert_eq!(
+                (code.as_str(), message.as_str()),
+                ("08P01", "PQexec disallowed"),
+                "{mode}, warm {warm}"
+            );
+            assert!(
+                client.client.is_closed() || client.ended(Duration::from_secs(5)).await.is_some(),
+                "{mode}: the client stays connected after PQexec"
+            );
+        }
+        // psql sends its query with the simple protocol.
+        let psql_out = psql(port, APP_USER, "", "postgres", "select 1");
+        assert!(!psql_out.success());
+        assert!(
+            psql_out.stderr.contains("PQexec disallowed"),
+            "{}",
+            psql_out.stderr
+        );
+        // Others are served on.
+        assert_eq!(
+            extended
+                .query_one("select 2", &[])
+                .await
+                .expect("still served")
+                .get::<_, i32>(0),
+            2
+        );
+    }
+}
+
+#[test]
+fn unix_socket_group_owns_the_socket_and_an_unknown_group_stops_startup() {
+    use std::os::unix::fs::MetadataExt;
+    let cluster = app_cluster(ServerAuth::Trust);
+    // The group PostgreSQL's files belong to exists on every machine that
+    // runs these tests.
+    let gid = std::fs::metadata(cluster.data_dir())
+        .expect("data dir")
+        .gid();
+    let sluice = ConfigBuilder::for_cluster(&cluster)
+        .set("unix_socket_dir", "@DIR@")
+        .set("unix_socket_group", &gid.to_string())
+        .set("unix_socket_mode", "0770")
+        .start();
+    let socket = sluice.dir().join(format!(".s.PGSQL.{}", sluice.port()));
+    let meta = std::fs::metadata(&socket).expect("the unix socket exists");
+    assert_eq!(meta.gid(), gid);
+    assert_eq!(meta.mode() & 0o777, 0o770);
+    let out = psql_conninfo(
+        &format!(
+            "host={} port={} user={APP_USER} dbname=postgres",
+            sluice.dir().display(),
+            sluice.port()
+        ),
+        "",
+        "select 'by socket'",
+    );
+    assert!(out.success(), "{}", out.stderr);
+    assert_eq!(out.stdout.trim(), "by socket");
+
+    let scratch = ScratchDir::create();
+    let ini = scratch.path().join("bad.ini");
+    let text = ConfigBuilder::for_cluster(&cluster)
+        .set("unix_socket_dir", &scratch.path().display().to_string())
+        .set("unix_socket_group", "no-such-group-here")
+        .set(
+            "listen_port",
+            &sluice_testkit::free_port().expect("port").to_string(),
+        )
+        .render();
+    std::fs::write(&ini, text).expect("write ini");
+    let out = run_sluice(&[ini.as_os_str()], Duration::from_secs(20));
+    assert!(!out.success(), "sluice started with an unknown group");
+    let said = format!("{}{}", out.stdout, out.stderr);
+    assert!(
+        said.contains("unix_socket_group") && said.contains("no-such-group-here"),
+        "{said}"
+    );
+}
