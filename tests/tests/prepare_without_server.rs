@@ -188,4 +188,60 @@ async fn a_known_statement_is_prepared_while_every_server_is_busy() {
     third.send(&run).await.expect("send");
     let (_, error, _) = until_ready(&mut third).await;
     assert_eq!(error_field(&error, b'C'), Some("26000"), "{error:?}");
+
+    // A batch that arrives in two writes is still answered without the
+    // server (the Sync is waited for, not a server).
+    holder.simple_query("begin", T).await;
+    let mut fourth = raw_client(port).await;
+    fourth.send(&msg::parse("split", text)).await.expect("send");
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    fourth.send(&msg::sync()).await.expect("send");
+    let (tags, error, _) = until_ready(&mut fourth).await;
+    assert_eq!(tags, vec![b'1'], "{error:?}");
+    holder.simple_query("commit", T).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_text_whose_table_was_dropped_is_no_longer_trusted() {
+    let cluster = app_cluster(ServerAuth::Trust);
+    grant_create(&cluster);
+    let sluice = ConfigBuilder::for_cluster(&cluster)
+        .set("pool_mode", "transaction")
+        .set("default_pool_size", "2")
+        .start();
+    let port = sluice.port();
+    let text = "select count(*) from doomed";
+    let mut owner = raw_client(port).await;
+    owner.simple_query("create table doomed (x int)", T).await;
+    let mut batch = msg::parse("d", text);
+    batch.extend(msg::sync());
+    owner.send(&batch).await.expect("send");
+    let (tags, error, _) = until_ready(&mut owner).await;
+    assert_eq!(tags, vec![b'1'], "{error:?}");
+    owner.simple_query("drop table doomed", T).await;
+
+    // Proven before the DROP: accepted here, refused at its Bind by a
+    // server that must parse it again (PostgreSQL would refuse the Parse).
+    let mut late = raw_client(port).await;
+    let mut batch = msg::parse("d", text);
+    batch.extend(msg::sync());
+    late.send(&batch).await.expect("send");
+    let (tags, _, _) = until_ready(&mut late).await;
+    assert_eq!(tags, vec![b'1']);
+    let mut run = msg::bind("d");
+    run.extend(msg::execute());
+    run.extend(msg::sync());
+    late.send(&run).await.expect("send");
+    let (_, error, _) = until_ready(&mut late).await;
+    assert_eq!(error_field(&error, b'C'), Some("42P01"), "{error:?}");
+
+    // That refusal withdrew the proof: the next Parse goes to a server and
+    // fails at Parse, as on PostgreSQL.
+    let mut next = raw_client(port).await;
+    let mut batch = msg::parse("d", text);
+    batch.extend(msg::sync());
+    next.send(&batch).await.expect("send");
+    let (tags, error, _) = until_ready(&mut next).await;
+    assert_eq!(tags, vec![b'E']);
+    assert_eq!(error_field(&error, b'C'), Some("42P01"), "{error:?}");
 }

@@ -564,25 +564,42 @@ impl Client {
     }
 
     /// A batch that only prepares or closes statements is answered here,
-    /// without a server (see `prepared::idle_batch`). Ok(true): it was, and
-    /// left `buf`.
+    /// without a server (see `prepared::idle_batch`), reading the rest of
+    /// it first when it is not whole yet. Ok(true): it was, and left `buf`.
+    /// Not while shutting down or paused: those answers come from the
+    /// usual path.
     async fn answer_without_server(&mut self, buf: &mut BytesMut) -> Result<bool, SessionEnd> {
-        if self.pool.settings().max_prepared_statements == 0 {
+        use crate::prepared::idle_batch::{Answer, answer};
+        if self.pool.settings().max_prepared_statements == 0
+            || self.app.phase() >= Phase::WaitForServers
+            || self.app.control.anything_paused()
+        {
             return Ok(false);
         }
         let (app, scope) = (self.app.clone(), self.pool.scope);
         let mut out = BytesMut::new();
-        let names = &mut self.carried().statements;
-        let Some(n) =
-            crate::prepared::idle_batch::answer(buf, names, &app.statements, scope, &mut out)
-        else {
-            return Ok(false);
-        };
-        bytes::Buf::advance(buf, n);
+        loop {
+            let names = &mut self.carried().statements;
+            match answer(buf, names, &app.statements, scope, &mut out) {
+                Answer::Done(n) => {
+                    bytes::Buf::advance(buf, n);
+                    break;
+                }
+                Answer::Partial => self.read_more(buf).await?,
+                Answer::Server => return Ok(false),
+            }
+        }
         use tokio::io::AsyncWriteExt;
         match tokio::time::timeout(LOCAL_WRITE_TIMEOUT, self.stream.write_all(&out)).await {
             Ok(Ok(())) => Ok(true),
-            _ => Err(SessionEnd::ClientLeft),
+            _ => {
+                tracing::info!(
+                    user = %self.user(), db = %self.database(),
+                    "closing because: the client did not read its replies for {} s",
+                    LOCAL_WRITE_TIMEOUT.as_secs()
+                );
+                Err(SessionEnd::ClientLeft)
+            }
         }
     }
 
@@ -741,7 +758,13 @@ pub async fn run(client: &mut Client) -> SessionEnd {
             )
         {
             match Box::pin(client.answer_without_server(&mut buf)).await {
-                Ok(true) => continue,
+                Ok(true) => {
+                    if buf.is_empty() {
+                        // An idle client keeps no buffer.
+                        buf = BytesMut::new();
+                    }
+                    continue;
+                }
                 Ok(false) => {}
                 Err(end) => return end,
             }

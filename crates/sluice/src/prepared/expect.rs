@@ -220,7 +220,13 @@ impl Expected {
             }
             | Expect::Local(_) => return,
             Expect::Prepare { id, client_name } => {
-                server.forget(id);
+                // Class 42 (syntax, undefined objects, privileges) is about
+                // the text; others (a failed block, cancel) are not.
+                if code.starts_with("42") {
+                    server.refuted(id);
+                } else {
+                    server.forget(id);
+                }
                 self.failed_parses
                     .extend(client_name.map(|name| NameUndo::Parsed(name, id)));
             }
@@ -233,6 +239,8 @@ impl Expected {
                     server.retire(id);
                 } else if code == NO_STATEMENT {
                     server.forget(id);
+                } else if code.starts_with("42") {
+                    server.distrust(id);
                 }
             }
             Expect::Pass { .. } => {}

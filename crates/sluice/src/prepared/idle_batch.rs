@@ -25,49 +25,97 @@ enum Step<'a> {
     Close(&'a [u8]),
 }
 
+/// What became of a batch.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Answer {
+    /// Answered: this many bytes of the buffer were taken.
+    Done(usize),
+    /// Everything so far may be answered here, but the batch is not whole
+    /// yet (no Sync): read more, then ask again.
+    Partial,
+    /// A server is needed; nothing was done.
+    Server,
+}
+
+/// Bytes a partial batch may hold before it goes to a server anyway.
+pub const PARTIAL_LIMIT: usize = 1 << 20;
+
 /// Answers the batch at the start of `buf` if it needs no server: applies
-/// it to the client's `names`, writes the replies to `out`, and returns how
-/// many bytes of `buf` it took. `None`: a server is needed (nothing done).
+/// it to the client's `names`, writes the replies to `out`, and says how
+/// many bytes of `buf` it took.
 pub fn answer(
     buf: &[u8],
     names: &mut ClientNames,
     registry: &Registry,
     scope: u64,
     out: &mut BytesMut,
-) -> Option<usize> {
+) -> Answer {
+    match plan(buf, names, registry, scope) {
+        Plan::Whole(steps, end) => {
+            apply(steps, names, out);
+            Answer::Done(end)
+        }
+        Plan::Partial if buf.len() < PARTIAL_LIMIT => Answer::Partial,
+        Plan::Partial | Plan::Server => Answer::Server,
+    }
+}
+
+enum Plan<'a> {
+    Whole(Vec<Step<'a>>, usize),
+    Partial,
+    Server,
+}
+
+fn plan<'a>(buf: &'a [u8], names: &ClientNames, registry: &Registry, scope: u64) -> Plan<'a> {
     use tags::frontend as f;
     let mut steps: Vec<Step<'_>> = Vec::new();
     let mut pos = 0;
+    let mut flushed = false;
     let end = loop {
-        let (tag, body, next) = message_at(buf, pos)?;
+        let Some((tag, body, next)) = message_at(buf, pos) else {
+            // A client that flushed may be waiting for the replies so far.
+            return if flushed || !whole_or_short(buf, pos) {
+                Plan::Server
+            } else {
+                Plan::Partial
+            };
+        };
+        flushed = false;
         match tag {
             f::PARSE => {
                 let mut r = Reader::new(body);
-                let name = r.cstr_bytes().ok()?;
+                let Ok(name) = r.cstr_bytes() else {
+                    return Plan::Server;
+                };
                 let text = r.rest();
                 // A name in use gets PostgreSQL's 42P05, from a server; a
                 // name reused within the batch is left to one too.
                 if name.is_empty() || names.get(name).is_some() || named_in(&steps, name) {
-                    return None;
+                    return Plan::Server;
                 }
-                let statement = registry.proven(text, scope)?;
+                let Some(statement) = registry.proven(text, scope) else {
+                    return Plan::Server;
+                };
                 steps.push(Step::Parse(name, statement));
             }
             f::CLOSE => {
                 let mut r = Reader::new(body);
-                let kind = r.u8().ok()?;
-                let name = r.cstr_bytes().ok()?;
-                if kind != b'S' || name.is_empty() || named_in(&steps, name) {
-                    return None;
+                let (Ok(kind), Ok(name)) = (r.u8(), r.cstr_bytes()) else {
+                    return Plan::Server;
+                };
+                if kind != b'S' || name.is_empty() || !r.rest().is_empty() || named_in(&steps, name)
+                {
+                    return Plan::Server;
                 }
                 steps.push(Step::Close(name));
             }
-            f::FLUSH => {}
-            f::SYNC => break next,
-            _ => return None,
+            // (with a body, PostgreSQL says 08P01: left to it)
+            f::FLUSH if body.is_empty() => flushed = true,
+            f::SYNC if body.is_empty() => break next,
+            _ => return Plan::Server,
         }
         if steps.len() > MAX_BATCH {
-            return None;
+            return Plan::Server;
         }
         pos = next;
     };
@@ -76,8 +124,12 @@ pub fn answer(
         .filter(|s| matches!(s, Step::Parse(..)))
         .count();
     if names.count() + parses > MAX_CLIENT_STATEMENTS {
-        return None;
+        return Plan::Server;
     }
+    Plan::Whole(steps, end)
+}
+
+fn apply(steps: Vec<Step<'_>>, names: &mut ClientNames, out: &mut BytesMut) {
     for step in steps {
         match step {
             Step::Parse(name, statement) => {
@@ -91,7 +143,21 @@ pub fn answer(
         }
     }
     sluice_wire::ready_for_query(out, TransactionStatus::Idle);
-    Some(end)
+}
+
+/// Whether what follows `pos` is empty or the start of a message that is
+/// not announced as larger than sluice holds.
+fn whole_or_short(buf: &[u8], pos: usize) -> bool {
+    let Some(rest) = buf.get(pos..) else {
+        return false;
+    };
+    match rest.get(1..HEADER_LEN) {
+        None => true,
+        Some(len) => {
+            let len = i32::from_be_bytes([len[0], len[1], len[2], len[3]]);
+            usize::try_from(len).is_ok_and(|l| (4..PARTIAL_LIMIT).contains(&l))
+        }
+    }
 }
 
 /// Whether an earlier message of the batch names `name`.
@@ -117,7 +183,6 @@ fn message_at(buf: &[u8], pos: usize) -> Option<(u8, &[u8], usize)> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::sync::atomic::Ordering;
 
     const SCOPE: u64 = 3;
 
@@ -147,7 +212,7 @@ mod tests {
         let mut body = text.as_bytes().to_vec();
         body.extend_from_slice(&[0, 0, 0]);
         let s = registry.intern(&body);
-        s.proven.store(SCOPE, Ordering::Relaxed);
+        s.prove(SCOPE);
         s
     }
 
@@ -175,7 +240,7 @@ mod tests {
         let mut out = BytesMut::new();
         assert_eq!(
             answer(&buf, &mut names, &registry, SCOPE, &mut out),
-            Some(first)
+            Answer::Done(first)
         );
         assert_eq!(tags_of(&out), vec![b'1', b'Z']);
         assert_eq!(out.last(), Some(&b'I'));
@@ -196,7 +261,7 @@ mod tests {
         let mut out = BytesMut::new();
         assert_eq!(
             answer(&buf, &mut names, &registry, SCOPE, &mut out),
-            Some(buf.len())
+            Answer::Done(buf.len())
         );
         assert_eq!(tags_of(&out), vec![b'3', b'1', b'Z']);
         assert!(names.get(b"old").is_none());
@@ -245,7 +310,7 @@ mod tests {
             let mut out = BytesMut::new();
             assert_eq!(
                 answer(&buf, &mut names, &registry, SCOPE, &mut out),
-                None,
+                Answer::Server,
                 "case {i}"
             );
             assert!(out.is_empty(), "case {i}");
@@ -263,8 +328,17 @@ mod tests {
         let mut buf = BytesMut::new();
         parse(&mut buf, "a", "select 1");
         let mut out = BytesMut::new();
-        // No Sync yet.
-        assert_eq!(answer(&buf, &mut names, &registry, SCOPE, &mut out), None);
+        // No Sync yet: wait for it.
+        assert_eq!(
+            answer(&buf, &mut names, &registry, SCOPE, &mut out),
+            Answer::Partial
+        );
+        // Half of the Parse.
+        assert_eq!(
+            answer(&buf[..7], &mut names, &registry, SCOPE, &mut out),
+            Answer::Partial
+        );
+        let mut flushed = buf.clone();
         sync(&mut buf);
         // Half of the Sync.
         assert_eq!(
@@ -275,25 +349,61 @@ mod tests {
                 SCOPE,
                 &mut out
             ),
-            None
+            Answer::Partial
+        );
+        // A Flush and no Sync: the client may wait for ParseComplete.
+        MessageBuilder::new(&mut flushed, tags::frontend::FLUSH).finish();
+        assert_eq!(
+            answer(&flushed, &mut names, &registry, SCOPE, &mut out),
+            Answer::Server
         );
         // Proven for another database or user.
         assert_eq!(
             answer(&buf, &mut names, &registry, SCOPE + 1, &mut out),
-            None
+            Answer::Server
+        );
+        // Proven, then refuted there by a server.
+        _held.refute(SCOPE);
+        assert_eq!(
+            answer(&buf, &mut names, &registry, SCOPE, &mut out),
+            Answer::Server
         );
         assert!(out.is_empty());
         assert!(names.get(b"a").is_none());
     }
 
     #[test]
-    fn a_bad_length_is_not_answered() {
+    fn bad_lengths_and_bodies_are_not_answered() {
         let registry = Registry::default();
+        let _held = proven(&registry, "select 1");
         let mut names = ClientNames::default();
         let mut out = BytesMut::new();
         let buf = [b'S', 0, 0, 0, 3];
-        assert_eq!(answer(&buf, &mut names, &registry, SCOPE, &mut out), None);
+        assert_eq!(
+            answer(&buf, &mut names, &registry, SCOPE, &mut out),
+            Answer::Server
+        );
         let buf = [b'S', 0xff, 0xff, 0xff, 0xff];
-        assert_eq!(answer(&buf, &mut names, &registry, SCOPE, &mut out), None);
+        assert_eq!(
+            answer(&buf, &mut names, &registry, SCOPE, &mut out),
+            Answer::Server
+        );
+        // A Parse announced larger than a batch may wait for.
+        let buf = [b'P', 0x10, 0, 0, 0];
+        assert_eq!(
+            answer(&buf, &mut names, &registry, SCOPE, &mut out),
+            Answer::Server
+        );
+        // A Sync with a body.
+        let mut buf = BytesMut::new();
+        parse(&mut buf, "a", "select 1");
+        MessageBuilder::new(&mut buf, tags::frontend::SYNC)
+            .u8(1)
+            .finish();
+        assert_eq!(
+            answer(&buf, &mut names, &registry, SCOPE, &mut out),
+            Answer::Server
+        );
+        assert!(out.is_empty());
     }
 }

@@ -23,11 +23,12 @@ pub struct Statement {
     /// Whether a transaction of only this statement may run on a replica
     /// (classified on first use, then free).
     pub read_only: std::sync::OnceLock<bool>,
-    /// The scope (`Pool::scope`: database and user) in which a server
-    /// last accepted its Parse, 0 if none has: a Parse of the same text by
-    /// a client of that scope may be answered without a server (see
-    /// `idle_batch`), the server getting it when a Bind needs it.
-    pub proven: AtomicU64,
+    /// Scopes (`Pool::scope`: database and user) in which a server has
+    /// accepted its Parse, one slot per `scope % PROOF_SLOTS` (0: none): a
+    /// Parse of the same text by a client of such a scope may be answered
+    /// without a server (see `idle_batch`), the server getting it when a
+    /// Bind needs it. A server refusing it clears that scope's proof.
+    pub proven: [AtomicU64; PROOF_SLOTS],
 }
 
 /// One statement per id.
@@ -39,7 +40,37 @@ impl PartialEq for Statement {
 
 impl Eq for Statement {}
 
+/// Scopes a statement remembers as proven at once (databases with the
+/// same schema share texts; a collision only forgets one proof).
+pub const PROOF_SLOTS: usize = 4;
+
 impl Statement {
+    fn slot(&self, scope: u64) -> &AtomicU64 {
+        &self.proven[(scope % PROOF_SLOTS as u64) as usize]
+    }
+
+    /// Whether a server of `scope` accepted its Parse.
+    pub fn proven_in(&self, scope: u64) -> bool {
+        scope != 0 && self.slot(scope).load(Ordering::Relaxed) == scope
+    }
+
+    /// A server of `scope` accepted its Parse.
+    pub fn prove(&self, scope: u64) {
+        if scope != 0 {
+            self.slot(scope).store(scope, Ordering::Relaxed);
+        }
+    }
+
+    /// A server of `scope` refused its Parse: its text is no longer
+    /// trusted there (a table dropped since, say).
+    pub fn refute(&self, scope: u64) {
+        if scope != 0 {
+            let _ =
+                self.slot(scope)
+                    .compare_exchange(scope, 0, Ordering::Relaxed, Ordering::Relaxed);
+        }
+    }
+
     /// The query text, without the parameter types.
     pub fn query(&self) -> &[u8] {
         self.text.split(|&b| b == 0).next().unwrap_or(&[])
@@ -89,7 +120,7 @@ impl Registry {
             text: text.clone(),
             effects,
             read_only: std::sync::OnceLock::new(),
-            proven: AtomicU64::new(0),
+            proven: Default::default(),
         });
         map.by_text.insert(text, Arc::downgrade(&statement));
         statement
@@ -104,7 +135,7 @@ impl Registry {
         map.by_text
             .get(text)
             .and_then(Weak::upgrade)
-            .filter(|s| s.proven.load(Ordering::Relaxed) == scope)
+            .filter(|s| s.proven_in(scope))
     }
 }
 
@@ -132,13 +163,21 @@ mod tests {
         assert!(registry.proven(b"select 1\0\0\0", 7).is_none());
         let a = registry.intern(b"select 1\0\0\0");
         assert!(registry.proven(b"select 1\0\0\0", 7).is_none());
-        a.proven.store(7, Ordering::Relaxed);
+        a.prove(7);
         assert_eq!(
             registry.proven(b"select 1\0\0\0", 7).map(|s| s.id),
             Some(a.id)
         );
-        // Not in another database or for another user.
+        // Not in another database or for another user, until proven there.
         assert!(registry.proven(b"select 1\0\0\0", 9).is_none());
+        a.prove(9);
+        assert!(registry.proven(b"select 1\0\0\0", 9).is_some());
+        assert!(registry.proven(b"select 1\0\0\0", 7).is_some());
+        // Refuted in one scope only.
+        a.refute(7);
+        assert!(registry.proven(b"select 1\0\0\0", 7).is_none());
+        assert!(registry.proven(b"select 1\0\0\0", 9).is_some());
+        a.prove(7);
         drop(a);
         assert!(registry.proven(b"select 1\0\0\0", 7).is_none());
     }

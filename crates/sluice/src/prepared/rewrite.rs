@@ -85,12 +85,15 @@ impl Rewriter<'_> {
             self.parse_unnamed(text);
             return Ok(());
         }
-        if self.server.touch(statement.id) {
+        if self.server.touch(statement.id) && statement.proven_in(self.server.scope) {
             self.expected.push(Expect::Local(Local::ParseComplete(Some((
                 name.into(),
                 statement.id,
             )))));
         } else {
+            // A copy whose text a server refused since (a table dropped)
+            // is parsed again, so that the client hears it at Parse.
+            self.server.retire(statement.id);
             self.prepare(&statement, Some(name.into()));
         }
         Ok(())

@@ -59,12 +59,26 @@ impl ServerStatements {
     /// The server accepted the Parse of `id`: the statement is proven in
     /// this server's scope (valid SQL for its database and user).
     pub fn confirm(&self, id: u64) {
-        if self.scope != 0
-            && let Some((_, statement)) = self.used.get(&id)
-        {
-            statement
-                .proven
-                .store(self.scope, std::sync::atomic::Ordering::Relaxed);
+        if let Some((_, statement)) = self.used.get(&id) {
+            statement.prove(self.scope);
+        }
+    }
+
+    /// The server refused the Parse of `id`: it does not have it, and the
+    /// text is no longer proven in this server's scope.
+    pub fn refuted(&mut self, id: u64) {
+        if let Some((_, statement)) = self.used.remove(&id) {
+            statement.refute(self.scope);
+        }
+    }
+
+    /// Running `id` failed for a reason about its text (class 42): it is
+    /// no longer proven in this server's scope, and the server's copy is
+    /// closed before its next use (a Parse of it then reaches the server).
+    pub fn distrust(&mut self, id: u64) {
+        if let Some((_, statement)) = self.used.get(&id) {
+            statement.refute(self.scope);
+            self.retire(id);
         }
     }
 
