@@ -260,3 +260,74 @@ fn unix_socket_group_owns_the_socket_and_an_unknown_group_stops_startup() {
         "{said}"
     );
 }
+
+#[tokio::test]
+async fn server_check_query_runs_on_servers_idle_past_server_check_delay() {
+    let cluster = app_cluster(ServerAuth::Trust);
+    let direct = superuser_connect(&cluster, "postgres").await;
+    direct
+        .batch_execute(&format!(
+            "create table checks (x int); grant insert on checks to {APP_USER}"
+        ))
+        .await
+        .expect("create table");
+    let checks = || async {
+        scalar_text(&direct, "select count(*) from checks")
+            .await
+            .parse::<i64>()
+            .expect("a number")
+    };
+
+    // Every lend checks (delay 0): three transactions, three checks.
+    let always = transaction_pool(&cluster)
+        .set("server_check_delay", "0")
+        .set("server_check_query", "insert into checks values (1)")
+        .start();
+    let client = connect_as(always.port(), APP_USER, "postgres").await;
+    let before = checks().await;
+    for _ in 0..3 {
+        client.batch_execute("select 1").await.expect("query");
+    }
+    assert_eq!(checks().await - before, 3);
+
+    // With the default delay (30 s) a server just used is not checked.
+    let lazy = transaction_pool(&cluster)
+        .set("server_check_query", "insert into checks values (1)")
+        .start();
+    let client = connect_as(lazy.port(), APP_USER, "postgres").await;
+    client.batch_execute("select 1").await.expect("query");
+    let before = checks().await;
+    for _ in 0..3 {
+        client.batch_execute("select 1").await.expect("query");
+    }
+    assert_eq!(checks().await, before);
+
+    // PgBouncer's `<empty>` sends an empty query; an empty value checks
+    // nothing; a check that fails closes the server, and the client is
+    // told once no server passes.
+    for (query, ok) in [("<empty>", true), ("", true), ("select 1/0", false)] {
+        let sluice = transaction_pool(&cluster)
+            .set("server_check_delay", "0")
+            .set("server_check_query", query)
+            .start();
+        let client = connect_as(sluice.port(), APP_USER, "postgres").await;
+        let result = client.simple_query("select 42").await;
+        if ok {
+            result.unwrap_or_else(|e| panic!("check {query:?}: {e:?}"));
+        } else {
+            let error = expect_sqlstate(result, "08006");
+            let message = error.as_db_error().map(|d| d.message().to_owned());
+            assert!(
+                message
+                    .as_deref()
+                    .is_some_and(|m| m.contains("server_check_query")),
+                "{message:?}"
+            );
+            assert!(
+                sluice
+                    .log()
+                    .contains("closing because: server check failed")
+            );
+        }
+    }
+}

@@ -659,6 +659,8 @@ impl App {
             server_login_retry: s.server_login_retry,
             server_reset_query: s.server_reset_query.clone(),
             server_reset_query_always: s.server_reset_query_always,
+            server_check_delay: s.server_check_delay,
+            server_check_query: s.server_check_query.clone(),
             idle_transaction_timeout: u
                 .and_then(|u| u.idle_transaction_timeout)
                 .unwrap_or(s.idle_transaction_timeout),

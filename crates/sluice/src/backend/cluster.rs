@@ -134,6 +134,8 @@ mod tests {
                 server_login_retry: secs(1),
                 server_reset_query: String::new(),
                 server_reset_query_always: false,
+                server_check_delay: secs(30),
+                server_check_query: String::new(),
                 idle_transaction_timeout: secs(1),
                 transaction_timeout: Duration::ZERO,
                 client_idle_timeout: secs(1),

@@ -57,6 +57,11 @@ pub struct PoolSettings {
     pub server_login_retry: Duration,
     pub server_reset_query: String,
     pub server_reset_query_always: bool,
+    /// A server idle longer than `server_check_delay` runs
+    /// `server_check_query` before it is lent (empty: never; PgBouncer's
+    /// `<empty>`: an empty query).
+    pub server_check_delay: Duration,
+    pub server_check_query: String,
     pub idle_transaction_timeout: Duration,
     /// A transaction (from the client's first message to the
     /// ReadyForQuery that ends it) lasting longer ends the client; zero:
@@ -276,6 +281,20 @@ pub struct Lease {
 }
 
 impl Lease {
+    /// The query to check its server with before use, if it is due
+    /// (`server_check_query` after `server_check_delay` idle).
+    pub fn check_due(&self) -> Option<&str> {
+        let s = &self.settings;
+        let server = self.server.as_ref()?;
+        if s.server_check_query.is_empty() || server.last_used.elapsed() < s.server_check_delay {
+            return None;
+        }
+        Some(match s.server_check_query.as_str() {
+            "<empty>" => "",
+            sql => sql,
+        })
+    }
+
     /// Whether its server said at login it is a standby.
     pub fn standby(&self) -> bool {
         self.server.as_ref().is_some_and(|s| s.standby)

@@ -430,6 +430,23 @@ impl Client {
                         format!("server connection failed: {e}"),
                     )));
                 }
+                if let Some(sql) = lease.check_due() {
+                    let sql = sql.to_owned();
+                    if !Box::pin(check_server(&mut lease, &sql)).await {
+                        // Closed; the request (untouched) takes another
+                        // server, a few times in a row at most.
+                        lease.close();
+                        self.lost_retries += 1;
+                        if self.lost_retries >= LOST_RETRIES {
+                            return Some(SessionEnd::Error(ClientError::new(
+                                "08006",
+                                "server connection failed: server_check_query failed on every \
+                                 server tried",
+                            )));
+                        }
+                        return None;
+                    }
+                }
                 lease
             }
         };
@@ -774,6 +791,27 @@ pub async fn run(client: &mut Client) -> SessionEnd {
         }
         if buf.is_empty() {
             buf = BytesMut::new();
+        }
+    }
+}
+
+/// Runs `server_check_query` on a lease's server (bounded by
+/// `CLEANUP_TIMEOUT`); false: the server is not fit to use.
+async fn check_server(lease: &mut Lease, sql: &str) -> bool {
+    let checked = tokio::time::timeout(
+        super::client::CLEANUP_TIMEOUT,
+        crate::backend::login::run_query(lease.server(), sql),
+    )
+    .await;
+    match checked {
+        Ok(Ok(())) => true,
+        Ok(Err(e)) => {
+            tracing::info!("closing because: server check failed ({e})");
+            false
+        }
+        Err(_) => {
+            tracing::info!("closing because: server check timed out");
+            false
         }
     }
 }
