@@ -1,5 +1,5 @@
 # sluice: the two commands of the README, and the benchmark.
-.PHONY: demo test bench build lint deps peers clean
+.PHONY: demo test bench build lint deps peers clean package
 
 CARGO ?= cargo
 
@@ -27,6 +27,12 @@ test: deps
 lint:
 	$(CARGO) fmt --all -- --check
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
+
+# The Debian package: target/package/sluice_VERSION_ARCH.deb (docs/packaging.md).
+# BIN=path packages that binary instead of building the release one.
+package:
+	$(if $(BIN),,$(CARGO) build --release -p sluice)
+	bash scripts/package.sh $(if $(BIN),--bin $(BIN))
 
 # sluice vs PgBouncer vs PostgreSQL directly, same run, alternating.
 bench: peers build
