@@ -1,7 +1,8 @@
 //! Keys that used to be accepted and ignored (issue 12), each doing what
 //! PgBouncer's reference says: `transaction_timeout` (global and per user),
 //! the per-user `idle_transaction_timeout`, `disable_pqexec` and
-//! `unix_socket_group`.
+//! `unix_socket_group`, `server_check_query`/`server_check_delay`, and
+//! `dns_max_ttl` (with the c-ares-only keys refused at startup).
 
 use std::time::{Duration, Instant};
 
@@ -329,5 +330,52 @@ async fn server_check_query_runs_on_servers_idle_past_server_check_delay() {
                     .contains("closing because: server check failed")
             );
         }
+    }
+}
+
+#[tokio::test]
+async fn host_names_are_cached_per_dns_max_ttl_and_zone_checks_are_refused() {
+    let cluster = app_cluster(ServerAuth::Trust);
+    let sluice = ConfigBuilder::new()
+        .database(
+            "postgres",
+            &format!("host=localhost port={} dbname=postgres", cluster.port()),
+        )
+        .set("admin_users", "admin")
+        .set("dns_max_ttl", "60")
+        .start();
+    let client = connect_as(sluice.port(), APP_USER, "postgres").await;
+    assert_eq!(scalar_text(&client, "select 'by name'").await, "by name");
+    let console = connect_as(sluice.port(), "admin", "pgbouncer").await;
+    let lists = console
+        .simple_query("SHOW LISTS")
+        .await
+        .expect("SHOW LISTS");
+    let dns_names = lists.iter().find_map(|m| match m {
+        tokio_postgres::SimpleQueryMessage::Row(r) if r.get(0) == Some("dns_names") => {
+            r.get(1).map(str::to_owned)
+        }
+        _ => None,
+    });
+    assert_eq!(dns_names.as_deref(), Some("1"), "{lists:?}");
+
+    for (key, value) in [
+        ("dns_zone_check_period", "60"),
+        ("resolv_conf", "/etc/resolv.conf"),
+    ] {
+        let scratch = ScratchDir::create();
+        let ini = scratch.path().join("bad.ini");
+        let text = ConfigBuilder::for_cluster(&cluster)
+            .set(key, value)
+            .set(
+                "listen_port",
+                &sluice_testkit::free_port().expect("port").to_string(),
+            )
+            .render();
+        std::fs::write(&ini, text).expect("write ini");
+        let out = run_sluice(&[ini.as_os_str()], Duration::from_secs(20));
+        assert!(!out.success(), "sluice started with {key} = {value}");
+        let said = format!("{}{}", out.stdout, out.stderr);
+        assert!(said.contains(key), "{said}");
     }
 }

@@ -702,6 +702,7 @@ impl App {
             connect_query: entry.connect_query.clone(),
             connect_timeout: s.server_connect_timeout,
             keepalive: crate::net::Keepalive::from_settings(s),
+            dns: crate::backend::dns::DnsTtl::from_settings(s),
             tls: self.server_tls(),
         };
         // The entry's password is its forced user's (or, without one, any

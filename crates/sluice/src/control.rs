@@ -67,6 +67,10 @@ fn reload_into(app: &App, said: &mut Said) {
     for w in &config.warnings {
         said.warn(w.to_string());
     }
+    if let Err(e) = crate::daemon::check_supported(&config.settings) {
+        said.error(format!("reload failed, keeping the old configuration: {e}"));
+        return;
+    }
     let userlist = match &config.settings.auth_file {
         Some(path) => match Userlist::load(path) {
             Ok(u) => u,

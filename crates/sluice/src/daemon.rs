@@ -30,6 +30,21 @@ pub fn check_supported(s: &Settings) -> Result<(), Unsupported> {
             )));
         }
     }
+    if !s.dns_zone_check_period.is_zero() {
+        return Err(Unsupported(
+            "dns_zone_check_period needs PgBouncer's c-ares zone serial checks, which sluice \
+             does not do: set it to 0 (host names are looked up again once dns_max_ttl has \
+             passed)"
+                .into(),
+        ));
+    }
+    if !s.resolv_conf.is_empty() {
+        return Err(Unsupported(format!(
+            "resolv_conf = {} needs PgBouncer's c-ares resolver; sluice uses the system's \
+             (/etc/resolv.conf, nsswitch): remove the setting",
+            s.resolv_conf
+        )));
+    }
     if s.auth_type == AuthType::Trust && s.auth_file.is_none() {
         tracing::warn!(
             "auth_type = trust without an auth_file admits any user name; set auth_file to \

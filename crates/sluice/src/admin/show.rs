@@ -371,7 +371,7 @@ pub fn lists(app: &App) -> ResultSet {
         ("login_clients", 0),
         ("free_servers", 0),
         ("used_servers", servers),
-        ("dns_names", 0),
+        ("dns_names", crate::backend::dns::cached_names() as u32),
         ("dns_zones", 0),
         ("dns_queries", 0),
         ("dns_pending", 0),

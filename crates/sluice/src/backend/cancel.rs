@@ -281,7 +281,7 @@ impl CancelRegistry {
         let send = async {
             match &target.addr {
                 ServerAddr::Tcp { host, port } => {
-                    let mut s = tokio::net::TcpStream::connect((host.as_str(), *port)).await?;
+                    let mut s = crate::backend::dns::connect(host, *port, target.dns).await?;
                     s.write_all(&buf).await
                 }
                 ServerAddr::Unix(p) => {

@@ -119,6 +119,7 @@ mod tests {
                 connect_query: None,
                 connect_timeout: secs(1),
                 keepalive: Default::default(),
+                dns: Default::default(),
                 tls: Default::default(),
             },
             ServerCredential::default(),

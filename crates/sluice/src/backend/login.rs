@@ -80,6 +80,7 @@ pub async fn open(
 async fn connect(
     addr: &ServerAddr,
     keepalive: &crate::net::Keepalive,
+    dns: super::dns::DnsTtl,
     tls: &crate::tls::ServerTls,
 ) -> Result<Stream, LoginError> {
     let err = |source| LoginError::Connect {
@@ -88,9 +89,7 @@ async fn connect(
     };
     match addr {
         ServerAddr::Tcp { host, port } => {
-            let s = TcpStream::connect((host.as_str(), *port))
-                .await
-                .map_err(err)?;
+            let s = super::dns::connect(host, *port, dns).await.map_err(err)?;
             s.set_nodelay(true).map_err(err)?;
             keepalive.apply(&s);
             if let Some(why) = tls.refusal() {
@@ -104,9 +103,7 @@ async fn connect(
                 // a new connection, as libpq does.
                 Err(LoginError::Tls(why)) if !tls.required() => {
                     tracing::warn!("{why}; server_tls_sslmode=prefer: connecting without TLS");
-                    let s = TcpStream::connect((host.as_str(), *port))
-                        .await
-                        .map_err(err)?;
+                    let s = super::dns::connect(host, *port, dns).await.map_err(err)?;
                     s.set_nodelay(true).map_err(err)?;
                     keepalive.apply(&s);
                     Ok(Stream::Tcp(s))
@@ -154,7 +151,7 @@ async fn open_inner(
     target: &ServerTarget,
     credential: &ServerCredential,
 ) -> Result<(Box<ServerConn>, Reported), LoginError> {
-    let mut stream = connect(&target.addr, &target.keepalive, &target.tls).await?;
+    let mut stream = connect(&target.addr, &target.keepalive, target.dns, &target.tls).await?;
     let mut out = BytesMut::with_capacity(256);
     let mut params = vec![
         ("user", target.user.as_str()),

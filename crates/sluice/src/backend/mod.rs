@@ -3,6 +3,7 @@
 
 pub mod cancel;
 pub mod cluster;
+pub mod dns;
 pub mod idle;
 pub mod limits;
 pub mod login;

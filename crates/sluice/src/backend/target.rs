@@ -76,6 +76,9 @@ pub struct ServerTarget {
     pub connect_query: Option<String>,
     pub connect_timeout: Duration,
     pub keepalive: crate::net::Keepalive,
+    /// How long host name lookups are kept (`dns_max_ttl`,
+    /// `dns_nxdomain_ttl`).
+    pub dns: super::dns::DnsTtl,
     /// TLS as `server_tls_*` said when the target was made.
     pub tls: std::sync::Arc<crate::tls::ServerTls>,
 }
