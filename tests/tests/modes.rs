@@ -192,7 +192,7 @@ async fn statement_mode_runs_autocommit_statements_and_refuses_begin() {
     let error = expect_sqlstate(blocked.simple_query("begin").await, "25000");
     assert_eq!(
         error.as_db_error().unwrap().message(),
-        "transaction blocks are not allowed in statement pool mode"
+        "transaction blocks not allowed in statement pooling mode"
     );
     // Other clients are unaffected.
     assert_eq!(

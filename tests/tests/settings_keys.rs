@@ -379,3 +379,28 @@ async fn host_names_are_cached_per_dns_max_ttl_and_zone_checks_are_refused() {
         assert!(said.contains(key), "{said}");
     }
 }
+
+#[tokio::test]
+async fn log_connections_writes_pgbouncer_login_and_server_lines_and_can_be_off() {
+    let cluster = app_cluster(ServerAuth::Trust);
+    for (value, logged) in [("1", true), ("0", false)] {
+        let sluice = transaction_pool(&cluster)
+            .set("log_connections", value)
+            .start();
+        let client = connect_as(sluice.port(), APP_USER, "postgres").await;
+        client.batch_execute("select 1").await.expect("query");
+        let log = sluice.log();
+        assert_eq!(
+            log.contains(&format!(
+                "login attempt: db=postgres user={APP_USER} tls=no replication=no"
+            )),
+            logged,
+            "log_connections={value}:\n{log}"
+        );
+        assert_eq!(
+            log.contains("new connection to server (from 127.0.0.1:"),
+            logged,
+            "log_connections={value}:\n{log}"
+        );
+    }
+}

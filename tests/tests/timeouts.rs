@@ -474,7 +474,7 @@ async fn query_timeout_ends_a_client_whose_query_runs_too_long() {
     );
     let db = error.as_db_error().expect("an ErrorResponse");
     assert_eq!(db.code().code(), "08P01");
-    assert_eq!(db.message(), "query_timeout");
+    assert_eq!(db.message(), "query timeout");
     assert_eq!(scalar_text(&other, "select 7").await, "7");
 }
 
@@ -499,6 +499,6 @@ async fn query_timeout_times_each_request_in_every_mode() {
             .await
             .expect_err("query_timeout ends it");
         let db = error.as_db_error().expect("an ErrorResponse");
-        assert_eq!(db.message(), "query_timeout", "{mode}");
+        assert_eq!(db.message(), "query timeout", "{mode}");
     }
 }

@@ -92,7 +92,8 @@ define_settings! {
         dns_nxdomain_ttl: Duration = secs(15) => "15", Seconds, reload,
             "How long a failed DNS lookup is cached. (seconds)";
         dns_zone_check_period: Duration = Duration::ZERO => "0", Seconds, reload,
-            "How often to check DNS zone serials for changes; 0 disables. (seconds)";
+            "How often to check DNS zone serials for changes; PgBouncer does it only with c-ares, \
+             sluice not at all: any value but 0 is refused at startup. (seconds)";
         idle_transaction_timeout: Duration = Duration::ZERO => "0", Seconds, reload,
             "Disconnect clients idle inside a transaction longer than this; 0 disables. (seconds)";
         ignore_startup_parameters: Vec<String> = Vec::new() => "", List, reload,
@@ -149,7 +150,7 @@ define_settings! {
         pool_mode: PoolMode = PoolMode::Session => "session", Choice<PoolMode>, reload,
             "When a server connection returns to the pool: session, transaction or statement.";
         query_timeout: Duration = Duration::ZERO => "0", Seconds, reload,
-            "End a client (08P01 query_timeout) whose request runs longer than this, closing \
+            "End a client (08P01 `query timeout`) whose request runs longer than this, closing \
              its server; 0 disables. (seconds)";
         query_wait_notify: Duration = secs(5) => "5", Seconds, reload,
             "Tell a queued client it is waiting after this long; 0 disables. (seconds)";
@@ -161,7 +162,8 @@ define_settings! {
         reserve_pool_timeout: Duration = secs(5) => "5", Seconds, reload,
             "How long a client waits before the reserve pool is used; 0 disables. (seconds)";
         resolv_conf: String = String::new() => "", Text, fixed,
-            "A resolv.conf to use instead of the system's; empty uses the system's.";
+            "A resolv.conf to use instead of the system's (c-ares only in PgBouncer): sluice uses \
+             the system resolver and refuses any other value at startup.";
         sbuf_loopcnt: u32 = 5 => "5", Count, reload,
             "Buffers processed on one connection before turning to others; 0 means no limit.";
         scram_iterations: u32 = 4096 => "4096", Count, reload,
@@ -237,7 +239,10 @@ define_settings! {
         track_extra_parameters: Vec<String> = vec![text("IntervalStyle")]
             => "IntervalStyle", List, fixed,
             "Comma-separated parameters tracked per client beyond client_encoding, datestyle, \
-             timezone, standard_conforming_strings and application_name.";
+             timezone, standard_conforming_strings and application_name. sluice tracks every \
+             startup parameter, `options=-c` setting and SET of each client anyway (read back \
+             from the server after a transaction that may change one), so those listed here are \
+             tracked too.";
         transaction_timeout: Duration = Duration::ZERO => "0", Seconds, reload,
             "Disconnect clients whose transaction has been open longer than this; 0 disables. \
              (seconds)";

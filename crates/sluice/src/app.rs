@@ -678,6 +678,7 @@ impl App {
                 entry.target_session_attrs.as_deref(),
             ),
             disable_pqexec: s.disable_pqexec,
+            log_connections: s.log_connections,
         };
         let mut startup_params = Vec::new();
         for (k, v) in [

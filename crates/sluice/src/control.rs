@@ -157,26 +157,27 @@ pub async fn run(app: Arc<App>, workers: Arc<Workers>) -> std::io::Result<()> {
     loop {
         tokio::select! {
             _ = hup.recv() => {
+                tracing::info!("got SIGHUP, re-reading config");
                 reload(&app);
             }
             _ = term.recv() => {
-                tracing::info!("got SIGTERM, waiting for clients to leave");
+                tracing::info!("got SIGTERM, shutting down, waiting for all clients disconnect");
                 app.begin_shutdown(Phase::WaitForClients);
             }
             _ = int.recv() => {
-                tracing::info!("got SIGINT, waiting for servers to be released");
+                tracing::info!("got SIGINT, shutting down, waiting for all servers connections to be released");
                 app.begin_shutdown(Phase::WaitForServers);
             }
             _ = quit.recv() => {
-                tracing::info!("got SIGQUIT, exiting now");
+                tracing::info!("got SIGQUIT, fast exit");
                 app.begin_shutdown(Phase::Immediate);
             }
             _ = usr1.recv() => {
-                tracing::info!("got SIGUSR1, pausing");
+                tracing::info!("got SIGUSR1, pausing all activity");
                 app.control.pause(None);
             }
             _ = usr2.recv() => {
-                tracing::info!("got SIGUSR2, resuming");
+                tracing::info!("got SIGUSR2, continuing from PAUSE");
                 app.control.resume(None);
             }
             _ = tick.tick() => {
@@ -225,10 +226,14 @@ fn log_stats(averages: &std::collections::HashMap<String, crate::stats::Averages
     total.query_time_us = mean(query_us, total.queries);
     total.wait_time_us = mean(wait_us, total.server_assignments);
     tracing::info!(
-        "stats: {} xacts/s, {} queries/s, in {} B/s, out {} B/s, xact {} us, query {} us, \
-         wait {} us",
+        "stats: {} xacts/s, {} queries/s, {} client parses/s, {} server parses/s, {} binds/s, \
+         {} client logins/s, in {} B/s, out {} B/s, xact {} us, query {} us, wait {} us",
         total.xacts,
         total.queries,
+        0,
+        0,
+        0,
+        total.client_logins,
         total.received,
         total.sent,
         total.xact_time_us,

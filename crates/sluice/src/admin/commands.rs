@@ -39,11 +39,11 @@ pub async fn run(app: &App, role: Role, sql: &str, out: &mut BytesMut) {
     let verb = words.next().unwrap_or_default().to_ascii_uppercase();
     let rest: Vec<&str> = words.collect();
     if verb != "SHOW" && role != Role::Admin {
-        error(out, "42501", "admin access needed for this command");
+        error(out, "42501", "admin access needed");
         return;
     }
     match verb.as_str() {
-        "SHOW" => show_command(app, &rest, out),
+        "SHOW" => show_command(app, &rest, sql, out),
         "RELOAD" => {
             for said in crate::control::reload(app) {
                 sluice_wire::ErrorFields::new(sluice_wire::Severity::Warning, "01000", &said)
@@ -73,7 +73,7 @@ pub async fn run(app: &App, role: Role, sql: &str, out: &mut BytesMut) {
                 app.control.set_disabled(db, verb == "DISABLE");
                 command_complete(out, &verb);
             }
-            None => error(out, "42601", &format!("{verb} needs a database name")),
+            None => error(out, "42601", "a database is required"),
         },
         "RECONNECT" => {
             for p in app.pools() {
@@ -83,7 +83,7 @@ pub async fn run(app: &App, role: Role, sql: &str, out: &mut BytesMut) {
             }
             command_complete(out, "RECONNECT");
         }
-        "SET" => set(app, &text[3..], out),
+        "SET" => set(app, &text[3..], sql, out),
         "KILL" => match rest.first() {
             Some(db) => {
                 let killed = app.cancels.kill(|_, m| m.pool.database == *db);
@@ -93,21 +93,17 @@ pub async fn run(app: &App, role: Role, sql: &str, out: &mut BytesMut) {
                 tracing::info!("KILL {db}: {killed} clients disconnected");
                 command_complete(out, "KILL");
             }
-            None => error(out, "42601", "KILL needs a database name"),
+            None => error(out, "42601", "a database is required"),
         },
         "KILL_CLIENT" => match rest.first().and_then(|id| id.parse::<i32>().ok()) {
             Some(id) => {
                 if app.cancels.kill(|pid, _| pid == id) == 1 {
                     command_complete(out, "KILL_CLIENT");
                 } else {
-                    error(out, "42704", &format!("no client with id {id}"));
+                    error(out, "42704", "client not found");
                 }
             }
-            None => error(
-                out,
-                "42601",
-                "KILL_CLIENT needs a client id (SHOW CLIENTS, column id)",
-            ),
+            None => error(out, "42601", "invalid client pointer supplied"),
         },
         "WAIT_CLOSE" => {
             let db = rest.first().copied();
@@ -132,23 +128,19 @@ pub async fn run(app: &App, role: Role, sql: &str, out: &mut BytesMut) {
                 None => Phase::Immediate,
                 Some("WAIT_FOR_SERVERS") => Phase::WaitForServers,
                 Some("WAIT_FOR_CLIENTS") => Phase::WaitForClients,
-                Some(other) => {
-                    error(out, "42601", &format!("unknown SHUTDOWN mode {other}"));
+                Some(_) => {
+                    error(out, "42601", &invalid_command(sql));
                     return;
                 }
             };
             app.begin_shutdown(phase);
             command_complete(out, "SHUTDOWN");
         }
-        _ => error(
-            out,
-            "42601",
-            &format!("unknown or unsupported command: {text} (see SHOW HELP)"),
-        ),
+        _ => error(out, "42601", &invalid_command(sql)),
     }
 }
 
-fn show_command(app: &App, rest: &[&str], out: &mut BytesMut) {
+fn show_command(app: &App, rest: &[&str], sql: &str, out: &mut BytesMut) {
     let what = rest
         .first()
         .map(|w| w.to_ascii_uppercase())
@@ -183,20 +175,21 @@ fn show_command(app: &App, rest: &[&str], out: &mut BytesMut) {
             );
             return;
         }
-        other => {
-            error(
-                out,
-                "42601",
-                &format!("SHOW {other} is not supported by sluice yet (see SHOW HELP)"),
-            );
+        _ => {
+            error(out, "42601", &invalid_command(sql));
             return;
         }
     };
     rs.encode(out);
 }
 
+/// PgBouncer's reply to a command it does not know.
+fn invalid_command(sql: &str) -> String {
+    format!("invalid command '{sql}', use SHOW HELP;")
+}
+
 /// SET key = value (or key TO value), validated like the file.
-fn set(app: &App, args: &str, out: &mut BytesMut) {
+fn set(app: &App, args: &str, sql: &str, out: &mut BytesMut) {
     let parsed = args
         .split_once('=')
         .or_else(|| {
@@ -205,7 +198,7 @@ fn set(app: &App, args: &str, out: &mut BytesMut) {
         })
         .map(|(k, v)| (k.trim(), v.trim().trim_matches('\'')));
     let Some((key, value)) = parsed else {
-        error(out, "42601", "usage: SET key = value");
+        error(out, "42601", &invalid_command(sql));
         return;
     };
     let mut config = (*app.config()).clone();

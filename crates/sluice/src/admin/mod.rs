@@ -106,14 +106,13 @@ pub async fn serve(app: Arc<App>, mut stream: Stream, role: Role) {
             _ if skipping_to_sync => continue,
             other => {
                 skipping_to_sync = true;
-                error(
-                    &mut out,
-                    "08P01",
-                    &format!(
-                        "the admin console supports only the simple query protocol (got message type '{}')",
-                        char::from(other)
-                    ),
-                );
+                let message = match other {
+                    frontend::PARSE | frontend::BIND | frontend::EXECUTE => {
+                        "extended query protocol not supported by admin console".to_owned()
+                    }
+                    other => format!("unsupported packet type for admin console: {other}"),
+                };
+                error(&mut out, "08P01", &message);
             }
         }
         if stream.write_all(&out).await.is_err() {

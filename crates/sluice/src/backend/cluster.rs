@@ -146,6 +146,7 @@ mod tests {
                 session_objects: sluice_config::SessionObjects::Pin,
                 standby: Standby::default(),
                 disable_pqexec: false,
+                log_connections: false,
             },
             Arc::new(ConnLimit::new(0)),
             Arc::new(ConnLimit::new(0)),

@@ -31,7 +31,7 @@ pub enum LoginError {
     },
     #[error("server login timed out")]
     Timeout,
-    #[error("server login failed: {message}")]
+    #[error("{message}")]
     Rejected { code: String, message: String },
     #[error("server requested {0}, which sluice cannot answer")]
     Unsupported(String),

@@ -82,6 +82,8 @@ pub struct PoolSettings {
     pub standby: Standby,
     /// The simple query protocol ends the client (`disable_pqexec`).
     pub disable_pqexec: bool,
+    /// Log new server connections (`log_connections`).
+    pub log_connections: bool,
 }
 
 /// Where a database entry's transactions go by `target_session_attrs`
@@ -230,7 +232,7 @@ pub enum AcquireError {
     WaitTimeout,
     #[error("{0}")]
     Login(#[from] LoginError),
-    #[error("server login has been failing, try again later: {1}")]
+    #[error("server login has been failing, cached error: {1} (server_login_retry)")]
     RecentFailure(String, String),
     #[error("pool is closed")]
     Closed,
@@ -905,10 +907,20 @@ impl Pool {
             match opened {
                 Ok((server, reported)) => {
                     let id = server.id;
+                    let local = server.local_addr;
                     match self.opened(server, reported, &target.addr) {
                         Some(lease) => {
                             guard.armed = false;
-                            tracing::debug!(db = %self.database, user = %self.user, server = id, "new server connection");
+                            if self.settings().log_connections {
+                                match local {
+                                    Some(from) => {
+                                        tracing::info!(db = %self.database, user = %self.user, server = id, "new connection to server (from {from})")
+                                    }
+                                    None => {
+                                        tracing::info!(db = %self.database, user = %self.user, server = id, "new connection to server")
+                                    }
+                                }
+                            }
                             return Ok(lease);
                         }
                         // The pool moved (the primary changed) while this

@@ -194,9 +194,9 @@ async fn scram(
         ("SCRAM-SHA-256", Some(_)) => Channel::Offered,
         ("SCRAM-SHA-256", None) => Channel::None,
         _ => {
-            return Err(ClientError::protocol(format!(
-                "client selected an invalid SASL authentication mechanism {mechanism}"
-            )));
+            return Err(ClientError::protocol(
+                "client selected an invalid SASL authentication mechanism",
+            ));
         }
     };
     let (exchange, server_first) = ServerExchange::start(secret, data, channel)

@@ -211,7 +211,7 @@ async fn log_in(app: &Arc<App>, stream: Stream, count: u32) -> Option<Admitted> 
         Err((mut stream, e)) => {
             app.count_login_failure(&e.code);
             if log_pooler_errors {
-                tracing::warn!(peer = %stream.peer(), "login failed: {e}");
+                tracing::warn!(peer = %stream.peer(), sqlstate = %e.code, "pooler error: {}", e.message);
             }
             e.send(&mut stream).await;
             None
@@ -231,7 +231,13 @@ async fn say_goodbye(mut client: Client, end: SessionEnd) {
             }
         }
         SessionEnd::Error(e) => {
-            tracing::info!(user = %client.user(), db = %client.database(), "closing because: {e}");
+            let settings = &client.app.config().settings;
+            if settings.log_disconnections {
+                tracing::info!(user = %client.user(), db = %client.database(), sqlstate = %e.code, "closing because: {}", e.message);
+            }
+            if settings.log_pooler_errors {
+                tracing::warn!(user = %client.user(), db = %client.database(), "pooler error: {}", e.message);
+            }
             e.send(&mut client.stream).await;
         }
     }

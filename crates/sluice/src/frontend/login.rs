@@ -119,7 +119,7 @@ async fn upgrade(tls: &crate::tls::ClientTls, stream: Stream, direct: bool) -> O
     match tls.accept(tcp, direct).await {
         Ok(s) => Some(s),
         Err(e) => {
-            tracing::info!(peer = %peer, "client TLS handshake failed: {e}");
+            tracing::warn!(peer = %peer, "TLS handshake error: {e}");
             None
         }
     }
@@ -213,7 +213,7 @@ async fn login_inner(
                         .map(|p| p.settings_and_target().1)
                 };
                 if let Err(e) = app.cancels.cancel(req, host_target).await {
-                    tracing::warn!("forwarding cancel request failed: {e}");
+                    tracing::warn!("sending cancel request failed: {e}");
                 }
                 return Ok(None);
             }
@@ -236,7 +236,7 @@ async fn login_inner(
     // SIGTERM (wait for clients) closes the listeners but serves those
     // already accepted: a rolling restart must not refuse them.
     if app.phase() >= Phase::WaitForServers {
-        return Err(ClientError::new("57P03", "the pooler is shutting down"));
+        return Err(ClientError::new("57P03", "pooler is shutting down"));
     }
     let user = params
         .get("user")
@@ -282,7 +282,7 @@ async fn login_inner(
         } else {
             role_of(app, &user)?
         };
-        tracing::info!(user = %user, peer = %stream.peer(), "console login");
+        log_login(&config.settings, stream, "pgbouncer", &user);
         return Ok(Some(Decided::Console(role)));
     }
     if app.control.is_disabled(&database) {
@@ -292,7 +292,7 @@ async fn login_inner(
         ));
     }
     app.admit_client(&database, &user).map_err(|limit| {
-        ClientError::new("53300", format!("no more connections allowed ({limit})"))
+        ClientError::new("53300", format!("client connections exceeded ({limit})"))
     })?;
     let admitted = AdmittedClient {
         app,
@@ -376,7 +376,7 @@ async fn login_inner(
         app.cancels.unregister(cancel);
         return Err(ClientError::protocol(e.to_string()));
     }
-    tracing::info!(user = %user, db = %database, peer = %stream.peer(), "login");
+    log_login(&config.settings, stream, &database, &user);
     pool.client_joined();
     admitted.keep();
     Ok(Some(Decided::Pooled(Box::new(LoggedIn {
@@ -591,6 +591,18 @@ fn certificate_names_user(
     }
 }
 
+/// PgBouncer's `login attempt` line (`log_connections`).
+fn log_login(settings: &sluice_config::Settings, stream: &Stream, database: &str, user: &str) {
+    if settings.log_connections {
+        let tls = stream.tls_description();
+        tracing::info!(
+            peer = %stream.peer(),
+            "login attempt: db={database} user={user} tls={} replication=no",
+            tls.as_deref().unwrap_or("no")
+        );
+    }
+}
+
 /// The client's wanted parameters: the server's greeting overridden by the
 /// startup packet (and `options=-c name=value`). Parameters listed in
 /// `ignore_startup_parameters` are dropped, as in PgBouncer; any other
@@ -642,16 +654,12 @@ fn parse_options(options: &str) -> Vec<Result<(String, String), ClientError>> {
         } else if let Some(s) = w.strip_prefix("-c").or_else(|| w.strip_prefix("--")) {
             Some(s)
         } else {
-            out.push(Err(ClientError::protocol(format!(
-                "unsupported startup option: {w}"
-            ))));
+            out.push(Err(ClientError::protocol("unsupported options startup parameter: only '-c config=val' and '--config=val' are allowed")));
             continue;
         };
         match setting.and_then(|s| s.split_once('=')) {
             Some((k, v)) => out.push(Ok((k.replace('-', "_"), v.to_owned()))),
-            None => out.push(Err(ClientError::protocol(format!(
-                "invalid startup option: {options}"
-            )))),
+            None => out.push(Err(ClientError::protocol("unsupported options startup parameter: only '-c config=val' and '--config=val' are allowed"))),
         }
     }
     out

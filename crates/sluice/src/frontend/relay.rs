@@ -322,7 +322,7 @@ pub async fn run(client: &mut Client, cbuf: &mut BytesMut, mut lease: Lease) -> 
         if cycle.refused_transaction {
             break Err(End::Client(ClientError::new(
                 "25000",
-                "transaction blocks are not allowed in statement pool mode",
+                "transaction blocks not allowed in statement pooling mode",
             )));
         }
         if cycle.client_terminated && cycle.to_server == 0 {
@@ -486,7 +486,7 @@ pub async fn run(client: &mut Client, cbuf: &mut BytesMut, mut lease: Lease) -> 
             IoEvent::IdleTimeout => {
                 break Err(End::Client(match idle_timer.as_ref().map(|(k, _)| *k) {
                     Some(IdleKind::Client) => ClientError::new("08P01", "client_idle_timeout"),
-                    Some(IdleKind::Query) => ClientError::new("08P01", "query_timeout"),
+                    Some(IdleKind::Query) => ClientError::new("08P01", "query timeout"),
                     Some(IdleKind::Message) => ClientError::new(
                         "08P01",
                         format!(

@@ -348,7 +348,7 @@ impl Client {
         if self.app.phase() >= Phase::WaitForServers {
             return Some(SessionEnd::Error(ClientError::new(
                 "57P01",
-                "the pooler is shutting down",
+                "server shutting down",
             )));
         }
         if self.app.control.anything_paused() {
