@@ -2,7 +2,8 @@
 //! PgBouncer's reference says: `transaction_timeout` (global and per user),
 //! the per-user `idle_transaction_timeout`, `disable_pqexec` and
 //! `unix_socket_group`, `server_check_query`/`server_check_delay`, and
-//! `dns_max_ttl` (with the c-ares-only keys refused at startup).
+//! `dns_max_ttl` (with the c-ares-only keys refused at startup),
+//! `log_connections` and `syslog`/`syslog_ident`/`syslog_facility`.
 
 use std::time::{Duration, Instant};
 
@@ -403,4 +404,83 @@ async fn log_connections_writes_pgbouncer_login_and_server_lines_and_can_be_off(
             "log_connections={value}:\n{log}"
         );
     }
+}
+
+#[tokio::test]
+async fn syslog_sends_lines_with_ident_and_facility_and_reload_turns_it_off() {
+    let cluster = app_cluster(ServerAuth::Trust);
+    let dir = ScratchDir::create();
+    let path = dir.path().join("log.sock");
+    let socket = std::os::unix::net::UnixDatagram::bind(&path).expect("bind syslog socket");
+    socket
+        .set_read_timeout(Some(Duration::from_secs(5)))
+        .expect("timeout");
+    let config = transaction_pool(&cluster)
+        .set("syslog", "1")
+        .set("syslog_ident", "sluicetest")
+        .set("syslog_facility", "local3");
+    let sluice = SluiceProcess::start_with_env(
+        &config.render(),
+        &[("SLUICE_SYSLOG_SOCKET", path.to_str().expect("utf-8"))],
+    );
+    let mut lines = Vec::new();
+    let mut buf = [0u8; 8192];
+    while !lines.iter().any(|l: &String| l.contains("listening on")) {
+        let n = socket.recv(&mut buf).expect("a syslog line within 5 s");
+        lines.push(String::from_utf8_lossy(&buf[..n]).into_owned());
+    }
+    let line = lines
+        .iter()
+        .find(|l| l.contains("listening on"))
+        .expect("the startup line");
+    // local3 (19) * 8 + info (6) = 158; then "Mmm dd hh:mm:ss ident[pid]: ".
+    assert!(line.starts_with("<158>"), "{line}");
+    assert!(
+        line.contains(&format!("sluicetest[{}]: sluice ", sluice.pid())),
+        "{line}"
+    );
+
+    // A login is sent while it is on.
+    let client = connect_as(sluice.port(), APP_USER, "postgres").await;
+    client.batch_execute("select 1").await.expect("query");
+    loop {
+        let n = socket.recv(&mut buf).expect("the login line within 5 s");
+        if String::from_utf8_lossy(&buf[..n]).contains("login attempt: db=postgres") {
+            break;
+        }
+    }
+
+    // RELOAD with syslog off: nothing more arrives.
+    sluice.rewrite_config(&config.clone().set("syslog", "0").render());
+    sluice.reload();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    socket.set_nonblocking(true).expect("nonblocking");
+    while socket.recv(&mut buf).is_ok() {}
+    let _other = connect_as(sluice.port(), APP_USER, "postgres").await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(
+        socket.recv(&mut buf).is_err(),
+        "a line after RELOAD with syslog = 0"
+    );
+    assert!(sluice.log().contains("login attempt"), "{}", sluice.log());
+
+    // A facility syslog does not have stops startup.
+    let scratch = ScratchDir::create();
+    let ini = scratch.path().join("bad.ini");
+    let text = transaction_pool(&cluster)
+        .set("syslog_facility", "local9")
+        .set(
+            "listen_port",
+            &sluice_testkit::free_port().expect("port").to_string(),
+        )
+        .render();
+    std::fs::write(&ini, text).expect("write ini");
+    let out = run_sluice(&[ini.as_os_str()], Duration::from_secs(20));
+    assert!(!out.success());
+    assert!(
+        format!("{}{}", out.stdout, out.stderr).contains("syslog_facility = local9"),
+        "{}{}",
+        out.stdout,
+        out.stderr
+    );
 }

@@ -137,6 +137,7 @@ fn reload_into(app: &App, said: &mut Said) {
             }
         }
     }
+    crate::logging::configure_syslog(&config.settings);
     app.reload(config, Some(userlist));
     tracing::info!("configuration reloaded");
 }

@@ -30,6 +30,13 @@ pub fn check_supported(s: &Settings) -> Result<(), Unsupported> {
             )));
         }
     }
+    if crate::logging::facility_code(&s.syslog_facility).is_none() {
+        return Err(Unsupported(format!(
+            "syslog_facility = {} is not a syslog facility (auth, authpriv, daemon, user, \
+             local0-local7…)",
+            s.syslog_facility
+        )));
+    }
     if !s.dns_zone_check_period.is_zero() {
         return Err(Unsupported(
             "dns_zone_check_period needs PgBouncer's c-ares zone serial checks, which sluice \

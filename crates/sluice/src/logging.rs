@@ -1,4 +1,5 @@
-//! Log output: stderr (unless -q or -d) and `logfile`, at a level from
+//! Log output: stderr (unless -q or -d), `logfile` and syslog (`syslog`,
+//! `syslog_ident`, `syslog_facility`; changed by RELOAD), at a level from
 //! `verbose` and -v, in a PgBouncer-like one-line format.
 
 use std::sync::Mutex;
@@ -24,10 +25,10 @@ pub fn init(logfile: &str, to_stderr: bool, verbosity: u32) -> std::io::Result<(
         )
     };
     let writer = match (file, to_stderr) {
-        (Some(f), true) => BoxMakeWriter::new(std::io::stderr.and(Mutex::new(f))),
-        (Some(f), false) => BoxMakeWriter::new(Mutex::new(f)),
-        (None, true) => BoxMakeWriter::new(std::io::stderr),
-        (None, false) => BoxMakeWriter::new(std::io::sink),
+        (Some(f), true) => BoxMakeWriter::new(std::io::stderr.and(Mutex::new(f)).and(Syslog)),
+        (Some(f), false) => BoxMakeWriter::new(Mutex::new(f).and(Syslog)),
+        (None, true) => BoxMakeWriter::new(std::io::stderr.and(Syslog)),
+        (None, false) => BoxMakeWriter::new(Syslog),
     };
     tracing_subscriber::fmt()
         .with_writer(writer)
@@ -36,4 +37,194 @@ pub fn init(logfile: &str, to_stderr: bool, verbosity: u32) -> std::io::Result<(
         .with_target(false)
         .init();
     Ok(())
+}
+
+/// Where syslog lines go while `syslog` is on: the local syslog socket
+/// (`/dev/log`, or `$SLUICE_SYSLOG_SOCKET`), one datagram per line in the
+/// format glibc's syslog(3) sends.
+struct SyslogTarget {
+    path: std::path::PathBuf,
+    ident: String,
+    facility: u8,
+}
+
+static SYSLOG: Mutex<Option<SyslogTarget>> = Mutex::new(None);
+
+/// The facility number of a `syslog_facility` name (PgBouncer's list).
+pub fn facility_code(name: &str) -> Option<u8> {
+    Some(match name.to_ascii_lowercase().as_str() {
+        "kern" => 0,
+        "user" => 1,
+        "mail" => 2,
+        "daemon" => 3,
+        "auth" => 4,
+        "syslog" => 5,
+        "lpr" => 6,
+        "news" => 7,
+        "uucp" => 8,
+        "cron" => 9,
+        "authpriv" => 10,
+        "ftp" => 11,
+        local => {
+            let n: u8 = local.strip_prefix("local")?.parse().ok()?;
+            if n > 7 {
+                return None;
+            }
+            16 + n
+        }
+    })
+}
+
+/// Applies `syslog`, `syslog_ident` and `syslog_facility` (at startup and
+/// on RELOAD). The facility is checked at startup (`check_supported`).
+pub fn configure_syslog(s: &sluice_config::Settings) {
+    let target = if s.syslog {
+        let path = std::env::var_os("SLUICE_SYSLOG_SOCKET")
+            .map(std::path::PathBuf::from)
+            .unwrap_or_else(|| "/dev/log".into());
+        Some(SyslogTarget {
+            path,
+            ident: s.syslog_ident.clone(),
+            facility: facility_code(&s.syslog_facility).unwrap_or(3),
+        })
+    } else {
+        None
+    };
+    *SYSLOG.lock().unwrap_or_else(|p| p.into_inner()) = target;
+}
+
+/// Makes one `SyslogLine` per event, knowing its level.
+struct Syslog;
+
+impl<'a> tracing_subscriber::fmt::MakeWriter<'a> for Syslog {
+    type Writer = SyslogLine;
+
+    fn make_writer(&'a self) -> SyslogLine {
+        SyslogLine {
+            severity: 6,
+            line: Vec::new(),
+        }
+    }
+
+    fn make_writer_for(&'a self, meta: &tracing::Metadata<'_>) -> SyslogLine {
+        let severity = match *meta.level() {
+            Level::ERROR => 3,
+            Level::WARN => 4,
+            Level::INFO => 6,
+            _ => 7,
+        };
+        SyslogLine {
+            severity,
+            line: Vec::new(),
+        }
+    }
+}
+
+/// One formatted event, sent when complete (dropped).
+struct SyslogLine {
+    severity: u8,
+    line: Vec<u8>,
+}
+
+impl std::io::Write for SyslogLine {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        // Bounded: syslog datagrams are small; the rest is cut.
+        let room = MAX_SYSLOG_LINE.saturating_sub(self.line.len());
+        self.line.extend_from_slice(&buf[..buf.len().min(room)]);
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+/// Longest line sent to syslog.
+const MAX_SYSLOG_LINE: usize = 8 * 1024;
+
+impl Drop for SyslogLine {
+    fn drop(&mut self) {
+        let guard = SYSLOG.lock().unwrap_or_else(|p| p.into_inner());
+        let Some(target) = guard.as_ref() else {
+            return;
+        };
+        let text = String::from_utf8_lossy(&self.line);
+        // The formatter's "<time>  <LEVEL> " prefix: syslog has its own.
+        let message = text
+            .trim_end()
+            .split_once(char::is_whitespace)
+            .map(|(_, rest)| rest.trim_start())
+            .and_then(|rest| rest.split_once(char::is_whitespace))
+            .map_or(text.trim_end(), |(_, rest)| rest.trim_start());
+        let datagram = format!(
+            "<{}>{} {}[{}]: {}",
+            u32::from(target.facility) * 8 + u32::from(self.severity),
+            rfc3164_now(),
+            target.ident,
+            std::process::id(),
+            message
+        );
+        // Nothing to tell if syslog is not listening: the line is lost,
+        // as with syslog(3). Never blocks: a stuck syslog daemon loses
+        // lines rather than stalling sluice.
+        if let Ok(socket) = std::os::unix::net::UnixDatagram::unbound()
+            && socket.set_nonblocking(true).is_ok()
+        {
+            let _ = socket.send_to(datagram.as_bytes(), &target.path);
+        }
+    }
+}
+
+/// "Mmm dd hh:mm:ss" in UTC, the timestamp syslog(3) sends.
+fn rfc3164_now() -> String {
+    const MONTHS: [&str; 12] = [
+        "Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec",
+    ];
+    let secs = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    let (days, rem) = (secs / 86_400, secs % 86_400);
+    // Civil date from days since 1970-01-01 (Howard Hinnant's algorithm).
+    let z = days as i64 + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1_460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    format!(
+        "{} {:>2} {:02}:{:02}:{:02}",
+        MONTHS[(month - 1) as usize],
+        day,
+        rem / 3_600,
+        rem % 3_600 / 60,
+        rem % 60
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn facilities_are_pgbouncers() {
+        assert_eq!(facility_code("daemon"), Some(3));
+        assert_eq!(facility_code("AUTHPRIV"), Some(10));
+        assert_eq!(facility_code("local0"), Some(16));
+        assert_eq!(facility_code("local7"), Some(23));
+        assert_eq!(facility_code("local8"), None);
+        assert_eq!(facility_code("nonsense"), None);
+    }
+
+    #[test]
+    fn the_timestamp_has_syslogs_shape() {
+        let t = rfc3164_now();
+        assert_eq!(t.len(), 15, "{t}");
+        assert!(MONTHS_OK.contains(&&t[..3]), "{t}");
+    }
+
+    const MONTHS_OK: [&str; 12] = [
+        "Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec",
+    ];
 }

@@ -110,6 +110,7 @@ fn main() -> ExitCode {
         eprintln!("sluice: cannot open logfile {}: {e}", settings.logfile);
         return ExitCode::FAILURE;
     }
+    logging::configure_syslog(&settings);
     let workers = if settings.workers == 0 {
         std::thread::available_parallelism().map_or(1, |n| n.get())
     } else {
