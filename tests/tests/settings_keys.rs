@@ -484,3 +484,43 @@ async fn syslog_sends_lines_with_ident_and_facility_and_reload_turns_it_off() {
         out.stderr
     );
 }
+
+#[tokio::test]
+async fn track_extra_parameters_startup_values_follow_their_client_only() {
+    let cluster = app_cluster(ServerAuth::Trust);
+    let sluice = transaction_pool(&cluster)
+        .set("default_pool_size", "1")
+        .set("track_extra_parameters", "IntervalStyle, search_path")
+        .start();
+    let t = Duration::from_secs(10);
+    let mut raw = RawClient::connect(sluice.port()).await;
+    raw.send(&startup_packet(&[
+        ("user", APP_USER),
+        ("database", "postgres"),
+        ("search_path", "extra_schema"),
+        ("IntervalStyle", "iso_8601"),
+    ]))
+    .await
+    .expect("startup");
+    raw.read_until_ready(t).await;
+    let other = connect_as(sluice.port(), APP_USER, "postgres").await;
+    // One server, taken in turn: each client finds its own values.
+    for _ in 0..3 {
+        assert_eq!(
+            raw.simple_query("show search_path", t).await,
+            vec![Some("extra_schema".to_owned())]
+        );
+        assert_eq!(
+            raw.simple_query("select interval '1 day'", t).await,
+            vec![Some("P1D".to_owned())]
+        );
+        assert_eq!(
+            scalar_text(&other, "show search_path").await,
+            "\"$user\", public"
+        );
+        assert_eq!(
+            scalar_text(&other, "select interval '1 day'::text").await,
+            "1 day"
+        );
+    }
+}
