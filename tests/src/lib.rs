@@ -15,6 +15,7 @@ pub mod msg;
 mod process;
 mod raw;
 mod scratch;
+pub mod sockets;
 mod tls_client;
 mod tools;
 mod wait;

@@ -42,6 +42,11 @@ impl RawClient {
         RawClient { stream }
     }
 
+    /// The client side's port.
+    pub fn local_port(&self) -> u16 {
+        self.stream.local_addr().map_or(0, |a| a.port())
+    }
+
     /// Writes `bytes`; an error (peer already gone) is returned, not raised.
     pub async fn send(&mut self, bytes: &[u8]) -> std::io::Result<()> {
         self.stream.write_all(bytes).await?;

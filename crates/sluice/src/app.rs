@@ -496,18 +496,31 @@ impl App {
     }
 
     /// autodb_idle_timeout: forgets pools of databases only the `*` entry
-    /// stands for that have been unused that long (their servers close).
-    pub fn free_unused_autodb_pools(&self) {
+    /// stands for that have been unused that long (their servers close);
+    /// pool_idle_timeout: forgets any other pool of clients' that has had
+    /// no client and no server that long (made again at the next login).
+    pub fn free_unused_pools(&self) {
         let config = self.config();
-        let timeout = config.settings.autodb_idle_timeout;
-        if timeout.is_zero() || config.fallback_database.is_none() {
+        let autodb = config
+            .fallback_database
+            .as_ref()
+            .map(|_| config.settings.autodb_idle_timeout)
+            .filter(|t| !t.is_zero());
+        let idle = Some(config.settings.pool_idle_timeout).filter(|t| !t.is_zero());
+        if autodb.is_none() && idle.is_none() {
             return;
         }
         for pool in self.pools() {
-            if config.database(&pool.database).is_none() && pool.retire_if_unused(timeout) {
+            let listed = config.database(&pool.database).is_some();
+            let (timeout, key, without_servers) = match (listed, autodb, idle) {
+                (false, Some(t), _) => (t, "autodb_idle_timeout", false),
+                (true, _, Some(t)) if pool.host == 0 => (t, "pool_idle_timeout", true),
+                _ => continue,
+            };
+            if pool.retire_if_unused(timeout, without_servers) {
                 tracing::info!(
                     db = %pool.database, user = %pool.user,
-                    "pool unused for autodb_idle_timeout ({timeout:?}): freed"
+                    "pool unused for {key} ({timeout:?}): freed"
                 );
                 self.forget_pool(&pool);
             }
@@ -679,6 +692,9 @@ impl App {
             ),
             disable_pqexec: s.disable_pqexec,
             log_connections: s.log_connections,
+            server_round_robin: s.server_round_robin,
+            cancel_wait_timeout: s.cancel_wait_timeout,
+            query_wait_notify: s.query_wait_notify,
         };
         let mut startup_params = Vec::new();
         for (k, v) in [

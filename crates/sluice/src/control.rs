@@ -138,6 +138,8 @@ fn reload_into(app: &App, said: &mut Said) {
         }
     }
     crate::logging::configure_syslog(&config.settings);
+    crate::daemon::warn_without_effect(&config.settings);
+    crate::auth::scram::set_iterations(config.settings.scram_iterations);
     app.reload(config, Some(userlist));
     tracing::info!("configuration reloaded");
 }
@@ -187,7 +189,7 @@ pub async fn run(app: Arc<App>, workers: Arc<Workers>) -> std::io::Result<()> {
                 }
                 busy.check(&app, &workers);
                 app.param_sets.prune();
-                app.free_unused_autodb_pools();
+                app.free_unused_pools();
                 let period = app.config().settings.stats_period.max(std::time::Duration::from_secs(1));
                 if last_stats.elapsed() >= period {
                     last_stats = std::time::Instant::now();

@@ -52,13 +52,55 @@ pub fn check_supported(s: &Settings) -> Result<(), Unsupported> {
             s.resolv_conf
         )));
     }
+    if s.peer_id != 0 {
+        return Err(Unsupported(
+            "peer_id: sluice does not implement PgBouncer's [peers] (cancel requests between \
+             instances) yet; set peer_id = 0"
+                .into(),
+        ));
+    }
+    Ok(())
+}
+
+/// Warns about settings that are accepted but can do nothing here (once
+/// logging runs: at startup and on RELOAD).
+pub fn warn_without_effect(s: &Settings) {
     if s.auth_type == AuthType::Trust && s.auth_file.is_none() {
         tracing::warn!(
             "auth_type = trust without an auth_file admits any user name; set auth_file to \
              admit only the users listed there (PgBouncer's rule)"
         );
     }
-    Ok(())
+    // Tuning knobs of PgBouncer's own event loop: nothing in sluice to
+    // turn, said once rather than ignored in silence.
+    let defaults = Settings::default();
+    for (key, set, why) in [
+        (
+            "pkt_buf",
+            s.pkt_buf != defaults.pkt_buf,
+            "sluice's buffers grow with what arrives (bounded by max_packet_size)",
+        ),
+        (
+            "sbuf_loopcnt",
+            s.sbuf_loopcnt != defaults.sbuf_loopcnt,
+            "each connection is a task of its own; the runtime's budget keeps a busy one \
+             from starving the others",
+        ),
+        (
+            "suspend_timeout",
+            s.suspend_timeout != defaults.suspend_timeout,
+            "SUSPEND and online restart (-R) are not implemented; restarts use so_reuseport",
+        ),
+        (
+            "job_name (service_name)",
+            s.job_name != defaults.job_name,
+            "it names the Windows service",
+        ),
+    ] {
+        if set {
+            tracing::warn!("{key} is set but has no effect in sluice: {why}");
+        }
+    }
 }
 
 /// Forks; the parent exits, the child leaves the terminal.

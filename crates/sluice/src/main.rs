@@ -111,6 +111,8 @@ fn main() -> ExitCode {
         return ExitCode::FAILURE;
     }
     logging::configure_syslog(&settings);
+    daemon::warn_without_effect(&settings);
+    auth::scram::set_iterations(settings.scram_iterations);
     let workers = if settings.workers == 0 {
         std::thread::available_parallelism().map_or(1, |n| n.get())
     } else {

@@ -12,13 +12,17 @@ use tokio::net::{TcpStream, UnixStream};
 use crate::tls::TlsConn;
 
 /// TCP keepalive as `tcp_keepalive`, `tcp_keepidle`, `tcp_keepintvl` and
-/// `tcp_keepcnt` ask (0 = the kernel's default for that knob).
+/// `tcp_keepcnt` ask (0 = the kernel's default for that knob), and the
+/// other per-connection socket options: `tcp_user_timeout` (ms) and
+/// `tcp_socket_buffer` (bytes, both directions); 0 keeps the kernel's.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct Keepalive {
     pub enabled: bool,
     pub idle_secs: u32,
     pub interval_secs: u32,
     pub count: u32,
+    pub user_timeout_ms: u32,
+    pub socket_buffer: u32,
 }
 
 impl Keepalive {
@@ -28,11 +32,30 @@ impl Keepalive {
             idle_secs: s.tcp_keepidle,
             interval_secs: s.tcp_keepintvl,
             count: s.tcp_keepcnt,
+            user_timeout_ms: s.tcp_user_timeout,
+            socket_buffer: s.tcp_socket_buffer,
         }
     }
 
     /// Applies to a TCP socket; failures are logged, not fatal.
     pub fn apply(&self, stream: &TcpStream) {
+        let sock = socket2::SockRef::from(stream);
+        if self.user_timeout_ms > 0
+            && let Err(e) = sock.set_tcp_user_timeout(Some(std::time::Duration::from_millis(
+                self.user_timeout_ms.into(),
+            )))
+        {
+            tracing::debug!("tcp_user_timeout: {e}");
+        }
+        if self.socket_buffer > 0 {
+            let size = self.socket_buffer as usize;
+            if let Err(e) = sock
+                .set_send_buffer_size(size)
+                .and_then(|()| sock.set_recv_buffer_size(size))
+            {
+                tracing::debug!("tcp_socket_buffer: {e}");
+            }
+        }
         if !self.enabled {
             return;
         }
@@ -46,7 +69,7 @@ impl Keepalive {
         if self.count > 0 {
             ka = ka.with_retries(self.count);
         }
-        if let Err(e) = socket2::SockRef::from(stream).set_tcp_keepalive(&ka) {
+        if let Err(e) = sock.set_tcp_keepalive(&ka) {
             tracing::debug!("tcp keepalive: {e}");
         }
     }

@@ -40,9 +40,11 @@ pub fn bind(app: &App, workers: usize, kind: RuntimeKind) -> std::io::Result<Bou
     for _ in 0..sets {
         let mut set = Vec::new();
         for a in &addrs {
-            set.push(listener::bind_tcp(*a, reuse_port).map_err(|e| {
-                std::io::Error::new(e.kind(), format!("could not listen on {a}: {e}"))
-            })?);
+            set.push(
+                listener::bind_tcp(*a, reuse_port, s.tcp_defer_accept).map_err(|e| {
+                    std::io::Error::new(e.kind(), format!("could not listen on {a}: {e}"))
+                })?,
+            );
         }
         tcp.push(set);
     }

@@ -13,6 +13,22 @@ const KEY_LEN: usize = 32;
 /// Iterations used when sluice derives a secret from a plain password.
 const DEFAULT_ITERATIONS: u32 = 4096;
 
+/// `scram_iterations`: PBKDF2 rounds of the secrets sluice derives from
+/// plain passwords (set at startup and by RELOAD; secrets already derived
+/// keep theirs).
+static ITERATIONS: std::sync::atomic::AtomicU32 =
+    std::sync::atomic::AtomicU32::new(DEFAULT_ITERATIONS);
+
+/// Sets `scram_iterations` (0 means PostgreSQL's 4096).
+pub fn set_iterations(n: u32) {
+    let n = if n == 0 { DEFAULT_ITERATIONS } else { n };
+    ITERATIONS.store(n, std::sync::atomic::Ordering::Relaxed);
+}
+
+fn iterations() -> u32 {
+    ITERATIONS.load(std::sync::atomic::Ordering::Relaxed)
+}
+
 /// A SCRAM-SHA-256 secret as pg_authid stores it:
 /// `SCRAM-SHA-256$<iterations>:<salt>$<StoredKey>:<ServerKey>`.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -71,8 +87,9 @@ impl ScramSecret {
     pub fn from_password(password: &str) -> Self {
         let mut salt = vec![0u8; 16];
         fill_random(&mut salt);
-        let salted = salted_password(password, &salt, DEFAULT_ITERATIONS);
-        Self::from_salted(&salted, salt, DEFAULT_ITERATIONS)
+        let rounds = iterations();
+        let salted = salted_password(password, &salt, rounds);
+        Self::from_salted(&salted, salt, rounds)
     }
 
     /// The secret of a user who cannot log in with SCRAM (unknown, or only
@@ -94,7 +111,7 @@ impl ScramSecret {
         fill_random(&mut stored_key);
         fill_random(&mut server_key);
         Self {
-            iterations: DEFAULT_ITERATIONS,
+            iterations: iterations(),
             salt,
             stored_key,
             server_key,

@@ -290,7 +290,13 @@ impl CancelRegistry {
                 }
             }
         };
-        tokio::time::timeout(target.connect_timeout, send)
+        // cancel_wait_timeout bounds forwarding; 0 leaves only the
+        // server_connect_timeout bound.
+        let wait = match pool.settings().cancel_wait_timeout {
+            d if d.is_zero() => target.connect_timeout,
+            d => d,
+        };
+        tokio::time::timeout(wait, send)
             .await
             .map_err(|_| std::io::Error::new(std::io::ErrorKind::TimedOut, "cancel timed out"))??;
         Ok(true)

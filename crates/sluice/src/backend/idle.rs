@@ -3,7 +3,9 @@
 //! that worker that takes it is served by one thread, while one on another
 //! worker makes two threads wake for every message. So a client first takes
 //! the most recently used server of its own worker (LIFO, warm caches), and
-//! only then one of another worker.
+//! only then one of another worker. `server_round_robin` takes the server
+//! idle the longest instead, whatever its worker (FIFO), spreading load
+//! over every server.
 
 // Servers travel as `Box<ServerConn>` (idle stack, lease, hand-off to a
 // waiter), so each of those moves copies a pointer, not the connection.

@@ -84,6 +84,14 @@ pub struct PoolSettings {
     pub disable_pqexec: bool,
     /// Log new server connections (`log_connections`).
     pub log_connections: bool,
+    /// Lend the server idle the longest, not the most recent
+    /// (`server_round_robin`).
+    pub server_round_robin: bool,
+    /// Longest time to forward a cancel request (0: only the connect
+    /// timeout bounds it).
+    pub cancel_wait_timeout: Duration,
+    /// A client queued this long is told so (0: never).
+    pub query_wait_notify: Duration,
 }
 
 /// Where a database entry's transactions go by `target_session_attrs`
@@ -236,6 +244,9 @@ pub enum AcquireError {
     RecentFailure(String, String),
     #[error("pool is closed")]
     Closed,
+    /// The client did not take the queue notice (its stream is cut short).
+    #[error("the client did not read while queued")]
+    ClientStalled,
 }
 
 impl AcquireError {
@@ -245,6 +256,7 @@ impl AcquireError {
             Self::Login(e) => e.sqlstate(),
             Self::RecentFailure(code, _) => code,
             Self::Closed => "57P01",
+            Self::ClientStalled => "08006",
         }
     }
 }
@@ -577,11 +589,12 @@ impl Pool {
     /// being opened and no waiter for `timeout` (autodb_idle_timeout): the
     /// check and the retirement under one lock, so a client that joins
     /// meanwhile keeps it alive.
-    pub fn retire_if_unused(&self, timeout: Duration) -> bool {
+    pub fn retire_if_unused(&self, timeout: Duration, without_servers: bool) -> bool {
         {
             let mut st = self.lock();
             let opening = st.total as usize > st.active as usize + st.idle.len();
-            if st.clients > 0
+            if (without_servers && st.total > 0)
+                || st.clients > 0
                 || st.active > 0
                 || opening
                 || !st.waiters.is_empty()
@@ -836,7 +849,12 @@ impl Pool {
 
     fn take_idle(self: &Arc<Self>, st: &mut PoolState) -> Option<Lease> {
         let worker = current_worker();
-        while let Some(server) = st.idle.pop_for(worker) {
+        let round_robin = st.settings.server_round_robin;
+        while let Some(server) = if round_robin {
+            st.idle.remove_oldest()
+        } else {
+            st.idle.pop_for(worker)
+        } {
             let too_old = !st.settings.server_lifetime.is_zero()
                 && server.created.elapsed() >= st.settings.server_lifetime;
             if too_old || server.closed_while_idle() {

@@ -39,8 +39,29 @@ pub fn tcp_addresses(settings: &Settings) -> std::io::Result<Vec<SocketAddr>> {
 
 /// Binds one TCP socket for listening; `listen()` comes when its worker
 /// starts accepting.
-pub fn bind_tcp(addr: SocketAddr, reuse_port: bool) -> std::io::Result<Socket> {
+pub fn bind_tcp(addr: SocketAddr, reuse_port: bool, defer_accept: u32) -> std::io::Result<Socket> {
     let socket = Socket::new(Domain::for_address(addr), Type::STREAM, Some(Protocol::TCP))?;
+    if defer_accept > 0 {
+        // tcp_defer_accept: woken only once the client has sent something
+        // (its startup packet), as PgBouncer does on Linux.
+        let value = libc::c_int::try_from(defer_accept).unwrap_or(libc::c_int::MAX);
+        // SAFETY: a valid socket and a c_int of the size given.
+        let rc = unsafe {
+            libc::setsockopt(
+                std::os::fd::AsRawFd::as_raw_fd(&socket),
+                libc::IPPROTO_TCP,
+                libc::TCP_DEFER_ACCEPT,
+                std::ptr::from_ref(&value).cast(),
+                std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+            )
+        };
+        if rc != 0 {
+            tracing::warn!(
+                "tcp_defer_accept on {addr}: {}",
+                std::io::Error::last_os_error()
+            );
+        }
+    }
     socket.set_reuse_address(true)?;
     if reuse_port {
         socket.set_reuse_port(true)?;

@@ -371,6 +371,14 @@ async fn login_inner(
         ParameterStatus { name, value }.encode(&mut out);
     }
     key.encode(&mut out);
+    if !config.settings.login_notify_message.is_empty() {
+        sluice_wire::ErrorFields::new(
+            sluice_wire::Severity::Notice,
+            "00000",
+            &config.settings.login_notify_message,
+        )
+        .encode(&mut out);
+    }
     ready_for_query(&mut out, TransactionStatus::Idle);
     if let Err(e) = stream.write_all(&out).await {
         app.cancels.unregister(cancel);
