@@ -426,6 +426,33 @@ async fn show_clients_and_servers_list_connections_that_link_up() {
     assert_eq!(field(linked, "remote_pid"), busy_pid);
     assert_eq!(field(linked, "link"), field(active, "ptr"));
     assert_eq!(field(active, "link"), field(linked, "ptr"));
+    // SHOW SOCKETS: both kinds, PgBouncer's buffer columns after the
+    // socket header; ACTIVE_SOCKETS only the linked pair.
+    let buffers = "recv_pos, pkt_pos, pkt_remain, send_pos, send_remain, pkt_avail, send_avail";
+    for command in ["SHOW SOCKETS", "SHOW ACTIVE_SOCKETS"] {
+        expect_header(
+            &header(p, command).await,
+            &format!("{SOCKET_COLUMNS}, {buffers}"),
+            "ssssssisiTTiiississiiiiiiiii",
+            command,
+        );
+    }
+    let sockets = show(p, "admin", "SHOW SOCKETS").await;
+    let count = |rows: &[Vec<(String, Option<String>)>], kind: &str| {
+        rows.iter()
+            .filter(|r| field(r, "type") == kind && field(r, "database") == "postgres")
+            .count()
+    };
+    assert_eq!(count(&sockets, "C"), 2, "{sockets:?}");
+    assert_eq!(count(&sockets, "S"), servers.len(), "{sockets:?}");
+    let active_sockets = show(p, "admin", "SHOW ACTIVE_SOCKETS").await;
+    let pids: Vec<&str> = active_sockets
+        .iter()
+        .filter(|r| field(r, "database") == "postgres")
+        .map(|r| field(r, "ptr"))
+        .collect();
+    assert_eq!(pids.len(), 2, "{active_sockets:?}");
+    assert!(pids.contains(&field(active, "ptr")) && pids.contains(&field(linked, "ptr")));
     assert!(sleeping.await.unwrap());
 }
 

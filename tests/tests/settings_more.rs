@@ -3,8 +3,7 @@
 //! `tcp_defer_accept`, read back from sluice's own sockets),
 //! `server_round_robin`, `scram_iterations`, `login_notify_message`,
 //! `query_wait_notify`, `pool_idle_timeout`, and the event-loop knobs that
-//! have nothing to turn in sluice (warned about) or features it lacks
-//! (`peer_id`, refused).
+//! have nothing to turn in sluice (warned about).
 
 use std::time::Duration;
 
@@ -226,7 +225,7 @@ async fn pool_idle_timeout_frees_a_pool_with_no_client_and_no_server() {
 }
 
 #[test]
-fn knobs_without_effect_are_warned_about_and_peer_id_is_refused() {
+fn knobs_without_effect_are_warned_about() {
     let cluster = app_cluster(ServerAuth::Trust);
     let sluice = transaction_pool(&cluster)
         .set("pkt_buf", "8192")
@@ -237,24 +236,5 @@ fn knobs_without_effect_are_warned_about_and_peer_id_is_refused() {
     assert!(
         log.contains("sbuf_loopcnt is set but has no effect"),
         "{log}"
-    );
-
-    let scratch = ScratchDir::create();
-    let ini = scratch.path().join("peer.ini");
-    let text = transaction_pool(&cluster)
-        .set("peer_id", "3")
-        .set(
-            "listen_port",
-            &sluice_testkit::free_port().expect("port").to_string(),
-        )
-        .render();
-    std::fs::write(&ini, text).expect("write ini");
-    let out = run_sluice(&[ini.as_os_str()], Duration::from_secs(20));
-    assert!(!out.success());
-    assert!(
-        format!("{}{}", out.stdout, out.stderr).contains("peer_id"),
-        "{}{}",
-        out.stdout,
-        out.stderr
     );
 }

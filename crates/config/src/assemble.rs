@@ -14,9 +14,9 @@ use crate::key_reference::{field_name, key_info};
 use crate::user_entry::UserEntry;
 
 /// Sections whose lines are ignored without a warning.
-const IGNORED_SECTIONS: &[&str] = &["peers"];
+const IGNORED_SECTIONS: &[&str] = &[];
 /// Sections this crate reads.
-const READ_SECTIONS: &[&str] = &["databases", "users", "pgbouncer", "sluice"];
+const READ_SECTIONS: &[&str] = &["databases", "users", "peers", "pgbouncer", "sluice"];
 /// The database name clients use for the admin console.
 const ADMIN_DATABASE: &str = "pgbouncer";
 
@@ -48,6 +48,7 @@ pub(crate) fn assemble(items: Vec<IniItem>, origin: &Path) -> Result<Config, Con
                 match section.as_deref() {
                     Some("databases") => add_database(&mut config, &at, &key, &value)?,
                     Some("users") => add_user(&mut config, &at, &key, &value)?,
+                    Some("peers") => add_peer(&mut config, &at, &key, &value)?,
                     Some(section @ ("pgbouncer" | "sluice")) => {
                         apply_setting(&mut config, &at, section, &key, &value)?;
                     }
@@ -116,6 +117,24 @@ fn add_database(
             *earlier = database;
         }
         None => config.databases.push(database),
+    }
+    Ok(())
+}
+
+fn add_peer(
+    config: &mut Config,
+    at: &Location,
+    id: &str,
+    settings: &str,
+) -> Result<(), ConfigError> {
+    let peer = crate::peer_entry::PeerEntry::from_connstring(&at.entry("peer", id), settings)?;
+    match config.peers.iter_mut().find(|known| known.id == peer.id) {
+        Some(earlier) => {
+            let message = redefined_message(&format!("peer {}", peer.id), earlier.line);
+            config.warnings.push(at.warning(message));
+            *earlier = peer;
+        }
+        None => config.peers.push(peer),
     }
     Ok(())
 }

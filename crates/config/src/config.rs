@@ -16,6 +16,8 @@ pub struct Config {
     pub fallback_database: Option<Database>,
     /// `[users]` entries in file order (same rule for repeated names).
     pub users: Vec<UserEntry>,
+    /// `[peers]` entries in file order (same rule for repeated ids).
+    pub peers: Vec<crate::peer_entry::PeerEntry>,
     /// `[pgbouncer]` and `[sluice]` settings.
     pub settings: Settings,
     /// Unknown keys and other oddities, for the daemon to log.

@@ -5,6 +5,7 @@ use std::fmt::Write as _;
 
 use crate::database::DATABASE_PARAMETERS;
 use crate::key_reference::{KeyInfo, known_keys};
+use crate::peer_entry::PEER_PARAMETERS;
 use crate::user_entry::USER_PARAMETERS;
 
 const INTRODUCTION: &str = "\
@@ -20,8 +21,8 @@ PgBouncer does not read.
 
 ## File format
 
-- Sections: `[databases]`, `[users]`, `[pgbouncer]`, `[sluice]`; `[peers]` is
-  accepted and ignored. Other sections are ignored with a warning.
+- Sections: `[databases]`, `[users]`, `[peers]`, `[pgbouncer]`, `[sluice]`.
+  Other sections are ignored with a warning.
 - Lines starting with `;` or `#` are comments. A `;` or `#` later in a line
   is part of the value.
 - Keys are case-insensitive in `[pgbouncer]` and `[sluice]`; spaces around
@@ -69,6 +70,14 @@ pub fn reference_markdown() -> String {
     page.push_str("\n## [users] entries\n\n");
     page.push_str("Each line is `user name = settings`, in the same syntax.\n");
     push_parameter_table(&mut page, USER_PARAMETERS);
+    page.push_str("\n## [peers] entries\n\n");
+    page.push_str(
+        "Each line is `peer_id = settings`, in the same syntax: where a cancel \
+         request whose key\nwas given by another sluice of the group (its \
+         `peer_id`) is forwarded. An entry\nfor this process's own `peer_id` is \
+         allowed and ignored, so every member can\nshare one section.\n",
+    );
+    push_parameter_table(&mut page, PEER_PARAMETERS);
     page
 }
 

@@ -77,6 +77,8 @@ pub struct App {
     db_client_limits: Mutex<HashMap<String, Arc<ConnLimit>>>,
     user_client_limits: Mutex<HashMap<String, Arc<ConnLimit>>>,
     pub cancels: CancelRegistry,
+    /// Cancel requests forwarded to the other sluices of a `[peers]` group.
+    pub peers: crate::backend::peers::Peers,
     pub param_sets: ParamInterner,
     /// Shared server-side prepared statements (transaction mode).
     pub statements: crate::prepared::registry::Registry,
@@ -105,6 +107,7 @@ pub struct App {
 
 impl App {
     pub fn new(config_path: PathBuf, config: Config, userlist: Userlist) -> Self {
+        let peer_id = config.settings.peer_id;
         Self {
             config_path,
             config: RwLock::new(Arc::new(config)),
@@ -118,7 +121,8 @@ impl App {
             user_limits: Mutex::new(HashMap::new()),
             db_client_limits: Mutex::new(HashMap::new()),
             user_client_limits: Mutex::new(HashMap::new()),
-            cancels: CancelRegistry::default(),
+            cancels: CancelRegistry::new(peer_id),
+            peers: Default::default(),
             param_sets: ParamInterner::default(),
             statements: Default::default(),
             control: OperatorSwitches::default(),

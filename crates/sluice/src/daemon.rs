@@ -52,13 +52,6 @@ pub fn check_supported(s: &Settings) -> Result<(), Unsupported> {
             s.resolv_conf
         )));
     }
-    if s.peer_id != 0 {
-        return Err(Unsupported(
-            "peer_id: sluice does not implement PgBouncer's [peers] (cancel requests between \
-             instances) yet; set peer_id = 0"
-                .into(),
-        ));
-    }
     Ok(())
 }
 

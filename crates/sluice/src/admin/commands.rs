@@ -14,7 +14,7 @@ use crate::app::{App, Phase};
 const PAUSE_WAIT: Duration = Duration::from_secs(60);
 
 const HELP: &str = "Console usage\n\
-\tSHOW HELP|CONFIG|DATABASES|POOLS|CLIENTS|SERVERS|USERS|STATS|STATS_TOTALS|STATS_AVERAGES|TOTALS|LISTS|STATE|VERSION|MEM|HOSTS\n\
+\tSHOW HELP|CONFIG|DATABASES|POOLS|CLIENTS|SERVERS|USERS|STATS|STATS_TOTALS|STATS_AVERAGES|TOTALS|LISTS|STATE|VERSION|MEM|HOSTS|PEERS|PEER_POOLS|SOCKETS|ACTIVE_SOCKETS\n\
 \tSET key = arg\n\
 \tRELOAD\n\
 \tPAUSE [<db>]\n\
@@ -161,6 +161,10 @@ fn show_command(app: &App, rest: &[&str], sql: &str, out: &mut BytesMut) {
         "CLIENTS" => super::sockets::clients(app),
         "SERVERS" => super::sockets::servers(app),
         "HOSTS" => super::hosts::hosts(app),
+        "PEERS" => show::peers_list(app),
+        "SOCKETS" => super::sockets::sockets(app, false),
+        "ACTIVE_SOCKETS" => super::sockets::sockets(app, true),
+        "PEER_POOLS" => show::peer_pools(app),
         "HELP" | "" => {
             ErrorFields::new(Severity::Notice, "00000", HELP).encode(out);
             command_complete(out, "SHOW");

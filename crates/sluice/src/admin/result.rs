@@ -39,6 +39,11 @@ impl ResultSet {
         self.rows.push(values);
     }
 
+    /// The rows, for a command that combines result sets.
+    pub fn into_rows(self) -> Vec<Vec<Option<String>>> {
+        self.rows
+    }
+
     /// Appends RowDescription, the rows and CommandComplete("SHOW").
     pub fn encode(&self, out: &mut BytesMut) {
         row_description(out, &self.columns);

@@ -352,6 +352,48 @@ pub fn config(app: &App) -> ResultSet {
 /// idle servers included), `free_*` its caches of unused objects, which
 /// sluice does not keep (0). `databases` counts the console's own
 /// `pgbouncer` database, a row of SHOW DATABASES in both.
+/// The `[peers]` entries other than this process's own.
+fn peers(config: &sluice_config::Config) -> impl Iterator<Item = &sluice_config::PeerEntry> {
+    let own = config.settings.peer_id;
+    config.peers.iter().filter(move |p| p.id != own)
+}
+
+/// SHOW PEERS: the other members of the `[peers]` group.
+pub fn peers_list(app: &App) -> ResultSet {
+    let mut rs = ResultSet::new(&["peer_id", "host", "port", "pool_size"], "isii");
+    let config = app.config();
+    for p in peers(&config) {
+        let size = p.pool_size.unwrap_or(config.settings.default_pool_size);
+        rs.row(vec![v(p.id), v(&p.host), v(p.port), v(size)]);
+    }
+    rs
+}
+
+/// SHOW PEER_POOLS: cancel requests being forwarded to each peer.
+pub fn peer_pools(app: &App) -> ResultSet {
+    let mut rs = ResultSet::new(
+        &[
+            "peer_id",
+            "cl_active_cancel_req",
+            "cl_waiting_cancel_req",
+            "sv_active_cancel",
+            "sv_login",
+        ],
+        "iiiii",
+    );
+    let config = app.config();
+    for p in peers(&config) {
+        let (active, waiting) = app.peers.known(p.id).map_or((0, 0), |s| {
+            use std::sync::atomic::Ordering::Relaxed;
+            (s.active.load(Relaxed), s.waiting.load(Relaxed))
+        });
+        // A forward is one short connection: it is the client's request
+        // and the server side's cancel at once.
+        rs.row(vec![v(p.id), v(active), v(waiting), v(active), v(0)]);
+    }
+    rs
+}
+
 pub fn lists(app: &App) -> ResultSet {
     let mut rs = ResultSet::new(&["list", "items"], "si");
     let config = app.config();
@@ -363,9 +405,9 @@ pub fn lists(app: &App) -> ResultSet {
     for (name, items) in [
         ("databases", dbs as u32),
         ("users", users.len() as u32),
-        ("peers", 0),
+        ("peers", peers(&config).count() as u32),
         ("pools", pools.len() as u32),
-        ("peer_pools", 0),
+        ("peer_pools", peers(&config).count() as u32),
         ("free_clients", 0),
         ("used_clients", clients),
         ("login_clients", 0),

@@ -3,6 +3,10 @@
 //! logged-in client has one), servers from the pools (idle and lent).
 //! `ptr` is the connection's process id in hex (sluice's own for a client,
 //! the backend's for a server) and `link` the peer's, so the two lists join.
+//! SHOW SOCKETS lists both kinds with PgBouncer's seven buffer columns,
+//! which are 0: sluice keeps no packet buffer on an idle connection, and a
+//! linked one's bytes are the relay's, read and written as they come.
+//! SHOW ACTIVE_SOCKETS keeps the linked ones (state `active`).
 
 use std::collections::HashMap;
 use std::time::SystemTime;
@@ -158,6 +162,44 @@ pub fn servers(app: &App) -> ResultSet {
                 v(s.id),
             ]);
         }
+    }
+    rs
+}
+
+/// PgBouncer's buffer columns of SHOW SOCKETS.
+const BUFFER_COLUMNS: [&str; 7] = [
+    "recv_pos",
+    "pkt_pos",
+    "pkt_remain",
+    "send_pos",
+    "send_remain",
+    "pkt_avail",
+    "send_avail",
+];
+
+/// SHOW SOCKETS (`active_only`: SHOW ACTIVE_SOCKETS).
+pub fn sockets(app: &App, active_only: bool) -> ResultSet {
+    let columns: Vec<&str> = COLUMNS
+        .iter()
+        .chain(BUFFER_COLUMNS.iter())
+        .copied()
+        .collect();
+    let mut rs = ResultSet::new(&columns, &format!("{TYPES}iiiiiii"));
+    let rows = clients(app)
+        .into_rows()
+        .into_iter()
+        .map(|mut r| {
+            r.truncate(COLUMNS.len());
+            r
+        })
+        .chain(servers(app).into_rows());
+    for mut row in rows {
+        let active = row[4].as_deref().is_some_and(|s| s.starts_with("active"));
+        if active_only && !active {
+            continue;
+        }
+        row.extend(std::iter::repeat_n(v(0), BUFFER_COLUMNS.len()));
+        rs.row(row);
     }
     rs
 }

@@ -5,6 +5,10 @@
 //! Slots live in fixed chunks found by the client's process id (its low bits
 //! are the slot index, its high bits random): 32 bytes per client, no map, and
 //! linking a server for a transaction is one atomic store.
+//! With `peer_id` set (several sluices behind one address, `[peers]`), the
+//! process id carries the peer id (14 bits) above a 17-bit slot index, and
+//! the secret's two low bits count how many more times the request may be
+//! forwarded between peers (PgBouncer's scheme: 3, compared as all ones).
 
 use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
@@ -18,7 +22,6 @@ use super::target::ServerAddr;
 use crate::auth::scram::fill_random;
 
 const INDEX_BITS: u32 = 21;
-const INDEX_MASK: i32 = (1 << INDEX_BITS) - 1;
 const CHUNK: usize = 1024;
 /// 2^21 clients at most (far above any max_client_conn).
 const MAX_CHUNKS: usize = (1 << INDEX_BITS) / CHUNK;
@@ -80,14 +83,64 @@ pub struct CancelRegistry {
     chunks: Box<[OnceLock<Box<[Slot]>>]>,
     /// Free slot indices, and the first never used.
     free: Mutex<(Vec<u32>, u32)>,
+    /// `peer_id` (0: no peering), fixed at startup.
+    peer_id: u32,
 }
 
 impl Default for CancelRegistry {
     fn default() -> Self {
+        Self::new(0)
+    }
+}
+
+/// Slot index bits when peering (the peer id takes the 14 above).
+const PEER_INDEX_BITS: u32 = 17;
+/// The secret's forwarding budget bits.
+const TTL_MASK: i32 = 0b11;
+
+impl CancelRegistry {
+    pub fn new(peer_id: u32) -> Self {
         Self {
             chunks: (0..MAX_CHUNKS).map(|_| OnceLock::new()).collect(),
             free: Mutex::new((Vec::new(), 0)),
+            peer_id: peer_id.min(sluice_config::MAX_PEER_ID),
         }
+    }
+
+    fn index_bits(&self) -> u32 {
+        if self.peer_id == 0 {
+            INDEX_BITS
+        } else {
+            PEER_INDEX_BITS
+        }
+    }
+
+    fn index_of(&self, process_id: i32) -> u32 {
+        (process_id & ((1 << self.index_bits()) - 1)) as u32
+    }
+
+    /// The peer a cancel request's key belongs to, when it is another
+    /// sluice of the group's (peering on), with the request as it is to be
+    /// forwarded (one forward spent); `Err(peer)` when its budget is spent.
+    pub fn for_peer(&self, req: &CancelRequest) -> Option<Result<(u32, CancelRequest), u32>> {
+        if self.peer_id == 0 {
+            return None;
+        }
+        let peer = ((req.process_id as u32) >> PEER_INDEX_BITS) & sluice_config::MAX_PEER_ID;
+        if peer == self.peer_id {
+            return None;
+        }
+        let ttl = req.secret_key & TTL_MASK;
+        if ttl == 0 {
+            return Some(Err(peer));
+        }
+        Some(Ok((
+            peer,
+            CancelRequest {
+                process_id: req.process_id,
+                secret_key: (req.secret_key & !TTL_MASK) | (ttl - 1),
+            },
+        )))
     }
 }
 
@@ -115,7 +168,7 @@ impl CancelRegistry {
             let mut free = self.free.lock().unwrap_or_else(|p| p.into_inner());
             match free.0.pop() {
                 Some(i) => i,
-                None if (free.1 as usize) < MAX_CHUNKS * CHUNK => {
+                None if (free.1 as usize) < (1usize << self.index_bits()) => {
                     free.1 += 1;
                     free.1 - 1
                 }
@@ -127,10 +180,18 @@ impl CancelRegistry {
         let slot = &chunk[index as usize % CHUNK];
         let mut raw = [0u8; 6];
         fill_random(&mut raw);
-        let high = (i32::from(u16::from_be_bytes([raw[0], raw[1]])) % 1023) + 1;
-        let key = BackendKeyData {
-            process_id: (high << INDEX_BITS) | index as i32,
-            secret_key: i32::from_be_bytes([raw[2], raw[3], raw[4], raw[5]]),
+        let secret = i32::from_be_bytes([raw[2], raw[3], raw[4], raw[5]]);
+        let key = if self.peer_id == 0 {
+            let high = (i32::from(u16::from_be_bytes([raw[0], raw[1]])) % 1023) + 1;
+            BackendKeyData {
+                process_id: (high << INDEX_BITS) | index as i32,
+                secret_key: secret,
+            }
+        } else {
+            BackendKeyData {
+                process_id: ((self.peer_id as i32) << PEER_INDEX_BITS) | index as i32,
+                secret_key: secret | TTL_MASK,
+            }
         };
         *slot.meta.lock().unwrap_or_else(|p| p.into_inner()) = Some(meta);
         slot.server.store(0, Ordering::Relaxed);
@@ -242,11 +303,17 @@ impl CancelRegistry {
         host_target: impl Fn(&Arc<Pool>, u32) -> Option<Arc<super::target::ServerTarget>>,
     ) -> std::io::Result<bool> {
         let found = self
-            .slot((req.process_id & INDEX_MASK) as u32)
+            .slot(self.index_of(req.process_id))
             .filter(|s| {
+                // A forwarded request spent some of its budget bits.
+                let secret = if self.peer_id == 0 {
+                    req.secret_key
+                } else {
+                    req.secret_key | TTL_MASK
+                };
                 req.process_id != 0
                     && s.pid.load(Ordering::Acquire) == req.process_id
-                    && s.secret.load(Ordering::Relaxed) == req.secret_key
+                    && s.secret.load(Ordering::Relaxed) == secret
             })
             .and_then(|s| {
                 let server = s.server.load(Ordering::Acquire);
@@ -314,5 +381,35 @@ mod tests {
             secret_key: i32::MIN,
         };
         assert_eq!(unpack(pack(k)), k);
+    }
+
+    #[test]
+    fn peered_keys_name_their_peer_and_spend_a_forward_each_hop() {
+        let one = CancelRegistry::new(1);
+        let two = CancelRegistry::new(2);
+        // A key as member 2 hands it out: peer id above 17 index bits, all
+        // forwarding bits set.
+        let key = BackendKeyData {
+            process_id: (2 << PEER_INDEX_BITS) | 5,
+            secret_key: 0x1234_5670 | TTL_MASK,
+        };
+        let req = CancelRequest {
+            process_id: key.process_id,
+            secret_key: key.secret_key,
+        };
+        assert!(two.for_peer(&req).is_none(), "its own key stays");
+        assert_eq!(two.index_of(req.process_id), 5);
+        let Some(Ok((peer, once))) = one.for_peer(&req) else {
+            panic!("member 1 forwards it");
+        };
+        assert_eq!(peer, 2);
+        assert_eq!(once.secret_key & TTL_MASK, 2);
+        let twice = one.for_peer(&once).and_then(Result::ok).map(|(_, r)| r);
+        let thrice = twice.and_then(|r| one.for_peer(&r)).and_then(Result::ok);
+        let spent = thrice.map(|(_, r)| r).expect("three forwards");
+        assert_eq!(spent.secret_key & TTL_MASK, 0);
+        assert_eq!(one.for_peer(&spent).map(|r| r.is_err()), Some(true));
+        // Without peering nothing is forwarded.
+        assert!(CancelRegistry::new(0).for_peer(&req).is_none());
     }
 }

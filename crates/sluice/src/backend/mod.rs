@@ -10,6 +10,7 @@ pub mod login;
 pub mod monitor;
 pub mod notify_hub;
 pub mod patroni;
+pub mod peers;
 pub mod pool;
 pub mod server;
 pub mod stats;

@@ -208,6 +208,23 @@ async fn login_inner(
                     .map_err(|e| ClientError::protocol(e.to_string()))?;
             }
             StartupPacket::Cancel(req) => {
+                match app.cancels.for_peer(&req) {
+                    Some(Ok((peer, forwarded))) => {
+                        let config = app.config();
+                        if let Err(e) = app.peers.forward(&config, peer, forwarded).await {
+                            tracing::warn!("sending cancel request to peer {peer} failed: {e}");
+                        }
+                        return Ok(None);
+                    }
+                    Some(Err(peer)) => {
+                        tracing::warn!(
+                            "cancel request for peer {peer} dropped: forwarded three times \
+                             already (is every peer's peer_id unique and in [peers]?)"
+                        );
+                        return Ok(None);
+                    }
+                    None => {}
+                }
                 let host_target = |pool: &Arc<crate::backend::pool::Pool>, host: u32| {
                     app.host_pool(pool, host as usize - 1, None)
                         .map(|p| p.settings_and_target().1)
