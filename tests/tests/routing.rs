@@ -674,8 +674,9 @@ async fn a_write_before_the_first_checks_waits_for_the_primary() {
     );
 }
 
-/// RELOAD turning route_reads off: reads go back to the first host and the
-/// checks stop.
+/// RELOAD turning route_reads off: reads go back to the first host (with
+/// `load_balance_hosts=disable`; PgBouncer's default round-robin would
+/// spread them over the list) and the checks stop.
 #[tokio::test]
 async fn reload_turns_routing_off() {
     let (primary, replica) = primary_and_replica();
@@ -684,7 +685,9 @@ async fn reload_turns_routing_off() {
     wait_for_roles(&sluice, &primary, &replica).await;
     let client = connect_as(sluice.port(), APP_USER, "postgres").await;
     assert!(in_recovery(&client, "select pg_is_in_recovery()").await);
-    sluice.rewrite_config(&routed_config(&primary, &replica, "", &[]).render());
+    sluice.rewrite_config(
+        &routed_config(&primary, &replica, "load_balance_hosts=disable", &[]).render(),
+    );
     sluice.reload();
     let deadline = Instant::now() + Duration::from_secs(10);
     while in_recovery(&client, "select pg_is_in_recovery()").await {
@@ -789,7 +792,11 @@ async fn reloads_do_not_leak_the_connection_budget() {
         }));
     }
     for round in 0..6 {
-        let route = if round % 2 == 0 { "" } else { "route_reads=1" };
+        let route = if round % 2 == 0 {
+            "load_balance_hosts=disable"
+        } else {
+            "route_reads=1"
+        };
         sluice.rewrite_config(&config(route).render());
         sluice.reload();
         tokio::time::sleep(Duration::from_millis(300)).await;

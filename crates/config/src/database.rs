@@ -138,7 +138,9 @@ pub(crate) const DATABASE_PARAMETERS: &[(&str, &str)] = &[
     ("application_name", "application_name asked of the server."),
     (
         "load_balance_hosts",
-        "round-robin (default) or disable: how a host from a host list is picked.",
+        "Without route_reads, how a new server connection picks a host of a host list: \
+         round-robin (default: the next host each time) or disable (the first that answers). \
+         A host that does not answer is skipped.",
     ),
     (
         "target_session_attrs",

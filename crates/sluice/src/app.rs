@@ -711,12 +711,26 @@ impl App {
                 startup_params.push((k.to_owned(), v.clone()));
             }
         }
-        let host = entry
-            .host
-            .as_deref()
-            .map(|h| h.split(',').next().unwrap_or(h).trim());
+        let addrs = entry_addrs(entry);
+        let first = entry.hosts().into_iter().next();
+        let addr = match &first {
+            Some(h) => ServerAddr::new(h.host.as_deref(), h.port),
+            None => ServerAddr::new(None, entry.port.unwrap_or(5432)),
+        };
+        // A host list that routes nothing: PgBouncer 1.25's
+        // load_balance_hosts over every host (a topology decides the
+        // address of the others).
+        let alternates = if Self::has_topology(config, entry) {
+            crate::backend::target::Alternates::default()
+        } else {
+            crate::backend::target::Alternates::new(
+                addrs,
+                entry.load_balance_hosts != Some(sluice_config::LoadBalanceHosts::Disable),
+            )
+        };
         let target = ServerTarget {
-            addr: ServerAddr::new(host, entry.port.unwrap_or(5432)),
+            addr,
+            alternates,
             dbname: entry.dbname.clone().unwrap_or_else(|| entry.name.clone()),
             user: server_user.to_owned(),
             startup_params,

@@ -128,11 +128,13 @@ pub fn servers(app: &App) -> ResultSet {
     pools.sort_by(|a, b| (&a.database, &a.user).cmp(&(&b.database, &b.user)));
     for p in pools {
         let (_, target) = p.settings_and_target();
-        let (addr, port) = match &target.addr {
+        let addr_of = |a: &crate::backend::target::ServerAddr| match a {
             crate::backend::target::ServerAddr::Tcp { host, port } => (v(host), v(port)),
             crate::backend::target::ServerAddr::Unix(path) => (v(path), v(0)),
         };
         for s in p.servers() {
+            let on = target.alternates.addrs.get(usize::from(s.alternate));
+            let (addr, port) = addr_of(on.unwrap_or(&target.addr));
             let (local_addr, local_port) = split(s.local);
             let connected = utc(s.created);
             rs.row(vec![

@@ -334,6 +334,19 @@ impl CancelRegistry {
         };
         let target = match host {
             0 => pool.settings_and_target().1,
+            // A server on host `i` of a list without routing.
+            i if i & super::target::ALTERNATE != 0 => {
+                let target = pool.settings_and_target().1;
+                let alt = (i & !super::target::ALTERNATE) as usize;
+                match target.alternates.addrs.get(alt) {
+                    Some(addr) => {
+                        let mut t = (*target).clone();
+                        t.addr = addr.clone();
+                        Arc::new(t)
+                    }
+                    None => return Ok(false),
+                }
+            }
             i => match host_target(&pool, i) {
                 Some(t) => t,
                 None => return Ok(false),

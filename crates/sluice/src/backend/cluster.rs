@@ -121,6 +121,7 @@ mod tests {
                 keepalive: Default::default(),
                 dns: Default::default(),
                 tls: Default::default(),
+                alternates: Default::default(),
             },
             ServerCredential::default(),
             PoolSettings {

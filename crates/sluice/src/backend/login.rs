@@ -115,6 +115,40 @@ async fn connect(
     }
 }
 
+/// Connects to the target's address, or to the first of its host list
+/// that answers, in `load_balance_hosts` order (each try bounded by a
+/// share of `server_connect_timeout`). Returns the host's index too.
+async fn connect_any(target: &ServerTarget) -> Result<(Stream, u8), LoginError> {
+    let hosts = &target.alternates;
+    if hosts.addrs.is_empty() {
+        let s = connect(&target.addr, &target.keepalive, target.dns, &target.tls).await?;
+        return Ok((s, 0));
+    }
+    let share =
+        (target.connect_timeout / hosts.addrs.len() as u32).max(std::time::Duration::from_secs(1));
+    let mut last = None;
+    for i in hosts.order() {
+        let addr = &hosts.addrs[i];
+        match tokio::time::timeout(
+            share,
+            connect(addr, &target.keepalive, target.dns, &target.tls),
+        )
+        .await
+        {
+            Ok(Ok(s)) => return Ok((s, u8::try_from(i).unwrap_or(0))),
+            Ok(Err(e)) => {
+                tracing::warn!("server {addr}: {e}; trying the next host of the list");
+                last = Some(e);
+            }
+            Err(_) => {
+                tracing::warn!("server {addr}: no answer within {share:?}; trying the next host");
+                last = Some(LoginError::Timeout);
+            }
+        }
+    }
+    Err(last.unwrap_or(LoginError::Timeout))
+}
+
 /// Asks the server for TLS (SSLRequest) and runs the handshake when it
 /// agrees; a refusal is plain TCP unless the sslmode requires TLS. (Unix
 /// sockets are never asked, as libpq never asks.)
@@ -151,7 +185,7 @@ async fn open_inner(
     target: &ServerTarget,
     credential: &ServerCredential,
 ) -> Result<(Box<ServerConn>, Reported), LoginError> {
-    let mut stream = connect(&target.addr, &target.keepalive, target.dns, &target.tls).await?;
+    let (mut stream, alternate) = connect_any(target).await?;
     let mut out = BytesMut::with_capacity(256);
     let mut params = vec![
         ("user", target.user.as_str()),
@@ -249,6 +283,7 @@ async fn open_inner(
         }
     }
     let mut server = Box::new(ServerConn::new(stream, key, tracked));
+    server.alternate = alternate;
     server.standby = reported
         .iter()
         .any(|(name, value)| name == "in_hot_standby" && value == "on");

@@ -214,6 +214,8 @@ pub struct ServerRow {
     pub prepared_statements: usize,
     /// The TLS session, as SHOW SERVERS prints it (None: plain).
     pub tls: Option<Arc<str>>,
+    /// Its host in the target's list (see `ServerConn::alternate`).
+    pub alternate: u8,
     generation: u64,
 }
 
@@ -228,6 +230,7 @@ impl ServerRow {
             active,
             prepared_statements: server.statements.len(),
             tls: server.tls.clone(),
+            alternate: server.alternate,
             generation: 0,
         }
     }
@@ -641,6 +644,7 @@ impl Pool {
             target.addr = st.target.addr.clone();
         }
         let target_changed = st.target.addr != target.addr
+            || st.target.alternates != target.alternates
             || st.target.dbname != target.dbname
             || st.target.user != target.user
             || st.target.startup_params != target.startup_params

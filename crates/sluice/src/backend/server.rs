@@ -40,6 +40,9 @@ pub struct ServerConn {
     pub standby: bool,
     /// The TLS session as SHOW SERVERS prints it, made once (None: plain).
     pub tls: Option<Arc<str>>,
+    /// Which host of its target's list it is on (0: the first, or the only
+    /// one): a cancel request for it goes there.
+    pub alternate: u8,
 }
 
 impl ServerConn {
@@ -59,6 +62,7 @@ impl ServerConn {
             created: now,
             last_used: now,
             home_worker: super::worker_id::current_worker(),
+            alternate: 0,
             statements: Box::default(),
             session: None,
             standby: false,
@@ -86,6 +90,7 @@ impl ServerConn {
             session,
             standby,
             tls,
+            alternate,
             ..
         } = *self;
         Ok(Box::new(Self {
@@ -103,6 +108,7 @@ impl ServerConn {
             session,
             standby,
             tls,
+            alternate,
         }))
     }
 

@@ -81,4 +81,53 @@ pub struct ServerTarget {
     pub dns: super::dns::DnsTtl,
     /// TLS as `server_tls_*` said when the target was made.
     pub tls: std::sync::Arc<crate::tls::ServerTls>,
+    /// A host list without read routing (PgBouncer 1.25's `host=a,b`):
+    /// every address, `addr` being the first. Empty for a single host.
+    pub alternates: Alternates,
+}
+
+/// The hosts of a list that does not route reads, and how a new server
+/// connection picks one (`load_balance_hosts`): `round-robin` (PgBouncer's
+/// default) starts each connection at the next host, `disable` always at
+/// the first; either way a host that fails is skipped for the next.
+#[derive(Debug, Clone, Default)]
+pub struct Alternates {
+    pub addrs: std::sync::Arc<[ServerAddr]>,
+    pub round_robin: bool,
+    next: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+}
+
+/// Cancel links of a server on host `i` of such a list (`i` > 0) carry
+/// `ALTERNATE | i` as their host (see `cancel.rs`).
+pub const ALTERNATE: u32 = 1 << 31;
+
+impl PartialEq for Alternates {
+    fn eq(&self, other: &Self) -> bool {
+        self.addrs == other.addrs && self.round_robin == other.round_robin
+    }
+}
+
+impl Alternates {
+    pub fn new(addrs: Vec<ServerAddr>, round_robin: bool) -> Self {
+        Self {
+            addrs: if addrs.len() > 1 {
+                addrs.into()
+            } else {
+                std::sync::Arc::from([])
+            },
+            round_robin,
+            next: Default::default(),
+        }
+    }
+
+    /// The order in which a new connection tries the hosts (indices).
+    pub fn order(&self) -> impl Iterator<Item = usize> + use<> {
+        let n = self.addrs.len().max(1);
+        let start = if self.round_robin {
+            self.next.fetch_add(1, std::sync::atomic::Ordering::Relaxed) % n
+        } else {
+            0
+        };
+        (0..n).map(move |i| (start + i) % n)
+    }
 }

@@ -128,6 +128,12 @@ pub async fn run(client: &mut Client, cbuf: &mut BytesMut, mut lease: Lease) -> 
     {
         let host = lease.host();
         let server = lease.server();
+        // A server on another host of a list without routing: its cancel
+        // goes there.
+        let host = match server.alternate {
+            0 => host,
+            alt => crate::backend::target::ALTERNATE | u32::from(alt),
+        };
         client.app.cancels.link(client.cancel, server.key, host);
         server.statements.scope = client.pool.scope;
         if !Arc::ptr_eq(&server.params, &client.params) {
