@@ -2,7 +2,8 @@
 //! (issue 12): socket options (`tcp_user_timeout`, `tcp_socket_buffer`,
 //! `tcp_defer_accept`, read back from sluice's own sockets),
 //! `server_round_robin`, `scram_iterations`, `login_notify_message`,
-//! `query_wait_notify`, `pool_idle_timeout`, and the event-loop knobs that
+//! `query_wait_notify`, `pool_idle_timeout`, `server_fast_close`, and the
+//! event-loop knobs that
 //! have nothing to turn in sluice (warned about).
 
 use std::time::Duration;
@@ -237,4 +238,50 @@ fn knobs_without_effect_are_warned_about() {
         log.contains("sbuf_loopcnt is set but has no effect"),
         "{log}"
     );
+}
+
+#[tokio::test]
+async fn server_fast_close_ends_sessions_on_marked_servers_between_transactions() {
+    let cluster = app_cluster(ServerAuth::Trust);
+    for fast in ["1", "0"] {
+        let sluice = ConfigBuilder::for_cluster(&cluster)
+            .set("pool_mode", "session")
+            .set("admin_users", "admin")
+            .set("server_fast_close", fast)
+            .start();
+        let console = connect_as(sluice.port(), "admin", "pgbouncer").await;
+        let mut idle = connect_tracked(sluice.port(), APP_USER, "", "postgres")
+            .await
+            .expect("login");
+        idle.client.batch_execute("select 1").await.unwrap();
+        let in_tx = connect_as(sluice.port(), APP_USER, "postgres").await;
+        in_tx.batch_execute("begin; select 1").await.unwrap();
+        console.simple_query("RECONNECT").await.expect("RECONNECT");
+        tokio::time::sleep(Duration::from_millis(2500)).await;
+        // A transaction under way is never cut.
+        in_tx
+            .batch_execute("select 2; commit")
+            .await
+            .expect("the open transaction finishes");
+        if fast == "1" {
+            match idle.ended(Duration::from_secs(3)).await {
+                Some(Err(e)) => assert_eq!(
+                    e.as_db_error().map(|d| d.message()),
+                    Some("database configuration changed")
+                ),
+                other => panic!("the idle session was not ended: {other:?}"),
+            }
+            tokio::time::sleep(Duration::from_millis(2000)).await;
+            assert!(
+                in_tx.batch_execute("select 3").await.is_err(),
+                "the session ended after its transaction"
+            );
+        } else {
+            idle.client
+                .batch_execute("select 1")
+                .await
+                .expect("without server_fast_close the session goes on");
+            in_tx.batch_execute("select 3").await.expect("goes on");
+        }
+    }
 }

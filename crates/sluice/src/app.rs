@@ -699,6 +699,7 @@ impl App {
             server_round_robin: s.server_round_robin,
             cancel_wait_timeout: s.cancel_wait_timeout,
             query_wait_notify: s.query_wait_notify,
+            server_fast_close: s.server_fast_close,
         };
         let mut startup_params = Vec::new();
         for (k, v) in [

@@ -151,6 +151,7 @@ mod tests {
                 server_round_robin: false,
                 cancel_wait_timeout: Duration::ZERO,
                 query_wait_notify: Duration::ZERO,
+                server_fast_close: false,
             },
             Arc::new(ConnLimit::new(0)),
             Arc::new(ConnLimit::new(0)),

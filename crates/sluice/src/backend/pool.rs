@@ -92,6 +92,9 @@ pub struct PoolSettings {
     pub cancel_wait_timeout: Duration,
     /// A client queued this long is told so (0: never).
     pub query_wait_notify: Duration,
+    /// Session mode: a server marked to close ends its session at the next
+    /// transaction boundary (`server_fast_close`).
+    pub server_fast_close: bool,
 }
 
 /// Where a database entry's transactions go by `target_session_attrs`
@@ -298,6 +301,12 @@ pub struct Lease {
 }
 
 impl Lease {
+    /// Its server was marked to close (RECONNECT, or a RELOAD that changed
+    /// where or how servers connect) since it was lent.
+    pub fn stale(&self) -> bool {
+        self.pool.lock().generation != self.generation
+    }
+
     /// The query to check its server with before use, if it is due
     /// (`server_check_query` after `server_check_delay` idle).
     pub fn check_due(&self) -> Option<&str> {

@@ -409,6 +409,14 @@ pub async fn run(client: &mut Client, cbuf: &mut BytesMut, mut lease: Lease) -> 
         } else if pinned_idle {
             (!settings.client_idle_timeout.is_zero())
                 .then_some((IdleKind::Client, settings.client_idle_timeout))
+        } else if release_each.is_none()
+            && settings.server_fast_close
+            && cycle.req.at_rest()
+            && cycle.status == TransactionStatus::Idle
+        {
+            // server_fast_close: a session between transactions gives up a
+            // server a RECONNECT or RELOAD marked (looked at each second).
+            Some((IdleKind::FastClose, FAST_CLOSE_POLL))
         } else {
             // Idle in a transaction, or in the implicit one of an
             // extended-protocol batch with no Sync yet.
@@ -488,6 +496,20 @@ pub async fn run(client: &mut Client, cbuf: &mut BytesMut, mut lease: Lease) -> 
                     "08P01",
                     "transaction timeout",
                 )));
+            }
+            IoEvent::IdleTimeout
+                if idle_timer
+                    .as_ref()
+                    .is_some_and(|(k, _)| *k == IdleKind::FastClose) =>
+            {
+                if lease.stale() {
+                    tracing::info!(user = %client.user(), db = %client.database(), "closing because: database configuration changed (server_fast_close)");
+                    break Err(End::Client(ClientError::new(
+                        "08006",
+                        "database configuration changed",
+                    )));
+                }
+                idle_timer = None;
             }
             IoEvent::IdleTimeout => {
                 break Err(End::Client(match idle_timer.as_ref().map(|(k, _)| *k) {
@@ -693,7 +715,13 @@ enum IdleKind {
     Message,
     /// query_timeout: the server has not finished answering.
     Query,
+    /// server_fast_close: a session-mode client between transactions.
+    FastClose,
 }
+
+/// How often a session between transactions looks whether its server was
+/// marked to close (`server_fast_close`).
+const FAST_CLOSE_POLL: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// How long a transaction-mode client may stall halfway through a message
 /// while it holds a server (other clients may be waiting for it).
