@@ -85,6 +85,11 @@ pub fn warn_without_effect(s: &Settings) {
             "SUSPEND and online restart (-R) are not implemented; restarts use so_reuseport",
         ),
         (
+            "auth_ldap_options",
+            s.auth_ldap_options != defaults.auth_ldap_options,
+            "sluice links no LDAP library (auth_type = ldap is refused)",
+        ),
+        (
             "job_name (service_name)",
             s.job_name != defaults.job_name,
             "it names the Windows service",
