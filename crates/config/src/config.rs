@@ -18,6 +18,9 @@ pub struct Config {
     pub users: Vec<UserEntry>,
     /// `[peers]` entries in file order (same rule for repeated ids).
     pub peers: Vec<crate::peer_entry::PeerEntry>,
+    /// Databases read from the web console's file (`web_console_file`),
+    /// which it may change; they are in `databases` too.
+    pub managed: Vec<String>,
     /// `[pgbouncer]` and `[sluice]` settings.
     pub settings: Settings,
     /// Unknown keys and other oddities, for the daemon to log.
@@ -25,6 +28,20 @@ pub struct Config {
 }
 
 impl Config {
+    /// The web console's file for a configuration read from `conffile`.
+    pub fn web_console_path(&self) -> std::path::PathBuf {
+        let own = &self.settings.web_console_file;
+        let base = std::path::Path::new(&self.settings.conffile)
+            .parent()
+            .map(std::path::Path::to_path_buf)
+            .unwrap_or_default();
+        if own.is_empty() {
+            base.join("sluice-web.ini")
+        } else {
+            base.join(own)
+        }
+    }
+
     /// The `[databases]` entry named exactly `name`. The `*` fallback is not
     /// consulted; see `fallback_database`.
     pub fn database(&self, name: &str) -> Option<&Database> {

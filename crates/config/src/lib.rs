@@ -48,7 +48,40 @@ pub fn load(path: &Path) -> Result<Config, ConfigError> {
         file: path.to_path_buf(),
         source,
     })?;
-    parse_str(&text, path)
+    let mut config = parse_str(&text, path)?;
+    if config.settings.web_console {
+        add_managed(&mut config)?;
+    }
+    Ok(config)
+}
+
+/// Adds the web console's databases (its file's `[databases]` section; a
+/// name the main configuration has is a warning and stays the main one's).
+fn add_managed(config: &mut Config) -> Result<(), ConfigError> {
+    let path = config.web_console_path();
+    let text = match std::fs::read_to_string(&path) {
+        Ok(t) => t,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        Err(source) => return Err(ConfigError::Read { file: path, source }),
+    };
+    let managed = parse_str(&text, &path)?;
+    for database in managed.databases {
+        if config.database(&database.name).is_some() {
+            config.warnings.push(Warning {
+                file: path.clone(),
+                line: database.line,
+                message: format!(
+                    "database {:?} is in the main configuration too; the web console's entry \
+                     is ignored",
+                    database.name
+                ),
+            });
+            continue;
+        }
+        config.managed.push(database.name.clone());
+        config.databases.push(database);
+    }
+    Ok(())
 }
 
 /// Reads configuration `text` as if it were the contents of `origin`:

@@ -300,6 +300,15 @@ define_settings! {
              cursor or a session advisory lock on its server keeps that server until the object \
              is gone (pin), or the object is removed when the transaction ends (discard). \
              Pinned clients show in SHOW CLIENTS and /metrics.";
+        web_console: bool = false => "0", Flag, reload,
+            "Serve the web console (/) and its JSON API (/api/…) on metrics_addr: live pools, \
+             databases, clients and hosts, and databases created, resized, paused and removed \
+             at run time. HTTP Basic with an admin_users (changes) or stats_users (read-only) \
+             name and its auth_file password.";
+        web_console_file: String = String::new() => "", Text, reload,
+            "The [databases] file the web console owns: read with the configuration, rewritten \
+             atomically when the API changes a database; empty means sluice-web.ini next to the \
+             configuration file.";
         workers: usize = 0 => "0", ThreadCount, fixed,
             "Worker threads; 0 means one per CPU.";
         worker_busy_percent: u32 = 80 => "80", Count, reload,

@@ -4,10 +4,10 @@
 //! `admin_users` may run everything, `stats_users` only SHOW.
 
 mod commands;
-mod hosts;
-mod result;
-mod show;
-mod sockets;
+pub(crate) mod hosts;
+pub(crate) mod result;
+pub(crate) mod show;
+pub(crate) mod sockets;
 
 use std::sync::Arc;
 

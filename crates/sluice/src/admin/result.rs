@@ -39,6 +39,36 @@ impl ResultSet {
         self.rows.push(values);
     }
 
+    /// The rows as JSON objects keyed by column (the web console's API):
+    /// numeric columns as numbers, NULL as null.
+    pub fn to_json(&self) -> serde_json::Value {
+        let rows = self
+            .rows
+            .iter()
+            .map(|row| {
+                let object = self
+                    .columns
+                    .iter()
+                    .zip(row)
+                    .map(|((name, ty), value)| {
+                        let value = match (ty, value) {
+                            (_, None) => serde_json::Value::Null,
+                            (ColumnType::Text, Some(v)) => serde_json::Value::from(v.as_str()),
+                            (_, Some(v)) => v
+                                .parse::<i64>()
+                                .map(serde_json::Value::from)
+                                .or_else(|_| v.parse::<f64>().map(serde_json::Value::from))
+                                .unwrap_or_else(|_| serde_json::Value::from(v.as_str())),
+                        };
+                        ((*name).to_owned(), value)
+                    })
+                    .collect::<serde_json::Map<_, _>>();
+                serde_json::Value::Object(object)
+            })
+            .collect();
+        serde_json::Value::Array(rows)
+    }
+
     /// The rows, for a command that combines result sets.
     pub fn into_rows(self) -> Vec<Vec<Option<String>>> {
         self.rows

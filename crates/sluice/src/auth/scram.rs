@@ -118,6 +118,18 @@ impl ScramSecret {
         }
     }
 
+    /// Whether `password` is the one this secret was made from (HTTP Basic
+    /// on the web console); the comparison takes the same time either way.
+    pub fn matches_password(&self, password: &str) -> bool {
+        let salted = salted_password(password, &self.salt, self.iterations.min(100_000));
+        let stored = sha256(&hmac(&salted, &[b"Client Key"]));
+        stored
+            .iter()
+            .zip(self.stored_key.iter())
+            .fold(0u8, |acc, (a, b)| acc | (a ^ b))
+            == 0
+    }
+
     fn from_salted(salted: &[u8; KEY_LEN], salt: Vec<u8>, iterations: u32) -> Self {
         let client_key = hmac(salted, &[b"Client Key"]);
         Self {

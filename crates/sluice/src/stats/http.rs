@@ -1,9 +1,10 @@
 //! The HTTP endpoint on `metrics_addr`: `GET /metrics` (Prometheus text
-//! format) and `GET /health` (200 when sluice can serve, 503 while paused,
-//! shutting down, or when a pool's server logins keep failing). Two
-//! fixed routes do not need an HTTP framework: a request line is read with
-//! a timeout and a size limit, one response is written, the connection
-//! closes.
+//! format), `GET /health` (200 when sluice can serve, 503 while paused,
+//! shutting down, or when a pool's server logins keep failing), and with
+//! `web_console` the console's page and API (`web.rs`). A few fixed routes
+//! do not need an HTTP framework: a request is read with a timeout and
+//! size limits (8 KiB of head, 64 KiB of body), one response is written,
+//! the connection closes.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -50,6 +51,9 @@ pub fn unhealthy(app: &App) -> Option<String> {
         .map(|p| format!("no reachable server for {}/{}", p.database, p.user))
 }
 
+/// Largest request body (the web console's JSON).
+const BODY_LIMIT: usize = 64 * 1024;
+
 async fn answer(
     app: &App,
     registry: &prometheus_client::registry::Registry,
@@ -57,10 +61,16 @@ async fn answer(
 ) -> std::io::Result<()> {
     let mut buf = Vec::with_capacity(512);
     let mut chunk = [0u8; 1024];
-    while !buf.windows(4).any(|w| w == b"\r\n\r\n") && !buf.windows(2).any(|w| w == b"\n\n") {
+    let head_end = loop {
+        if let Some(i) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+            break Some(i + 4);
+        }
+        if let Some(i) = buf.windows(2).position(|w| w == b"\n\n") {
+            break Some(i + 2);
+        }
         let n = stream.read(&mut chunk).await?;
         if n == 0 {
-            break;
+            break None;
         }
         buf.extend_from_slice(&chunk[..n]);
         if buf.len() > REQUEST_LIMIT {
@@ -69,23 +79,78 @@ async fn answer(
                 "431 Request Header Fields Too Large",
                 "text/plain",
                 "too large\n",
+                &[],
             )
             .await;
         }
-    }
-    let line = String::from_utf8_lossy(&buf);
-    let mut parts = line.split_whitespace();
+    };
+    let head_end = head_end.unwrap_or(buf.len());
+    let head = String::from_utf8_lossy(&buf[..head_end]).into_owned();
+    let mut lines = head.lines();
+    let mut parts = lines.next().unwrap_or("").split_whitespace();
     let (method, path) = (parts.next().unwrap_or(""), parts.next().unwrap_or(""));
+    let header = |name: &str| {
+        head.lines().skip(1).find_map(|l| {
+            let (k, v) = l.split_once(':')?;
+            k.trim()
+                .eq_ignore_ascii_case(name)
+                .then(|| v.trim().to_owned())
+        })
+    };
+    let route = path.split('?').next().unwrap_or("");
+    if app.config().settings.web_console && super::web::owns(route) {
+        let length = header("content-length")
+            .and_then(|l| l.parse::<usize>().ok())
+            .unwrap_or(0);
+        if length > BODY_LIMIT {
+            return respond(
+                &mut stream,
+                "413 Payload Too Large",
+                "text/plain",
+                "too large\n",
+                &[],
+            )
+            .await;
+        }
+        let mut body = buf[head_end..].to_vec();
+        while body.len() < length {
+            let n = stream.read(&mut chunk).await?;
+            if n == 0 {
+                break;
+            }
+            body.extend_from_slice(&chunk[..n]);
+        }
+        body.truncate(length);
+        let authorization = header("authorization");
+        let response = super::web::handle(
+            app,
+            &super::web::Request {
+                method,
+                path,
+                authorization: authorization.as_deref(),
+                body: &body,
+            },
+        );
+        return respond(
+            &mut stream,
+            response.status,
+            response.content_type,
+            &response.body,
+            &response.headers,
+        )
+        .await;
+    }
     if method != "GET" {
         return respond(
             &mut stream,
             "405 Method Not Allowed",
             "text/plain",
             "GET only\n",
+            &[],
         )
         .await;
     }
-    match path.split('?').next().unwrap_or("") {
+    match route {
         "/metrics" => {
             let body = super::metrics::render(registry);
             respond(
@@ -93,17 +158,19 @@ async fn answer(
                 "200 OK",
                 "application/openmetrics-text; version=1.0.0; charset=utf-8",
                 &body,
+                &[],
             )
             .await
         }
         "/health" => match unhealthy(app) {
-            None => respond(&mut stream, "200 OK", "text/plain", "ok\n").await,
+            None => respond(&mut stream, "200 OK", "text/plain", "ok\n", &[]).await,
             Some(why) => {
                 respond(
                     &mut stream,
                     "503 Service Unavailable",
                     "text/plain",
                     &format!("{why}\n"),
+                    &[],
                 )
                 .await
             }
@@ -114,6 +181,7 @@ async fn answer(
                 "404 Not Found",
                 "text/plain",
                 "try /metrics or /health\n",
+                &[],
             )
             .await
         }
@@ -125,11 +193,17 @@ async fn respond(
     status: &str,
     content_type: &str,
     body: &str,
+    extra: &[String],
 ) -> std::io::Result<()> {
-    let head = format!(
-        "HTTP/1.1 {status}\r\nContent-Type: {content_type}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+    let mut head = format!(
+        "HTTP/1.1 {status}\r\nContent-Type: {content_type}\r\nContent-Length: {}\r\nConnection: close\r\n",
         body.len()
     );
+    for line in extra {
+        head.push_str(line);
+        head.push_str("\r\n");
+    }
+    head.push_str("\r\n");
     stream.write_all(head.as_bytes()).await?;
     stream.write_all(body.as_bytes()).await?;
     stream.shutdown().await

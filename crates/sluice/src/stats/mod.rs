@@ -5,6 +5,7 @@
 
 pub mod http;
 pub mod metrics;
+pub mod web;
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Mutex;
