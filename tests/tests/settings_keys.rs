@@ -94,6 +94,25 @@ async fn transaction_timeout_ends_a_long_transaction_not_a_short_one() {
             .await
             .expect("short transactions are not timed out");
     }
+    // Pipelined autocommit statements (the next always in flight before
+    // the previous answer) are as many transactions, each timed alone.
+    {
+        use futures_util::StreamExt;
+        let mut in_flight = futures_util::stream::FuturesUnordered::new();
+        for _ in 0..3 {
+            in_flight.push(short.simple_query("select pg_sleep(0.05)"));
+        }
+        let until = Instant::now() + Duration::from_millis(2500);
+        let mut done = 0;
+        while let Some(result) = in_flight.next().await {
+            result.expect("pipelined statements are not timed out together");
+            done += 1;
+            if Instant::now() < until {
+                in_flight.push(short.simple_query("select pg_sleep(0.05)"));
+            }
+        }
+        assert!(done > 40, "{done}");
+    }
     // Idle between transactions is not a transaction either.
     tokio::time::sleep(Duration::from_millis(1500)).await;
     assert_eq!(

@@ -85,7 +85,7 @@ define_settings! {
         default_pool_size: u32 = 20 => "20", Count, reload,
             "Server connections per user/database pair unless a database or user entry sets \
              pool_size.";
-        disable_pqexec: bool = false => "0", Flag, fixed,
+        disable_pqexec: bool = false => "0", Flag, reload,
             "Refuse the simple query protocol, so one message cannot carry several statements.";
         dns_max_ttl: Duration = secs(15) => "15", Seconds, reload,
             "How long a successful DNS lookup is cached. (seconds)";

@@ -476,7 +476,11 @@ impl App {
 
     /// The pool for a client of `database` logged in as `user`.
     pub fn pool_for(&self, database: &str, user: &str) -> Result<Arc<Pool>, PoolLookupError> {
-        self.pool_as(database, user, false)
+        let pool = self.pool_as(database, user, false)?;
+        // A login is under way: the idle-pool janitor leaves it alone for
+        // its timeout (the client joins once logged in).
+        pool.touch();
+        Ok(pool)
     }
 
     /// The pool in which `auth_user` runs `auth_query` on `database`: that

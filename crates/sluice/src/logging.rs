@@ -49,6 +49,8 @@ struct SyslogTarget {
 }
 
 static SYSLOG: Mutex<Option<SyslogTarget>> = Mutex::new(None);
+/// `syslog` is on (checked before taking the lock: most lines need none).
+static SYSLOG_ON: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
 
 /// The facility number of a `syslog_facility` name (PgBouncer's list).
 pub fn facility_code(name: &str) -> Option<u8> {
@@ -90,6 +92,7 @@ pub fn configure_syslog(s: &sluice_config::Settings) {
     } else {
         None
     };
+    SYSLOG_ON.store(target.is_some(), std::sync::atomic::Ordering::Relaxed);
     *SYSLOG.lock().unwrap_or_else(|p| p.into_inner()) = target;
 }
 
@@ -128,6 +131,9 @@ struct SyslogLine {
 
 impl std::io::Write for SyslogLine {
     fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        if !SYSLOG_ON.load(std::sync::atomic::Ordering::Relaxed) {
+            return Ok(buf.len());
+        }
         // Bounded: syslog datagrams are small; the rest is cut.
         let room = MAX_SYSLOG_LINE.saturating_sub(self.line.len());
         self.line.extend_from_slice(&buf[..buf.len().min(room)]);
@@ -144,6 +150,9 @@ const MAX_SYSLOG_LINE: usize = 8 * 1024;
 
 impl Drop for SyslogLine {
     fn drop(&mut self) {
+        if self.line.is_empty() {
+            return;
+        }
         let guard = SYSLOG.lock().unwrap_or_else(|p| p.into_inner());
         let Some(target) = guard.as_ref() else {
             return;

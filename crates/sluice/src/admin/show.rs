@@ -352,9 +352,13 @@ pub fn config(app: &App) -> ResultSet {
 /// idle servers included), `free_*` its caches of unused objects, which
 /// sluice does not keep (0). `databases` counts the console's own
 /// `pgbouncer` database, a row of SHOW DATABASES in both.
-/// The `[peers]` entries other than this process's own.
-fn peers(config: &sluice_config::Config) -> impl Iterator<Item = &sluice_config::PeerEntry> {
-    let own = config.settings.peer_id;
+/// The `[peers]` entries other than this process's own (its `peer_id` as
+/// of startup: a RELOAD does not change it).
+fn peers<'a>(
+    app: &App,
+    config: &'a sluice_config::Config,
+) -> impl Iterator<Item = &'a sluice_config::PeerEntry> {
+    let own = app.cancels.peer_id();
     config.peers.iter().filter(move |p| p.id != own)
 }
 
@@ -362,7 +366,7 @@ fn peers(config: &sluice_config::Config) -> impl Iterator<Item = &sluice_config:
 pub fn peers_list(app: &App) -> ResultSet {
     let mut rs = ResultSet::new(&["peer_id", "host", "port", "pool_size"], "isii");
     let config = app.config();
-    for p in peers(&config) {
+    for p in peers(app, &config) {
         let size = p.pool_size.unwrap_or(config.settings.default_pool_size);
         rs.row(vec![v(p.id), v(&p.host), v(p.port), v(size)]);
     }
@@ -382,7 +386,7 @@ pub fn peer_pools(app: &App) -> ResultSet {
         "iiiii",
     );
     let config = app.config();
-    for p in peers(&config) {
+    for p in peers(app, &config) {
         let (active, waiting) = app.peers.known(p.id).map_or((0, 0), |s| {
             use std::sync::atomic::Ordering::Relaxed;
             (s.active.load(Relaxed), s.waiting.load(Relaxed))
@@ -405,9 +409,9 @@ pub fn lists(app: &App) -> ResultSet {
     for (name, items) in [
         ("databases", dbs as u32),
         ("users", users.len() as u32),
-        ("peers", peers(&config).count() as u32),
+        ("peers", peers(app, &config).count() as u32),
         ("pools", pools.len() as u32),
-        ("peer_pools", peers(&config).count() as u32),
+        ("peer_pools", peers(app, &config).count() as u32),
         ("free_clients", 0),
         ("used_clients", clients),
         ("login_clients", 0),

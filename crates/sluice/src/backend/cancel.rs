@@ -107,6 +107,11 @@ impl CancelRegistry {
         }
     }
 
+    /// `peer_id` as of startup (0: no peering).
+    pub fn peer_id(&self) -> u32 {
+        self.peer_id
+    }
+
     fn index_bits(&self) -> u32 {
         if self.peer_id == 0 {
             INDEX_BITS

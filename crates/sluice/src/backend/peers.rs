@@ -72,14 +72,13 @@ impl Peers {
             .unwrap_or(FALLBACK_TIMEOUT);
         let dns = super::dns::DnsTtl::from_settings(s);
         let send = async {
-            state.waiting.fetch_add(1, Ordering::Relaxed);
-            let permit = state.slots.acquire().await;
-            state.waiting.fetch_sub(1, Ordering::Relaxed);
+            let permit = {
+                let _waiting = Counted::new(&state.waiting);
+                state.slots.acquire().await
+            };
             let _permit = permit.map_err(|_| io::Error::other("peer slots closed"))?;
-            state.active.fetch_add(1, Ordering::Relaxed);
-            let sent = send_to(entry, dns, req).await;
-            state.active.fetch_sub(1, Ordering::Relaxed);
-            sent
+            let _active = Counted::new(&state.active);
+            send_to(entry, dns, req).await
         };
         tokio::time::timeout(timeout, send).await.map_err(|_| {
             io::Error::new(
@@ -87,6 +86,32 @@ impl Peers {
                 format!("forwarding a cancel request to peer {id} timed out"),
             )
         })?
+    }
+}
+
+/// Whether a failed forward may be logged now: at most one line a second
+/// (anyone can send cancel requests, so anyone could flood the log).
+pub fn may_warn() -> bool {
+    static LAST: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    LAST.swap(now, Ordering::Relaxed) != now
+}
+
+/// One in a counter while it lives (dropped with a timed-out future too).
+struct Counted<'a>(&'a AtomicU32);
+
+impl<'a> Counted<'a> {
+    fn new(counter: &'a AtomicU32) -> Self {
+        counter.fetch_add(1, Ordering::Relaxed);
+        Self(counter)
+    }
+}
+
+impl Drop for Counted<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
     }
 }
 
@@ -105,12 +130,17 @@ async fn send_to(entry: &PeerEntry, dns: super::dns::DnsTtl, req: CancelRequest)
     let mut buf = BytesMut::with_capacity(16);
     req.encode(&mut buf);
     if let Some(name) = entry.host.strip_prefix('@') {
-        use std::os::linux::net::SocketAddrExt;
-        let addr = std::os::unix::net::SocketAddr::from_abstract_name(
-            format!("{name}/.s.PGSQL.{}", entry.port).as_bytes(),
+        // Abstract namespace: a non-blocking connect (a peer whose backlog
+        // is full answers EAGAIN at once instead of blocking a worker).
+        let mut path = vec![0u8];
+        path.extend_from_slice(format!("{name}/.s.PGSQL.{}", entry.port).as_bytes());
+        let addr = socket2::SockAddr::unix(
+            <std::ffi::OsStr as std::os::unix::ffi::OsStrExt>::from_bytes(&path),
         )?;
-        let std_stream = std::os::unix::net::UnixStream::connect_addr(&addr)?;
-        std_stream.set_nonblocking(true)?;
+        let socket = socket2::Socket::new(socket2::Domain::UNIX, socket2::Type::STREAM, None)?;
+        socket.set_nonblocking(true)?;
+        socket.connect(&addr)?;
+        let std_stream: std::os::unix::net::UnixStream = socket.into();
         let mut s = tokio::net::UnixStream::from_std(std_stream)?;
         s.write_all(&buf).await
     } else if entry.host.starts_with('/') {

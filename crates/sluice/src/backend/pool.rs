@@ -386,6 +386,38 @@ impl Drop for Lease {
 
 /// A counted slot being turned into a server. Dropped unused, it frees the
 /// slot.
+/// A waiter's receiver while `acquire` waits: if the future is dropped
+/// (its caller gave up), a server or slot handed over meanwhile would be
+/// lost with the receiver; this gives it back and leaves the line.
+struct WaitGuard<'a> {
+    pool: &'a Arc<Pool>,
+    rx: Option<oneshot::Receiver<Grant>>,
+    id: u64,
+}
+
+impl Drop for WaitGuard<'_> {
+    fn drop(&mut self) {
+        let Some(mut rx) = self.rx.take() else {
+            return;
+        };
+        rx.close();
+        let grant = rx.try_recv().ok();
+        let mut st = self.pool.lock();
+        st.waiters.retain(|w| w.id != self.id);
+        match grant {
+            None => {}
+            Some(Grant::Slot) => self.pool.free_slot(&mut st, false),
+            Some(Grant::Server(server)) => {
+                // Counted lent by the releaser: lent, then released, as a
+                // lease would be.
+                let lease = self.pool.lease(&mut st, server);
+                drop(st);
+                lease.release();
+            }
+        }
+    }
+}
+
 struct SlotGuard<'a> {
     pool: &'a Pool,
     armed: bool,
@@ -591,6 +623,11 @@ impl Pool {
         st.stats.client_logins += 1;
     }
 
+    /// Marks the pool used now (a login is on its way to it).
+    pub fn touch(&self) {
+        self.lock().last_used = Instant::now();
+    }
+
     pub fn client_left(&self) {
         let mut st = self.lock();
         st.clients = st.clients.saturating_sub(1);
@@ -734,12 +771,19 @@ impl Pool {
     /// Takes an idle server, or a slot to open one, or waits in line.
     pub async fn acquire(self: &Arc<Self>) -> Result<Lease, AcquireError> {
         let started = Instant::now();
-        let (mut rx, waiter_id, settings) = match self.first_look() {
+        let (rx, waiter_id, settings) = match self.first_look() {
             FirstLook::Leased(l) => return Ok(*l),
             // Boxed: opening a server is rare and its future is large.
             FirstLook::Open => return Box::pin(self.open_on_slot()).await,
             FirstLook::Failing(code, msg) => return Err(AcquireError::RecentFailure(code, msg)),
             FirstLook::Wait(rx, id, settings) => (rx, id, settings),
+        };
+        // Dropped with the future (a caller that stops waiting): whatever
+        // was handed over meanwhile goes back to the pool.
+        let mut waiting = WaitGuard {
+            pool: self,
+            rx: Some(rx),
+            id: waiter_id,
         };
         let wait_deadline =
             (!settings.query_wait_timeout.is_zero()).then(|| started + settings.query_wait_timeout);
@@ -771,9 +815,15 @@ impl Pool {
             if let Some(d) = wait_deadline {
                 next_check = next_check.min(d);
             }
-            let grant = match tokio::time::timeout_at(next_check.into(), &mut rx).await {
+            let Some(rx) = waiting.rx.as_mut() else {
+                return Err(AcquireError::Closed);
+            };
+            let grant = match tokio::time::timeout_at(next_check.into(), &mut *rx).await {
                 Ok(Ok(grant)) => Some(grant),
-                Ok(Err(_)) => return Err(AcquireError::Closed),
+                Ok(Err(_)) => {
+                    waiting.rx = None;
+                    return Err(AcquireError::Closed);
+                }
                 Err(_) => None,
             };
             let grant = match grant {
@@ -785,11 +835,16 @@ impl Pool {
                         rx.close();
                         match rx.try_recv() {
                             Ok(g) => g,
-                            Err(_) => return Err(AcquireError::WaitTimeout),
+                            Err(_) => {
+                                waiting.rx = None;
+                                return Err(AcquireError::WaitTimeout);
+                            }
                         }
                     }
                 },
             };
+            // Taken: nothing is left for the guard to give back.
+            waiting.rx = None;
             let mut lease = match grant {
                 Grant::Server(s) => {
                     let mut st = self.lock();

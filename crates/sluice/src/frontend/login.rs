@@ -211,16 +211,20 @@ async fn login_inner(
                 match app.cancels.for_peer(&req) {
                     Some(Ok((peer, forwarded))) => {
                         let config = app.config();
-                        if let Err(e) = app.peers.forward(&config, peer, forwarded).await {
+                        if let Err(e) = app.peers.forward(&config, peer, forwarded).await
+                            && crate::backend::peers::may_warn()
+                        {
                             tracing::warn!("sending cancel request to peer {peer} failed: {e}");
                         }
                         return Ok(None);
                     }
                     Some(Err(peer)) => {
-                        tracing::warn!(
-                            "cancel request for peer {peer} dropped: forwarded three times \
-                             already (is every peer's peer_id unique and in [peers]?)"
-                        );
+                        if crate::backend::peers::may_warn() {
+                            tracing::warn!(
+                                "cancel request for peer {peer} dropped: forwarded three times \
+                                 already (is every peer's peer_id unique and in [peers]?)"
+                            );
+                        }
                         return Ok(None);
                     }
                     None => {}

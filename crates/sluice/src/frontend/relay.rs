@@ -223,6 +223,7 @@ pub async fn run(client: &mut Client, cbuf: &mut BytesMut, mut lease: Lease) -> 
     let xact_timeout = settings.transaction_timeout;
     let mut xact_timer =
         (!xact_timeout.is_zero()).then(|| Box::pin(tokio::time::sleep(xact_timeout)));
+    let mut xact_mark = 0u64;
     // Transaction and statement mode: statements, session state and
     // LISTEN follow the client, so its messages are rewritten.
     let mut tracking = release_each.map(|_| Tracking::take());
@@ -439,9 +440,14 @@ pub async fn run(client: &mut Client, cbuf: &mut BytesMut, mut lease: Lease) -> 
             let between = cycle.status == TransactionStatus::Idle
                 && cycle.req.outstanding == 0
                 && !cycle.req.unsynced;
-            if between {
+            // A transaction ended (ReadyForQuery 'I'), even if the client
+            // has pipelined the next one already: its clock starts again.
+            let ended = xact_mark != cycle.xacts_done;
+            xact_mark = cycle.xacts_done;
+            if between || ended {
                 xact_timer = None;
-            } else if xact_timer.is_none() {
+            }
+            if !between && xact_timer.is_none() {
                 xact_timer = Some(Box::pin(tokio::time::sleep(xact_timeout)));
             }
         }
