@@ -301,3 +301,89 @@ async fn tcp_keepalive_is_set_on_server_connections() {
         "sluice's server sockets have no keepalive timer:\n{text}"
     );
 }
+
+/// Out of file descriptors: the client past the process's limit is told
+/// so at once (53300, not a hang in the accept backlog), the others are
+/// served on, and logins work again once descriptors are free.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_past_the_descriptor_limit_gets_an_error_not_a_hang() {
+    let cluster = app_cluster(ServerAuth::Trust);
+    let scratch = ScratchDir::create();
+    let port = sluice_testkit::free_port().expect("port");
+    let ini = scratch.path().join("fds.ini");
+    let text = ConfigBuilder::for_cluster(&cluster)
+        .set("pool_mode", "transaction")
+        .set("default_pool_size", "2")
+        .set("max_client_conn", "1000")
+        .render()
+        .replace("@PORT@", &port.to_string());
+    std::fs::write(&ini, text).expect("write ini");
+    let log = std::fs::File::create(scratch.path().join("sluice.log")).expect("log");
+    let mut child = std::process::Command::new("bash")
+        .arg("-c")
+        .arg(format!(
+            "ulimit -n 64 && exec {} {}",
+            sluice_binary().display(),
+            ini.display()
+        ))
+        .stdout(log.try_clone().expect("log"))
+        .stderr(log)
+        .spawn()
+        .expect("start sluice under ulimit -n 64");
+    let logs = || std::fs::read_to_string(scratch.path().join("sluice.log")).unwrap_or_default();
+    eventually(Duration::from_secs(10), || async {
+        tokio::net::TcpStream::connect(("127.0.0.1", port))
+            .await
+            .ok()
+    })
+    .await
+    .unwrap_or_else(|| panic!("sluice did not listen:\n{}", logs()));
+
+    let first = connect_as(port, APP_USER, "postgres").await;
+    first
+        .batch_execute("select 1")
+        .await
+        .expect("a first client");
+    let mut held = Vec::new();
+    let mut refused = None;
+    for _ in 0..80 {
+        let attempt = tokio::time::timeout(
+            Duration::from_secs(5),
+            connect(port, APP_USER, "", "postgres"),
+        )
+        .await
+        .expect("a login past the limit must end within 5 s, not hang");
+        match attempt {
+            Ok(c) => held.push(c),
+            Err(e) => {
+                refused = Some(e);
+                break;
+            }
+        }
+    }
+    let error = refused.unwrap_or_else(|| panic!("80 clients under ulimit -n 64:\n{}", logs()));
+    assert_eq!(sqlstate(&error), Some("53300"), "{error:?}");
+    assert!(
+        error
+            .as_db_error()
+            .is_some_and(|d| d.message().contains("out of file descriptors")),
+        "{error:?}"
+    );
+    // Still serving the clients it has.
+    first
+        .batch_execute("select 2")
+        .await
+        .expect("served on past the limit");
+    drop(held);
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let again = eventually(Duration::from_secs(5), || async {
+        connect(port, APP_USER, "", "postgres").await.ok()
+    })
+    .await
+    .expect("logins work again once descriptors are free");
+    again.batch_execute("select 3").await.expect("query");
+    assert!(child.try_wait().expect("wait").is_none(), "sluice exited");
+    let _ = child.kill();
+    let _ = child.wait();
+    assert!(logs().contains("refusing new clients until descriptors free up"));
+}

@@ -168,6 +168,16 @@ impl Stream {
     }
 
     /// The OS user id of a Unix-socket peer (SO_PEERCRED).
+    /// Writes `bytes` if the socket takes them at once (a farewell to a
+    /// plain connection that must not wait); TLS streams get nothing.
+    pub fn try_write_once(&self, bytes: &[u8]) {
+        let _ = match self {
+            Self::Tcp(s) => s.try_write(bytes),
+            Self::Unix(s) => s.try_write(bytes),
+            Self::Tls(_) => Ok(0),
+        };
+    }
+
     pub fn peer_uid(&self) -> Option<u32> {
         match self {
             Self::Unix(s) => s.peer_cred().ok().map(|c| c.uid()),

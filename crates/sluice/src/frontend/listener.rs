@@ -161,8 +161,51 @@ impl Listener {
     }
 }
 
+/// A descriptor held in reserve: when accept fails for lack of
+/// descriptors (EMFILE, ENFILE), it is closed so that the waiting client
+/// can be accepted and told why, instead of hanging in the backlog.
+static RESERVE_FD: std::sync::Mutex<Option<std::fs::File>> = std::sync::Mutex::new(None);
+
+fn keep_reserve() {
+    let mut reserve = RESERVE_FD.lock().unwrap_or_else(|p| p.into_inner());
+    if reserve.is_none() {
+        *reserve = std::fs::File::open("/dev/null").ok();
+    }
+}
+
+/// Out of descriptors: frees the reserve, accepts one waiting client,
+/// sends it 53300 and closes it, then takes the reserve again. Logged at
+/// most once a second.
+async fn refuse_one(listener: &Listener, e: &std::io::Error) {
+    static LAST_LOG: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    if LAST_LOG.swap(now, Ordering::Relaxed) != now {
+        tracing::warn!(
+            "accept failed: {e}: refusing new clients until descriptors free up (raise the \
+             open files limit, LimitNOFILE, or lower max_client_conn)"
+        );
+    }
+    RESERVE_FD.lock().unwrap_or_else(|p| p.into_inner()).take();
+    let accepted =
+        tokio::time::timeout(std::time::Duration::from_millis(100), listener.accept()).await;
+    if let Ok(Ok(stream)) = accepted {
+        let mut out = bytes::BytesMut::new();
+        sluice_wire::ErrorFields::new(
+            sluice_wire::Severity::Fatal,
+            "53300",
+            "no more connections allowed (the pooler is out of file descriptors)",
+        )
+        .encode(&mut out);
+        stream.try_write_once(&out);
+    }
+    keep_reserve();
+}
+
 /// Accepts clients until shutdown begins.
 pub async fn accept_loop(app: Arc<App>, listener: Listener) {
+    keep_reserve();
     loop {
         let changed = app.phase_changed.notified();
         tokio::pin!(changed);
@@ -175,8 +218,12 @@ pub async fn accept_loop(app: Arc<App>, listener: Listener) {
                 Ok(stream) => {
                     tokio::spawn(handle_connection(app.clone(), stream));
                 }
+                Err(e) if matches!(e.raw_os_error(), Some(libc::EMFILE | libc::ENFILE)) => {
+                    refuse_one(&listener, &e).await;
+                    tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+                }
                 Err(e) => {
-                    // EMFILE and friends: back off instead of spinning.
+                    // ENOBUFS and friends: back off instead of spinning.
                     tracing::warn!("accept failed: {e}");
                     tokio::time::sleep(std::time::Duration::from_millis(50)).await;
                 }
