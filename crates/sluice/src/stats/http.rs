@@ -9,8 +9,8 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::{TcpListener, TcpStream};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::net::TcpListener;
 
 use crate::app::{App, Phase};
 
@@ -25,8 +25,25 @@ pub async fn serve(app: Arc<App>, listener: TcpListener) {
             Ok((stream, _)) => {
                 let (app, registry) = (app.clone(), registry.clone());
                 tokio::spawn(async move {
-                    let _ = tokio::time::timeout(REQUEST_TIMEOUT, answer(&app, &registry, stream))
-                        .await;
+                    // With the web console and client_tls_* certificates,
+                    // the whole endpoint speaks HTTPS (its passwords and
+                    // its changes never travel in clear).
+                    let tls = app
+                        .config()
+                        .settings
+                        .web_console
+                        .then(|| app.client_tls().web_acceptor())
+                        .flatten();
+                    let _ = tokio::time::timeout(REQUEST_TIMEOUT, async {
+                        match tls {
+                            None => answer(&app, &registry, stream).await,
+                            Some(acceptor) => {
+                                let stream = acceptor.accept(stream).await?;
+                                answer(&app, &registry, stream).await
+                            }
+                        }
+                    })
+                    .await;
                 });
             }
             Err(e) => {
@@ -54,10 +71,10 @@ pub fn unhealthy(app: &App) -> Option<String> {
 /// Largest request body (the web console's JSON).
 const BODY_LIMIT: usize = 64 * 1024;
 
-async fn answer(
+async fn answer<S: AsyncRead + AsyncWrite + Unpin>(
     app: &App,
     registry: &prometheus_client::registry::Registry,
-    mut stream: TcpStream,
+    mut stream: S,
 ) -> std::io::Result<()> {
     let mut buf = Vec::with_capacity(512);
     let mut chunk = [0u8; 1024];
@@ -188,8 +205,8 @@ async fn answer(
     }
 }
 
-async fn respond(
-    stream: &mut TcpStream,
+async fn respond<S: AsyncWrite + Unpin>(
+    stream: &mut S,
     status: &str,
     content_type: &str,
     body: &str,

@@ -29,6 +29,9 @@ pub const ALPN_POSTGRESQL: &[u8] = b"postgresql";
 pub struct ClientTls {
     pub mode: Mode,
     acceptor: Option<tokio_rustls::TlsAcceptor>,
+    /// The same certificate for the web console (HTTPS: ALPN http/1.1, no
+    /// client certificate asked).
+    web: Option<tokio_rustls::TlsAcceptor>,
     /// SCRAM-SHA-256-PLUS data of the certificate (None when its signature
     /// algorithm names no hash, e.g. Ed25519: PLUS is then not offered).
     end_point: Option<Arc<[u8]>>,
@@ -49,6 +52,7 @@ impl ClientTls {
         Self {
             mode: Mode::Disable,
             acceptor: None,
+            web: None,
             end_point: None,
         }
     }
@@ -79,6 +83,7 @@ impl ClientTls {
             return Ok(Self {
                 mode,
                 acceptor: None,
+                web: None,
                 end_point: None,
             });
         }
@@ -92,6 +97,11 @@ impl ClientTls {
         let versions = versions("client_tls_protocols", &s.client_tls_protocols)?;
         let certs = load_certs("client_tls_cert_file", &s.client_tls_cert_file)?;
         let key = load_key("client_tls_key_file", &s.client_tls_key_file)?;
+        let mut web = ServerConfig::builder_with_provider(provider.clone())
+            .with_protocol_versions(&versions)?
+            .with_no_client_auth()
+            .with_single_cert(certs.clone(), key.clone_key())?;
+        web.alpn_protocols = vec![b"http/1.1".to_vec()];
         let builder = ServerConfig::builder_with_provider(provider.clone())
             .with_protocol_versions(&versions)?;
         let builder = if mode >= Mode::VerifyCa {
@@ -130,8 +140,14 @@ impl ClientTls {
         Ok(Self {
             mode,
             acceptor: Some(tokio_rustls::TlsAcceptor::from(Arc::new(config))),
+            web: Some(tokio_rustls::TlsAcceptor::from(Arc::new(web))),
             end_point,
         })
+    }
+
+    /// The acceptor for the web console's HTTPS, when certificates are set.
+    pub fn web_acceptor(&self) -> Option<tokio_rustls::TlsAcceptor> {
+        self.web.clone()
     }
 
     /// The same certificates under a stricter mode: what a RELOAD that asks
@@ -141,6 +157,7 @@ impl ClientTls {
         Self {
             mode: self.mode.max(mode),
             acceptor: self.acceptor.clone(),
+            web: self.web.clone(),
             end_point: self.end_point.clone(),
         }
     }
