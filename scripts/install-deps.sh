@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs what sluice's demo, tests and benchmarks need on a fresh Debian
 # machine: PostgreSQL's server and pgbench, Patroni and etcd for the
-# switchover test, and the peers the benchmark
+# switchover test, Debian's chromium and a Playwright venv for the web
+# console's browser test, and the peers the benchmark
 # compares with (PgBouncer, Pgpool-II, and HAProxy for the lab's failover
 # scenario; with --peers also what building PgBouncer 1.25 from ../shared/tools
 # takes). Idempotent; quiet when all is there.
@@ -24,6 +25,11 @@ command -v patroni >/dev/null 2>&1 || need+=(patroni)
 command -v etcd >/dev/null 2>&1 || need+=(etcd-server)
 # The TLS tests make their certificates with the openssl CLI.
 command -v openssl >/dev/null 2>&1 || need+=(openssl)
+# The web console's browser test (tests/tests/web_console.rs) drives Debian's
+# chromium through Playwright, from a venv that tests/web/setup.sh builds.
+command -v chromium >/dev/null 2>&1 || [ -x /usr/bin/chromium ] || need+=(chromium)
+command -v python3 >/dev/null 2>&1 || need+=(python3)
+python3 -c 'import ensurepip, venv' >/dev/null 2>&1 || need+=(python3-venv)
 if [ "${1:-}" = "--peers" ]; then
   command -v pgbouncer >/dev/null 2>&1 || [ -x /usr/sbin/pgbouncer ] || need+=(pgbouncer)
   command -v pgpool >/dev/null 2>&1 || [ -x /usr/sbin/pgpool ] || need+=(pgpool2)
@@ -65,6 +71,8 @@ if [ ${#need[@]} -gt 0 ]; then
   $sudo_cmd service pgpool2 stop 2>/dev/null || true
   $sudo_cmd service haproxy stop 2>/dev/null || true
 fi
+# Playwright for the browser test, in target/web-venv (quiet when up to date).
+bash "$(dirname "$0")/../tests/web/setup.sh"
 if ! command -v cargo >/dev/null 2>&1; then
   echo "cargo is missing: install Rust (rustup) first" >&2
   exit 1
