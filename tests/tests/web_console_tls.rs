@@ -110,3 +110,93 @@ async fn the_web_console_speaks_https_with_the_client_certificate() {
     assert!(!reply.starts_with(b"HTTP/1.1"), "{reply:?}");
     drop(sluice);
 }
+
+/// A plain HTTP request; returns the status line.
+async fn http_status(port: u16, request: &str) -> String {
+    let mut s = tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .expect("connect");
+    s.write_all(request.as_bytes()).await.expect("write");
+    let mut reply = Vec::new();
+    let _ = tokio::time::timeout(Duration::from_secs(5), s.read_to_end(&mut reply)).await;
+    String::from_utf8_lossy(&reply)
+        .lines()
+        .next()
+        .unwrap_or_default()
+        .to_owned()
+}
+
+#[tokio::test]
+async fn cross_site_posts_plain_http_off_loopback_and_empty_passwords_are_refused() {
+    let cluster = app_cluster(ServerAuth::Trust);
+    let http = sluice_testkit::free_port().expect("port");
+    let config = |addr: &str| {
+        ConfigBuilder::for_cluster(&cluster)
+            .set("auth_type", "md5")
+            .set("auth_file", "@DIR@/userlist.txt")
+            .set("admin_users", "admin,nopass")
+            .sluice("metrics_addr", &format!("{addr}:{http}"))
+            .sluice("web_console", "1")
+            .auth_file("\"admin\" \"pw\"\n\"nopass\" \"\"\n")
+    };
+    let sluice = config("127.0.0.1").start();
+    let auth = basic("admin", "pw");
+    let body = r#"{"name":"x1","host":"127.0.0.1","port":5432}"#;
+    let post = |extra: &str| {
+        format!(
+            "POST /api/databases HTTP/1.1\r\nHost: 127.0.0.1:{http}\r\nAuthorization: {auth}\r\n{extra}Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
+            body.len()
+        )
+    };
+    // What a form on another site can send: text/plain, or its own Origin.
+    assert!(
+        http_status(http, &post("Content-Type: text/plain\r\n"))
+            .await
+            .contains("403")
+    );
+    assert!(
+        http_status(
+            http,
+            &post("Content-Type: application/json\r\nOrigin: http://evil.example\r\n")
+        )
+        .await
+        .contains("403")
+    );
+    assert!(
+        http_status(
+            http,
+            &post("Content-Type: application/json\r\nSec-Fetch-Site: cross-site\r\n")
+        )
+        .await
+        .contains("403")
+    );
+    // The console's own page: same origin, JSON.
+    assert!(
+        http_status(
+            http,
+            &post(&format!(
+                "Content-Type: application/json\r\nOrigin: http://127.0.0.1:{http}\r\n"
+            ))
+        )
+        .await
+        .contains("201")
+    );
+    // An empty password in the auth_file never opens the console.
+    let get = |auth: &str| {
+        format!(
+            "GET /api/pools HTTP/1.1\r\nHost: x\r\nAuthorization: {auth}\r\nConnection: close\r\n\r\n"
+        )
+    };
+    assert!(
+        http_status(http, &get(&basic("nopass", "")))
+            .await
+            .contains("401")
+    );
+    assert!(http_status(http, &get(&auth)).await.contains("200"));
+    drop(sluice);
+
+    // On every address, without TLS: refused (passwords would travel in clear).
+    let open = config("0.0.0.0").start();
+    assert!(http_status(http, &get(&auth)).await.contains("403"));
+    drop(open);
+}

@@ -55,6 +55,31 @@ pub fn load(path: &Path) -> Result<Config, ConfigError> {
     Ok(config)
 }
 
+/// The `key=value` pairs of a connection string (keys lower-cased), as the
+/// `[databases]` reader splits it.
+pub fn connstring_pairs(text: &str) -> Result<Vec<(String, String)>, String> {
+    connstring::parse_connstring(text).map(|ps| ps.into_iter().map(|p| (p.key, p.value)).collect())
+}
+
+/// Writes pairs back as a connection string, quoting values that need it.
+pub fn connstring_text(pairs: &[(String, String)]) -> String {
+    pairs
+        .iter()
+        .map(|(k, v)| {
+            if !v.is_empty()
+                && !v
+                    .chars()
+                    .any(|c| c.is_whitespace() || c == '\'' || c == '\\')
+            {
+                format!("{k}={v}")
+            } else {
+                format!("{k}='{}'", v.replace('\\', "\\\\").replace('\'', "\\'"))
+            }
+        })
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
 /// Adds the web console's databases (its file's `[databases]` section; a
 /// name the main configuration has is a warning and stays the main one's).
 fn add_managed(config: &mut Config) -> Result<(), ConfigError> {
@@ -91,4 +116,18 @@ fn add_managed(config: &mut Config) -> Result<(), ConfigError> {
 pub fn parse_str(text: &str, origin: &Path) -> Result<Config, ConfigError> {
     let items = ini_reader::read_ini(text, origin)?;
     assemble::assemble(items, origin)
+}
+
+#[cfg(test)]
+mod connstring_round_trip {
+    use super::*;
+
+    #[test]
+    fn pairs_survive_writing_back() {
+        let text = "host=/tmp port=5432 password='a b\\'c' dbname=x";
+        let pairs = connstring_pairs(text).unwrap();
+        let again = connstring_pairs(&connstring_text(&pairs)).unwrap();
+        assert_eq!(pairs, again);
+        assert_eq!(pairs[2].1, "a b'c");
+    }
 }

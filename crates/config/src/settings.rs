@@ -305,7 +305,7 @@ define_settings! {
              databases, clients and hosts, and databases created, resized, paused and removed \
              at run time. HTTP Basic with an admin_users (changes) or stats_users (read-only) \
              name and its auth_file password.";
-        web_console_file: String = String::new() => "", Text, reload,
+        web_console_file: String = String::new() => "", Text, fixed,
             "The [databases] file the web console owns: read with the configuration, rewritten \
              atomically when the API changes a database; empty means sluice-web.ini next to the \
              configuration file.";

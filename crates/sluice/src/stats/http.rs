@@ -16,15 +16,27 @@ use crate::app::{App, Phase};
 
 const REQUEST_LIMIT: usize = 8192;
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
+/// HTTP connections served at once.
+const CONNECTIONS: usize = 32;
+/// How long a request with wrong credentials waits for its 401.
+const FAILED_LOGIN_DELAY: Duration = Duration::from_millis(300);
 
 /// Serves until the process exits.
 pub async fn serve(app: Arc<App>, listener: TcpListener) {
     let registry = Arc::new(super::metrics::registry(app.clone()));
+    // Connections served at once; more are closed at once (a flood must
+    // not take the descriptors the PostgreSQL listener needs).
+    let slots = Arc::new(tokio::sync::Semaphore::new(CONNECTIONS));
     loop {
         match listener.accept().await {
             Ok((stream, _)) => {
+                let Ok(slot) = slots.clone().try_acquire_owned() else {
+                    drop(stream);
+                    continue;
+                };
                 let (app, registry) = (app.clone(), registry.clone());
                 tokio::spawn(async move {
+                    let _slot = slot;
                     // With the web console and client_tls_* certificates,
                     // the whole endpoint speaks HTTPS (its passwords and
                     // its changes never travel in clear).
@@ -36,10 +48,10 @@ pub async fn serve(app: Arc<App>, listener: TcpListener) {
                         .flatten();
                     let _ = tokio::time::timeout(REQUEST_TIMEOUT, async {
                         match tls {
-                            None => answer(&app, &registry, stream).await,
+                            None => answer(&app, &registry, stream, false).await,
                             Some(acceptor) => {
                                 let stream = acceptor.accept(stream).await?;
-                                answer(&app, &registry, stream).await
+                                answer(&app, &registry, stream, true).await
                             }
                         }
                     })
@@ -72,9 +84,10 @@ pub fn unhealthy(app: &App) -> Option<String> {
 const BODY_LIMIT: usize = 64 * 1024;
 
 async fn answer<S: AsyncRead + AsyncWrite + Unpin>(
-    app: &App,
+    app: &Arc<App>,
     registry: &prometheus_client::registry::Registry,
     mut stream: S,
+    tls: bool,
 ) -> std::io::Result<()> {
     let mut buf = Vec::with_capacity(512);
     let mut chunk = [0u8; 1024];
@@ -116,6 +129,34 @@ async fn answer<S: AsyncRead + AsyncWrite + Unpin>(
     };
     let route = path.split('?').next().unwrap_or("");
     if app.config().settings.web_console && super::web::owns(route) {
+        let refusal = web_refusal(app, tls, method, &header);
+        let access = match refusal {
+            Some(r) => Err(r),
+            None => {
+                // Checked off the event loop (a SCRAM secret is thousands of
+                // HMACs), before any body is read.
+                let (app, auth) = (app.clone(), header("authorization"));
+                let checked = tokio::task::spawn_blocking(move || {
+                    super::web::authorize(&app, auth.as_deref())
+                })
+                .await
+                .ok()
+                .flatten();
+                match checked {
+                    Some(a) => Ok(a),
+                    None => {
+                        tokio::time::sleep(FAILED_LOGIN_DELAY).await;
+                        Err(super::web::Response::unauthorized())
+                    }
+                }
+            }
+        };
+        let access = match access {
+            Ok(a) => a,
+            Err(r) => {
+                return respond(&mut stream, r.status, r.content_type, &r.body, &r.headers).await;
+            }
+        };
         let length = header("content-length")
             .and_then(|l| l.parse::<usize>().ok())
             .unwrap_or(0);
@@ -138,13 +179,12 @@ async fn answer<S: AsyncRead + AsyncWrite + Unpin>(
             body.extend_from_slice(&chunk[..n]);
         }
         body.truncate(length);
-        let authorization = header("authorization");
         let response = super::web::handle(
             app,
+            access,
             &super::web::Request {
                 method,
                 path,
-                authorization: authorization.as_deref(),
                 body: &body,
             },
         );
@@ -203,6 +243,61 @@ async fn answer<S: AsyncRead + AsyncWrite + Unpin>(
             .await
         }
     }
+}
+
+/// Why a web console request is refused before its credentials are even
+/// looked at: a console on a non-loopback address without TLS (passwords
+/// would travel in clear), or a change that a browser could have been made
+/// to send from another site (no JSON content type, a foreign Origin,
+/// `Sec-Fetch-Site: cross-site`).
+fn web_refusal(
+    app: &App,
+    tls: bool,
+    method: &str,
+    header: &impl Fn(&str) -> Option<String>,
+) -> Option<super::web::Response> {
+    use super::web::Response;
+    let config = app.config();
+    let loopback = config
+        .settings
+        .metrics_addr
+        .as_deref()
+        .and_then(|a| a.parse::<std::net::SocketAddr>().ok())
+        .is_some_and(|a| a.ip().is_loopback());
+    if !tls && !loopback {
+        return Some(Response::error(
+            "403 Forbidden",
+            "the web console on a non-loopback metrics_addr needs TLS (client_tls_key_file and \
+             client_tls_cert_file)",
+        ));
+    }
+    if method == "GET" {
+        return None;
+    }
+    // A cross-site form can only POST (PATCH and DELETE need a preflight
+    // sluice never answers), and never with a JSON content type.
+    let json = method != "POST"
+        || header("content-type").is_some_and(|t| {
+            t.trim()
+                .to_ascii_lowercase()
+                .starts_with("application/json")
+        });
+    let cross_site = header("sec-fetch-site").is_some_and(|s| s.trim() == "cross-site");
+    let foreign = match (header("origin"), header("host")) {
+        (Some(origin), Some(host)) => {
+            let origin = origin.trim();
+            let origin_host = origin.split_once("://").map_or(origin, |(_, h)| h);
+            !origin_host.eq_ignore_ascii_case(host.trim())
+        }
+        (Some(_), None) => true,
+        (None, _) => false,
+    };
+    (!json || cross_site || foreign).then(|| {
+        Response::error(
+            "403 Forbidden",
+            "changes need Content-Type: application/json from the console's own origin",
+        )
+    })
 }
 
 async fn respond<S: AsyncWrite + Unpin>(

@@ -19,11 +19,10 @@ use crate::admin::result::ResultSet;
 use crate::app::App;
 use crate::auth::userlist::Secret;
 
-/// One request, as `http.rs` read it.
+/// One request, as `http.rs` read it (credentials already checked).
 pub struct Request<'a> {
     pub method: &'a str,
     pub path: &'a str,
-    pub authorization: Option<&'a str>,
     pub body: &'a [u8],
 }
 
@@ -37,7 +36,15 @@ pub struct Response {
 }
 
 impl Response {
-    fn json(status: &'static str, body: &Value) -> Self {
+    /// 401 with the Basic challenge.
+    pub fn unauthorized() -> Self {
+        let mut r = Self::error("401 Unauthorized", "credentials needed");
+        r.headers
+            .push("WWW-Authenticate: Basic realm=\"sluice\", charset=\"UTF-8\"".into());
+        r
+    }
+
+    pub fn json(status: &'static str, body: &Value) -> Self {
         Self {
             status,
             content_type: "application/json",
@@ -46,7 +53,7 @@ impl Response {
         }
     }
 
-    fn error(status: &'static str, message: &str) -> Self {
+    pub fn error(status: &'static str, message: &str) -> Self {
         Self::json(status, &json!({ "error": message }))
     }
 }
@@ -56,7 +63,7 @@ const OPENAPI: &str = include_str!("openapi.json");
 
 /// What a caller may do.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Access {
+pub enum Access {
     Admin,
     Stats,
 }
@@ -69,17 +76,24 @@ pub fn owns(path: &str) -> bool {
     path == "/" || path == "/index.html" || path.starts_with("/api/")
 }
 
-/// Answers one request for the console or its API.
-pub fn handle(app: &App, req: &Request<'_>) -> Response {
-    let access = match access(app, req.authorization) {
-        Some(a) => a,
-        None => {
-            let mut r = Response::error("401 Unauthorized", "credentials needed");
-            r.headers
-                .push("WWW-Authenticate: Basic realm=\"sluice\", charset=\"UTF-8\"".into());
-            return r;
-        }
-    };
+/// Answers one request for the console or its API, from a caller whose
+/// credentials gave it `access`.
+pub fn handle(app: &App, access: Access, req: &Request<'_>) -> Response {
+    let mut response = route(app, access, req);
+    // Never framed, never sniffed, never cached.
+    response.headers.extend([
+        "X-Frame-Options: DENY".to_owned(),
+        "X-Content-Type-Options: nosniff".to_owned(),
+        "Cache-Control: no-store".to_owned(),
+        "Content-Security-Policy: default-src 'none'; script-src 'unsafe-inline'; \
+         style-src 'unsafe-inline'; connect-src 'self'; img-src data:; \
+         frame-ancestors 'none'; form-action 'none'"
+            .to_owned(),
+    ]);
+    response
+}
+
+fn route(app: &App, access: Access, req: &Request<'_>) -> Response {
     let path = req.path.split('?').next().unwrap_or("");
     let parts: Vec<&str> = path.trim_matches('/').split('/').collect();
     match (req.method, parts.as_slice()) {
@@ -87,7 +101,7 @@ pub fn handle(app: &App, req: &Request<'_>) -> Response {
             status: "200 OK",
             content_type: "text/html; charset=utf-8",
             body: PAGE.to_owned(),
-            headers: vec!["Cache-Control: no-store".into()],
+            headers: Vec::new(),
         },
         ("GET", ["api", "openapi.json"]) => Response {
             status: "200 OK",
@@ -142,14 +156,20 @@ fn listing(rs: ResultSet) -> Response {
     Response::json("200 OK", &rs.to_json())
 }
 
-/// HTTP Basic against `admin_users`/`stats_users` and the auth_file.
-fn access(app: &App, authorization: Option<&str>) -> Option<Access> {
+/// HTTP Basic against `admin_users`/`stats_users` and the auth_file (an
+/// empty password never passes). A SCRAM secret costs thousands of HMACs
+/// to check, so the caller runs this off the event loop, and a password
+/// once verified is remembered (by its hash) for five minutes.
+pub fn authorize(app: &App, authorization: Option<&str>) -> Option<Access> {
     let encoded = authorization?.trim().strip_prefix("Basic ")?;
     let decoded = base64::engine::general_purpose::STANDARD
         .decode(encoded.trim())
         .ok()?;
     let text = String::from_utf8(decoded).ok()?;
     let (user, password) = text.split_once(':')?;
+    if password.is_empty() {
+        return None;
+    }
     let config = app.config();
     let s = &config.settings;
     let role = if s.admin_users.iter().any(|u| u == user) {
@@ -166,9 +186,44 @@ fn access(app: &App, authorization: Option<&str>) -> Option<Access> {
             h.as_bytes(),
             crate::auth::md5::password_hash(password, user).as_bytes(),
         ),
-        Secret::Scram(secret) => secret.matches_password(password),
+        Secret::Scram(secret) => {
+            let key = (user.to_owned(), sha256_of(password.as_bytes()));
+            verified_recently(&key) || {
+                let ok = secret.matches_password(password);
+                if ok {
+                    remember_verified(key);
+                }
+                ok
+            }
+        }
     };
     ok.then_some(role)
+}
+
+type VerifiedKey = (String, [u8; 32]);
+
+/// SCRAM passwords verified lately (user, SHA-256 of the password).
+static VERIFIED: Mutex<Vec<(VerifiedKey, std::time::Instant)>> = Mutex::new(Vec::new());
+
+const VERIFIED_FOR: std::time::Duration = std::time::Duration::from_secs(300);
+
+fn sha256_of(bytes: &[u8]) -> [u8; 32] {
+    use sha2::Digest as _;
+    sha2::Sha256::digest(bytes).into()
+}
+
+fn verified_recently(key: &VerifiedKey) -> bool {
+    let mut seen = VERIFIED.lock().unwrap_or_else(|p| p.into_inner());
+    seen.retain(|(_, at)| at.elapsed() < VERIFIED_FOR);
+    seen.iter().any(|(k, _)| k == key)
+}
+
+fn remember_verified(key: VerifiedKey) {
+    let mut seen = VERIFIED.lock().unwrap_or_else(|p| p.into_inner());
+    if seen.len() >= 64 {
+        seen.remove(0);
+    }
+    seen.push((key, std::time::Instant::now()));
 }
 
 /// Compares without stopping at the first difference.
@@ -214,31 +269,118 @@ fn latency(app: &App) -> Value {
     Value::Array(rows)
 }
 
-/// A database entry the API manages.
-#[derive(Debug, Clone, PartialEq, Eq)]
-struct Managed {
-    name: String,
-    host: String,
-    port: u16,
-    dbname: String,
-    pool_mode: Option<String>,
-    pool_size: Option<u32>,
+/// The web console's file as raw `name = connection string` lines of its
+/// `[databases]` section: what the API changes is the file on disk (lines
+/// added by hand keep every parameter), not the running configuration.
+fn read_managed(path: &std::path::Path) -> Result<(String, Vec<(String, String)>), String> {
+    let text = match std::fs::read_to_string(path) {
+        Ok(t) => t,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => String::new(),
+        Err(e) => return Err(format!("cannot read {}: {e}", path.display())),
+    };
+    let mut entries = Vec::new();
+    let mut in_databases = false;
+    for line in text.lines() {
+        let line = line.trim();
+        if line.is_empty() || line.starts_with(';') || line.starts_with('#') {
+            continue;
+        }
+        if line.starts_with('[') {
+            in_databases = line == "[databases]";
+            continue;
+        }
+        if let (true, Some((name, value))) = (in_databases, line.split_once('=')) {
+            let name = name.trim().trim_matches('"').to_owned();
+            entries.push((name, value.trim().to_owned()));
+        }
+    }
+    Ok((text, entries))
 }
 
-impl Managed {
-    fn line(&self) -> String {
-        let mut line = format!(
-            "{} = host={} port={} dbname={}",
-            self.name, self.host, self.port, self.dbname
-        );
-        if let Some(m) = &self.pool_mode {
-            line.push_str(&format!(" pool_mode={m}"));
-        }
-        if let Some(n) = self.pool_size {
-            line.push_str(&format!(" pool_size={n}"));
-        }
-        line
+fn managed_text(entries: &[(String, String)]) -> String {
+    let mut text = String::from(
+        "; Written by sluice's web console: databases created through its API.\n\
+         ; Lines added by hand stay as written; the API rewrites the rest.\n\
+         [databases]\n",
+    );
+    for (name, value) in entries {
+        text.push_str(&format!("{name} = {value}\n"));
     }
+    text
+}
+
+/// Writes `text` to `path` through a temporary file of this process
+/// (written, synced, renamed).
+fn replace_file(path: &std::path::Path, text: &str) -> Result<(), String> {
+    use std::io::Write as _;
+    let tmp = path.with_extension(format!("ini.{}.tmp", std::process::id()));
+    let written = std::fs::File::create(&tmp)
+        .and_then(|mut f| f.write_all(text.as_bytes()).and_then(|()| f.sync_all()))
+        .and_then(|()| std::fs::rename(&tmp, path));
+    written.map_err(|e| {
+        let _ = std::fs::remove_file(&tmp);
+        format!("cannot write {}: {e}", path.display())
+    })
+}
+
+/// Holds an exclusive lock on `<file>.lock` (sluices sharing the file take
+/// turns) for as long as it lives.
+struct FileLock {
+    _held: std::fs::File,
+}
+
+impl FileLock {
+    fn take(path: &std::path::Path) -> Result<Self, String> {
+        use std::os::fd::AsRawFd;
+        let lock = std::fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(path.with_extension("ini.lock"))
+            .map_err(|e| format!("cannot lock {}: {e}", path.display()))?;
+        // SAFETY: flock on a descriptor this struct owns.
+        if unsafe { libc::flock(lock.as_raw_fd(), libc::LOCK_EX) } != 0 {
+            return Err(format!(
+                "cannot lock {}: {}",
+                path.display(),
+                std::io::Error::last_os_error()
+            ));
+        }
+        Ok(Self { _held: lock })
+    }
+}
+
+/// Applies `change` to the file's entries under the locks, writes it,
+/// reloads; a reload that fails puts the old file back. `change` answers
+/// an error response to refuse.
+fn change_managed(
+    app: &App,
+    change: impl FnOnce(&mut Vec<(String, String)>) -> Result<(), Response>,
+) -> Result<(), Response> {
+    let _one = WRITING.lock().unwrap_or_else(|p| p.into_inner());
+    let path = app.config().web_console_path();
+    let fail = |e: String| Response::error("500 Internal Server Error", &e);
+    let _file = FileLock::take(&path).map_err(fail)?;
+    let (old, mut entries) = read_managed(&path).map_err(fail)?;
+    change(&mut entries)?;
+    let text = managed_text(&entries);
+    // Checked as the configuration reader will read it.
+    sluice_config::parse_str(&text, &path)
+        .map_err(|e| Response::error("400 Bad Request", &e.to_string()))?;
+    replace_file(&path, &text).map_err(fail)?;
+    let said = crate::control::reload(app);
+    if let Some(failed) = said.iter().find(|s| s.starts_with("reload failed")) {
+        let restored = replace_file(&path, &old);
+        return Err(fail(format!(
+            "{failed}; the web console's file {}",
+            if restored.is_ok() {
+                "was put back as it was"
+            } else {
+                "could not be put back"
+            }
+        )));
+    }
+    Ok(())
 }
 
 fn plain_name(s: &str) -> bool {
@@ -250,50 +392,6 @@ fn plain_host(s: &str) -> bool {
         && s.len() <= 255
         && s.bytes()
             .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'-' | b'_' | b':' | b'/'))
-}
-
-/// The entries the API manages now, from the running configuration.
-fn managed_now(app: &App) -> Vec<Managed> {
-    let config = app.config();
-    config
-        .managed
-        .iter()
-        .filter_map(|name| config.database(name))
-        .map(|d| Managed {
-            name: d.name.clone(),
-            host: d.host.clone().unwrap_or_default(),
-            port: d.port.unwrap_or(5432),
-            dbname: d.dbname.clone().unwrap_or_else(|| d.name.clone()),
-            pool_mode: d.pool_mode.map(|m| m.as_str().to_owned()),
-            pool_size: d.pool_size,
-        })
-        .collect()
-}
-
-/// Writes the managed file atomically, then reloads; the change is in
-/// force when this returns Ok.
-fn commit(app: &App, entries: &[Managed]) -> Result<(), String> {
-    let path = app.config().web_console_path();
-    let mut text = String::from(
-        "; Written by sluice's web console: databases created through its API.\n\
-         ; Edit it while sluice runs and the next change through the API overwrites it.\n\
-         [databases]\n",
-    );
-    for e in entries {
-        text.push_str(&e.line());
-        text.push('\n');
-    }
-    // Checked as the configuration reader will read it.
-    sluice_config::parse_str(&text, &path).map_err(|e| e.to_string())?;
-    let tmp = path.with_extension("ini.tmp");
-    std::fs::write(&tmp, &text)
-        .and_then(|()| std::fs::rename(&tmp, &path))
-        .map_err(|e| format!("cannot write {}: {e}", path.display()))?;
-    let said = crate::control::reload(app);
-    if let Some(failed) = said.iter().find(|s| s.starts_with("reload failed")) {
-        return Err(failed.clone());
-    }
-    Ok(())
 }
 
 fn body_json(body: &[u8]) -> Result<serde_json::Map<String, Value>, Response> {
@@ -345,10 +443,12 @@ fn create(app: &App, body: &[u8]) -> Response {
         Err(r) => return r,
     };
     let text = |k: &str| map.get(k).and_then(Value::as_str).map(str::trim);
-    let Some(name) = text("name").filter(|n| plain_name(n) && *n != "pgbouncer") else {
+    let Some(name) =
+        text("name").filter(|n| plain_name(n) && !crate::admin::CONSOLE_DATABASES.contains(n))
+    else {
         return Response::error(
             "400 Bad Request",
-            "name: letters, digits and _ (not pgbouncer)",
+            "name: letters, digits and _ (not pgbouncer or sluice)",
         );
     };
     let Some(host) = text("host").filter(|h| plain_host(h)) else {
@@ -376,25 +476,29 @@ fn create(app: &App, body: &[u8]) -> Response {
         Ok(f) => f,
         Err(r) => return r,
     };
-    let _one = WRITING.lock().unwrap_or_else(|p| p.into_inner());
-    if app.config().database(name).is_some() {
-        return Response::error("409 Conflict", "a database of that name exists");
-    }
-    let mut entries = managed_now(app);
-    entries.push(Managed {
-        name: name.to_owned(),
-        host: host.to_owned(),
-        port,
-        dbname: dbname.to_owned(),
-        pool_mode,
-        pool_size,
+    let mut pairs = vec![
+        ("host".to_owned(), host.to_owned()),
+        ("port".to_owned(), port.to_string()),
+        ("dbname".to_owned(), dbname.to_owned()),
+    ];
+    pairs.extend(pool_mode.map(|m| ("pool_mode".to_owned(), m)));
+    pairs.extend(pool_size.map(|n| ("pool_size".to_owned(), n.to_string())));
+    let changed = change_managed(app, |entries| {
+        if app.config().database(name).is_some() || entries.iter().any(|(n, _)| n == name) {
+            return Err(Response::error(
+                "409 Conflict",
+                "a database of that name exists",
+            ));
+        }
+        entries.push((name.to_owned(), sluice_config::connstring_text(&pairs)));
+        Ok(())
     });
-    match commit(app, &entries) {
+    match changed {
         Ok(()) => {
             tracing::info!(db = %name, "web console: database created");
             Response::json("201 Created", &json!({ "name": name }))
         }
-        Err(e) => Response::error("500 Internal Server Error", &e),
+        Err(r) => r,
     }
 }
 
@@ -407,35 +511,45 @@ fn update(app: &App, name: &str, body: &[u8]) -> Response {
         Ok(f) => f,
         Err(r) => return r,
     };
-    let _one = WRITING.lock().unwrap_or_else(|p| p.into_inner());
-    let mut entries = managed_now(app);
-    let Some(entry) = entries.iter_mut().find(|e| e.name == name) else {
-        return not_managed(app, name);
-    };
-    if pool_mode.is_some() {
-        entry.pool_mode = pool_mode;
-    }
-    if pool_size.is_some() {
-        entry.pool_size = pool_size;
-    }
-    match commit(app, &entries) {
+    let changed = change_managed(app, |entries| {
+        let Some((_, value)) = entries.iter_mut().find(|(n, _)| n == name) else {
+            return Err(not_managed(app, name));
+        };
+        let mut pairs = sluice_config::connstring_pairs(value).map_err(|e| {
+            Response::error("409 Conflict", &format!("the entry cannot be read: {e}"))
+        })?;
+        for (key, new) in [
+            ("pool_mode", pool_mode.clone()),
+            ("pool_size", pool_size.map(|n| n.to_string())),
+        ] {
+            let Some(new) = new else { continue };
+            match pairs.iter_mut().find(|(k, _)| k == key) {
+                Some((_, v)) => *v = new,
+                None => pairs.push((key.to_owned(), new)),
+            }
+        }
+        *value = sluice_config::connstring_text(&pairs);
+        Ok(())
+    });
+    match changed {
         Ok(()) => {
             tracing::info!(db = %name, "web console: database changed");
             Response::json("200 OK", &json!({ "name": name }))
         }
-        Err(e) => Response::error("500 Internal Server Error", &e),
+        Err(r) => r,
     }
 }
 
 fn remove(app: &App, name: &str) -> Response {
-    let _one = WRITING.lock().unwrap_or_else(|p| p.into_inner());
-    let mut entries = managed_now(app);
-    let before = entries.len();
-    entries.retain(|e| e.name != name);
-    if entries.len() == before {
-        return not_managed(app, name);
-    }
-    match commit(app, &entries) {
+    let changed = change_managed(app, |entries| {
+        let before = entries.len();
+        entries.retain(|(n, _)| n != name);
+        if entries.len() == before {
+            return Err(not_managed(app, name));
+        }
+        Ok(())
+    });
+    match changed {
         Ok(()) => {
             tracing::info!(db = %name, "web console: database removed");
             Response {
@@ -445,7 +559,7 @@ fn remove(app: &App, name: &str) -> Response {
                 headers: Vec::new(),
             }
         }
-        Err(e) => Response::error("500 Internal Server Error", &e),
+        Err(r) => r,
     }
 }
 
@@ -478,21 +592,26 @@ mod tests {
     }
 
     #[test]
-    fn lines_read_back_as_written() {
-        let m = Managed {
-            name: "webdb".into(),
-            host: "127.0.0.1".into(),
-            port: 5433,
-            dbname: "postgres".into(),
-            pool_mode: Some("transaction".into()),
-            pool_size: Some(5),
-        };
-        let text = format!("[databases]\n{}\n", m.line());
-        let config = sluice_config::parse_str(&text, std::path::Path::new("x.ini")).unwrap();
-        let d = config.database("webdb").unwrap();
-        assert_eq!(d.port, Some(5433));
-        assert_eq!(d.pool_size, Some(5));
-        assert_eq!(d.dbname.as_deref(), Some("postgres"));
+    fn the_file_keeps_hand_written_lines() {
+        let dir = std::env::temp_dir().join(format!("sluice-web-test-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("sluice-web.ini");
+        std::fs::write(
+            &path,
+            "; mine\n[databases]\nhand = host=/tmp port=5433 user=x password='a b'\n",
+        )
+        .unwrap();
+        let (_, mut entries) = read_managed(&path).unwrap();
+        assert_eq!(entries.len(), 1);
+        entries.push(("api".into(), "host=127.0.0.1 port=5432 dbname=api".into()));
+        let text = managed_text(&entries);
+        replace_file(&path, &text).unwrap();
+        let config =
+            sluice_config::parse_str(&std::fs::read_to_string(&path).unwrap(), &path).unwrap();
+        let hand = config.database("hand").unwrap();
+        assert_eq!(hand.password.as_deref(), Some("a b"));
+        assert_eq!(config.database("api").and_then(|d| d.port), Some(5432));
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]

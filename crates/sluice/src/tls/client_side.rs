@@ -126,7 +126,8 @@ impl ClientTls {
         } else {
             if want_certificates {
                 tracing::warn!(
-                    "certificate authentication needs client_tls_ca_file: no client certificate                      is asked for, and cert logins fail"
+                    "certificate authentication needs client_tls_ca_file: no client certificate \
+                     is asked for, and cert logins fail"
                 );
             }
             builder.with_no_client_auth()
