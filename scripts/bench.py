@@ -36,6 +36,13 @@ columns of sluice-tls compare it with pgbouncer-tls and pgbouncer125-tls).  --co
 pgbench -C (a new connection, so a new TLS handshake, per transaction): the per-connection
 cost.
 
+--scale-clients runs the many-clients measurements instead of the pgbench matrix (issue 13,
+"100,000 clients"; see the section of that name below and docs/scale.md): 19,000 idle clients
+through one sluice and through PgBouncer 1.25 (RSS per client, new-login latency and SHOW POOLS
+time while they are held, what the client past the descriptor limit gets), 100,000 idle
+clients over six sluices sharing one port (so_reuseport), and 10,000 active pgbench clients
+(p99 / p50 latency) through sluice and PgBouncer 1.25.  JSON in bench-results/scale-*.json.
+
 Environment: SLUICE_BIN (default target/release/sluice), SLUICE_BASE_BIN (the "before" sluice
 binary for sluice-base; no default), SLUICE_TESTKIT (default target/release/sluice-testkit),
 PGBOUNCER_BIN (default: pgbouncer on PATH), PGBOUNCER125_BIN (default: see pgbouncer125),
@@ -84,6 +91,12 @@ PGB125_DIR = pglab.REPO / "target/peers/pgbouncer-1.25.2"
 # sluice's default max_prepared_statements (its bench ini leaves it unset), given to
 # PgBouncer 1.25 explicitly
 MAX_PREPARED = 200
+# --scale-clients (issue 13 part 3): sizes; why these, in the section "--scale-clients" below.
+SCALE_IDLE = 19_000        # idle clients through one pooler: below its 20,000 descriptors
+SCALE_OVERFLOW = 1_100     # and this many more, to run past them
+SCALE_TOTAL = 100_000      # idle clients over SCALE_PROCS sluices sharing one port
+SCALE_PROCS = 6
+SCALE_ACTIVE = 10_000      # pgbench clients of the active part
 # pgbench's built-in scripts: what --script accepts.
 SCRIPTS = {
     "select": {"select_only": True, "pgbench": "-S (select-only), -n",
@@ -116,12 +129,42 @@ def parse_args(argv=None):
                     help="pgbench -C: a new connection per transaction (login and TLS "
                          "handshake cost)")
     ap.add_argument("--skip-idle", action="store_true", help="skip the 10,000 idle clients test")
+    sc = ap.add_argument_group("--scale-clients (issue 13: many clients; replaces the matrix)")
+    sc.add_argument("--scale-clients", action="store_true",
+                    help="run the many-clients measurements instead of the pgbench matrix")
+    sc.add_argument("--scale-parts", default="idle,reuseport,active",
+                    help="comma list of idle (19,000 idle through one pooler), reuseport "
+                         "(100,000 over six sluices), active (10,000 pgbench clients)")
+    sc.add_argument("--scale-idle", type=int, default=SCALE_IDLE,
+                    help=f"idle clients through one pooler (default {SCALE_IDLE:,})")
+    sc.add_argument("--scale-overflow", type=int, default=SCALE_OVERFLOW,
+                    help="more clients on top, to reach the descriptor limit "
+                         f"(default {SCALE_OVERFLOW:,})")
+    sc.add_argument("--scale-total", type=int, default=SCALE_TOTAL,
+                    help=f"idle clients over the so_reuseport sluices (default {SCALE_TOTAL:,})")
+    sc.add_argument("--scale-procs", type=int, default=SCALE_PROCS,
+                    help=f"sluice processes sharing the port (default {SCALE_PROCS})")
+    sc.add_argument("--scale-active", type=int, default=SCALE_ACTIVE,
+                    help=f"pgbench clients of the active part (default {SCALE_ACTIVE:,}); "
+                         "its duration is --duration (default 20 s here), -j is --jobs "
+                         "(default 8 here), --sampling-rate defaults to 0.1 here")
     ap.add_argument("--idle-clients", type=int, default=IDLE_CLIENTS, help=argparse.SUPPRESS)
-    ap.add_argument("--jobs", type=int, default=2, help="pgbench -j (default 2)")
-    ap.add_argument("--sampling-rate", type=float, default=1.0,
+    ap.add_argument("--jobs", type=int, help="pgbench -j (default 2)")
+    ap.add_argument("--sampling-rate", type=float,
                     help="pgbench --sampling-rate for the p99 log (default 1.0 = every transaction)")
     ap.add_argument("--out-dir", default=str(pglab.REPO / "bench-results"))
     a = ap.parse_args(argv)
+    if a.scale_clients:
+        a.duration = a.duration or 20
+        a.jobs = a.jobs or 8
+        a.sampling_rate = a.sampling_rate or 0.1
+        a.scale_parts = [x.strip() for x in a.scale_parts.split(",") if x.strip()]
+        for x in a.scale_parts:
+            if x not in ("idle", "reuseport", "active"):
+                ap.error(f"unknown --scale-parts entry {x!r}")
+        return a
+    a.jobs = a.jobs or 2
+    a.sampling_rate = a.sampling_rate or 1.0
     a.duration = a.duration or (3 if a.quick else 10)
     a.rounds = a.rounds or (1 if a.quick else 2)
     a.clients = [int(c) for c in (a.clients or ("1,10,150" if a.quick else "1,10,150,1000")).split(",") if c]
@@ -286,6 +329,8 @@ def count_backends(lab: Lab) -> int | None:
 
 def main(argv=None) -> int:
     a = parse_args(argv)
+    if a.scale_clients:
+        return scale_main(a)
     nofile = pglab.raise_nofile()
     pglab.install_signal_handlers()
     pgb125, pgb125_from = (pgbouncer125() if any(t in PGB125_TARGETS for t in a.targets)
@@ -818,6 +863,493 @@ def print_report(result, a, targets):
     if s_idle and base_idle and s_idle["per_client_bytes"] and base_idle["per_client_bytes"]:
         print(f"idle bytes/client sluice/sluice-base = "
               f"{s_idle['per_client_bytes'] / base_idle['per_client_bytes']:.2f}")
+
+
+# ---------------------------------------------------------------------------
+# --scale-clients (issue 13 part 3, "100,000 clients")
+# ---------------------------------------------------------------------------
+# What is measured, and why it is set up this way:
+#  * A process on these machines may hold 20,000 descriptors (hard RLIMIT_NOFILE, and no
+#    CAP_SYS_RESOURCE to raise it).  So one pooler is loaded with 19,000 idle clients
+#    (RSS per client, the login latency of one more client and SHOW POOLS time while they
+#    are held), then 1,100 more to run it out of descriptors (what that client is told,
+#    and whether the pooler still serves), sluice and PgBouncer 1.25 alike; and 100,000
+#    clients need several sluices: six share one port through so_reuseport (the kernel
+#    spreads new connections over their listeners), each with its own unix_socket_dir so
+#    that its console can be asked how many clients it holds.
+#  * The clients have the same limit, so they are opened by several processes
+#    (pglab.ClientFleet, < 12,500 each), and from several loopback source addresses
+#    (127.0.0.x, <= 5,000 clients each, fresh ones for each part so that the TIME_WAIT
+#    of a part does not meet the next), so no address runs short of ephemeral ports.
+#  * The kernel's accept queues (somaxconn, tcp_max_syn_backlog, netdev_max_backlog) and
+#    the ephemeral port range are raised for the run and put back at the end (Sysctls);
+#    the poolers get listen_backlog = 4096 and max_client_conn = 25,000, so that what
+#    limits them is the descriptors, not a setting.  PostgreSQL keeps max_connections=100.
+#  * Parts run idle, active, reuseport: idle memory is measured first, on poolers that
+#    have served nothing yet (as in main()); the six sluices come after the two poolers
+#    are stopped.
+#  * 10,000 active clients: pgbench -c 10000 -j 8 (10,003 descriptors in one process,
+#    under the limit; pgbench 15 waits with ppoll, not select) against a pool of 20.
+#    With so many clients the latency is mostly the wait for a server: p99 / p50 says
+#    how evenly the pooler shares its 20 servers among them (FIFO: close to 1).
+
+SCALE_SYSCTLS = {
+    # sources carry <= 5,000 clients each, far below the default 28,232 ports; widened
+    # anyway as headroom (pgbench's 10,000 clients all come from 127.0.0.1)
+    "net.ipv4.ip_local_port_range": "10240 65535",
+    "net.core.somaxconn": "65535",
+    "net.ipv4.tcp_max_syn_backlog": "65535",
+    "net.core.netdev_max_backlog": "65536",  # loopback SYN bursts queue here
+}
+SCALE_MAX_CLIENT_CONN = 25_000
+SCALE_BACKLOG = 4096
+PER_WORKER = 12_500          # clients per client process (< 20,000 descriptors)
+PER_SOURCE = 5_000           # clients per source address
+LOGINS = 200                 # new logins timed one after the other while the rest are held
+TARGETS = {"idle_bytes": 768, "login_p99_ms": 10.0, "show_pools_ms": 100.0,
+           "p99_over_p50": 1.5}
+
+
+class Sources:
+    """Hands out fresh loopback source addresses (127.0.0.2, .3, ...)."""
+
+    def __init__(self):
+        self.next = 2
+
+    def split(self, n: int, min_workers: int) -> tuple[list[int], list[list[str]]]:
+        counts, sources, self.next = pglab.split_clients(n, PER_WORKER, PER_SOURCE,
+                                                         min_workers, self.next)
+        return counts, sources
+
+
+def kib(b):
+    return b / 1024 if b is not None else None
+
+
+def pct_ms(vals: list[float], q: float) -> float | None:
+    p = pglab.percentile(sorted(vals), q)
+    return round(p * 1000, 3) if p is not None else None
+
+
+def login_latencies(port: int, user: str, n: int = LOGINS) -> dict:
+    """n new clients logged in one after the other (connect to ReadyForQuery), each
+    leaving before the next: p50/p99/max in ms."""
+    lat, errors = [], {}
+    for _ in range(n):
+        try:
+            lat.append(pglab.timed_login("127.0.0.1", port, user=user, database="bench"))
+        except (OSError, ConnectionError) as e:
+            key = pglab._error_key(e)
+            errors[key] = errors.get(key, 0) + 1
+    return {"n": n, "ok": len(lat), "errors": errors, "p50_ms": pct_ms(lat, 50),
+            "p99_ms": pct_ms(lat, 99), "max_ms": round(max(lat) * 1000, 3) if lat else None}
+
+
+def console_times(host: str, port: int, user: str) -> dict:
+    """SHOW LISTS (client counts), SHOW POOLS timed 5 times, SHOW CLIENTS once, on the
+    admin console (host: 127.0.0.1, or a Unix socket directory).  A time runs from sending
+    the query to its ReadyForQuery; rows are counted, not decoded."""
+    c = pglab.PgConn(host, port, user=user, database="pgbouncer", timeout=60)
+    try:
+        lists = {r["list"]: int(r["items"]) for r in c.query("SHOW LISTS")}
+        pools = [c.timed("SHOW POOLS")[0] for _ in range(5)]
+        t_clients, n_clients = c.timed("SHOW CLIENTS")
+    finally:
+        c.close()
+    return {"used_clients": lists.get("used_clients"), "lists": lists,
+            "show_pools_ms": [round(x * 1000, 2) for x in pools],
+            "show_pools_max_ms": round(max(pools) * 1000, 2),
+            "show_clients_ms": round(t_clients * 1000, 2), "show_clients_rows": n_clients}
+
+
+def login_and_select(port: int, user: str, within: float = 15.0) -> dict:
+    """Does the pooler serve a new client (login + SELECT 1)?  Retried for `within` s."""
+    t0 = time.monotonic()
+    last = None
+    while time.monotonic() - t0 < within:
+        try:
+            c = pglab.PgConn("127.0.0.1", port, user=user, database="bench", timeout=5)
+            try:
+                ok = c.query("SELECT 1")[0]["?column?"] == "1"
+            finally:
+                c.close()
+            if ok:
+                return {"ok": True, "after_s": round(time.monotonic() - t0, 3),
+                        "last_error": last}
+        except (OSError, ConnectionError) as e:
+            last = pglab._error_key(e)
+        time.sleep(0.2)
+    return {"ok": False, "after_s": None, "last_error": last}
+
+
+def proc_snapshot(pids: list[int]) -> dict:
+    # the kernel's memory first: listing /proc/PID/fd (fd_count) makes a proc inode and a
+    # dentry per descriptor, which would otherwise count as memory per client
+    kernel = pglab.kernel_memory()
+    return {"rss_kb": sum(pglab.vm_rss_kb(p) or 0 for p in pids),
+            "cpu_s": sum(pglab.proc_cpu_seconds(p) or 0 for p in pids),
+            "fds": sum(pglab.fd_count(p) or 0 for p in pids),
+            "kernel": kernel}
+
+
+def per_client(before: dict, after: dict, opened: int) -> dict:
+    """Growth per held client: the pooler's RSS and CPU, and the kernel's slab (both ends
+    of each loopback connection, and the client processes' epoll entries)."""
+    kb, ka = before["kernel"], after["kernel"]
+    ca, cb = ka.pop("slab_caches", {}), kb.pop("slab_caches", {})  # too long to keep
+    if not opened:
+        return {"rss_bytes": None, "cpu_us_per_login": None, "kernel_slab_bytes": None}
+    # the slab caches that grew by 32 bytes or more per client, largest first
+    grew = {k: round((ca.get(k, 0) - cb.get(k, 0)) / opened) for k in ca}
+    top = dict(sorted(((k, v) for k, v in grew.items() if v >= 32), key=lambda kv: -kv[1]))
+    return {
+        "slab_caches_bytes": top,
+        "rss_bytes": round((after["rss_kb"] - before["rss_kb"]) * 1024 / opened, 1),
+        "cpu_us_per_login": round((after["cpu_s"] - before["cpu_s"]) * 1e6 / opened, 1),
+        "kernel_slab_bytes": (round((ka["slab_kb"] - kb["slab_kb"]) * 1024 / opened, 1)
+                              if "slab_kb" in ka and "slab_kb" in kb else None),
+        "kernel_tcp_mem_pages_delta": (ka.get("tcp_mem_pages", 0)
+                                       - kb.get("tcp_mem_pages", 0)),
+        "sockets_delta": ka.get("sockets_used", 0) - kb.get("sockets_used", 0),
+    }
+
+
+def scale_idle(proxy, user: str, a, src: Sources) -> dict:
+    """Part 1: a.scale_idle idle clients through one pooler, then a.scale_overflow more."""
+    pid = proxy.pid
+    before = proc_snapshot([pid])
+    counts, sources = src.split(a.scale_idle, min_workers=4)
+    log(f"      {len(counts)} client processes x {counts[0]:,}, source addresses "
+        f"{sources[0][0]} .. {sources[-1][-1]}")
+    out = {"requested": a.scale_idle, "client_processes": counts,
+           "source_addresses": [s for ss in sources for s in ss], "before": before}
+    fleet = pglab.ClientFleet("127.0.0.1", proxy.port, user=user, database="bench",
+                              counts=counts, sources=sources, concurrency=50, timeout=30)
+    try:
+        out["open"] = fleet.open()
+        time.sleep(2)
+        out["held"] = proc_snapshot([pid])
+        out["hwm_kb"] = pglab.vm_hwm_kb(pid)
+        out["per_client"] = per_client(before, out["held"], out["open"]["opened"])
+        log(f"      opened {out['open']['opened']:,}/{a.scale_idle:,} in "
+            f"{out['open']['open_seconds']} s; RSS {before['rss_kb']:,} -> "
+            f"{out['held']['rss_kb']:,} kB = {fmt(out['per_client']['rss_bytes'], 0)} B/client")
+        out["console"] = console_times("127.0.0.1", proxy.port, user)
+        out["login"] = login_latencies(proxy.port, user)
+        log(f"      new login p50 {out['login']['p50_ms']} ms, p99 {out['login']['p99_ms']} ms; "
+            f"SHOW POOLS {out['console']['show_pools_max_ms']} ms (max of 5)")
+        if a.scale_overflow:
+            out["overflow"] = scale_overflow(proxy, user, a.scale_overflow, fleet, src)
+    finally:
+        fleet.close()
+    time.sleep(1)
+    out["rss_after_close_kb"] = pglab.vm_rss_kb(pid)
+    out["alive_at_end"] = proxy.alive()
+    return out
+
+
+def scale_overflow(proxy, user: str, n: int, fleet, src: Sources) -> dict:
+    """n more clients at once on top of the held ones: the pooler runs out of descriptors.
+    What the first refused client is told, whether the held clients still get answers
+    while it is at the limit, and whether a new client is served once the extra ones left."""
+    counts, sources = src.split(n, min_workers=1)
+    extra = pglab.ClientFleet("127.0.0.1", proxy.port, user=user, database="bench",
+                              counts=counts, sources=sources, concurrency=n, timeout=10)
+    out = {"requested": n}
+    log_at = proxy.logfile.stat().st_size if proxy.logfile.exists() else 0
+    try:
+        out["open"] = extra.open()
+        out["fds_at_limit"] = pglab.fd_count(proxy.pid)
+        out["held_select_1"] = fleet.query("SELECT 1", 5)
+    finally:
+        extra.close()
+    time.sleep(1)
+    out["after"] = login_and_select(proxy.port, user)
+    out["alive"] = proxy.alive()
+    try:  # what the pooler logged meanwhile
+        with open(proxy.logfile, "rb") as f:
+            f.seek(log_at)
+            lines = f.read().decode(errors="replace").splitlines()
+        noisy = ("login attempt", "closing because", "new connection to server")
+        out["log_lines"] = len(lines)
+        out["log"] = [x for x in lines if not any(n in x for n in noisy)][:40]
+    except OSError:
+        pass
+    o = out["open"]
+    log(f"      +{n:,}: {o['opened']:,} opened, {o['failed']:,} refused; first error: "
+        f"{o['first_error']!r}; held clients' SELECT 1 at the limit: "
+        f"{out['held_select_1']['ok']} ok {out['held_select_1']['errors'] or ''}; "
+        f"new login + SELECT 1 afterwards: {'ok' if out['after']['ok'] else 'FAILED'}")
+    return out
+
+
+def scale_reuseport(lab: Lab, make_ini, user: str, a, src: Sources) -> dict:
+    """Part 2: a.scale_total idle clients over a.scale_procs sluices sharing one port."""
+    port = pglab.free_port()
+    procs = []
+    for k in range(a.scale_procs):
+        sock_dir = lab.tmp / f"sock-{k}"
+        sock_dir.mkdir()
+
+        def ready(_proxy, sock_dir=sock_dir):  # its own console answers on its socket
+            try:
+                pglab.PgConn(str(sock_dir), port, user=user, database="pgbouncer",
+                             timeout=2).close()
+                return True
+            except (OSError, ConnectionError):
+                return False
+        procs.append(lab.start_proxy(f"sluice-rp{k}", make_ini({"so_reuseport": 1},
+                                                               str(sock_dir)),
+                                     port=port, ready=ready))
+    pids = [p.pid for p in procs]
+    log(f"      {a.scale_procs} sluices on 127.0.0.1:{port} (pids {', '.join(map(str, pids))})")
+    before = proc_snapshot(pids)
+    counts, sources = src.split(a.scale_total, min_workers=a.scale_procs)
+    log(f"      {len(counts)} client processes x {counts[0]:,}, "
+        f"{sum(len(s) for s in sources)} source addresses "
+        f"{sources[0][0]} .. {sources[-1][-1]}")
+    out = {"port": port, "pids": pids, "requested": a.scale_total, "client_processes": counts,
+           "source_addresses": [s for ss in sources for s in ss], "before": before,
+           "rss_before_each_kb": [pglab.vm_rss_kb(p) for p in pids]}
+    fleet = pglab.ClientFleet("127.0.0.1", port, user=user, database="bench",
+                              counts=counts, sources=sources, concurrency=50, timeout=30)
+    try:
+        out["open"] = fleet.open()
+        time.sleep(2)
+        out["held"] = proc_snapshot(pids)
+        out["rss_held_each_kb"] = [pglab.vm_rss_kb(p) for p in pids]
+        out["fds_each"] = [pglab.fd_count(p) for p in pids]
+        out["per_client"] = per_client(before, out["held"], out["open"]["opened"])
+        each = [console_times(str(lab.tmp / f"sock-{k}"), port, user)
+                for k in range(a.scale_procs)]
+        # used_clients counts the console connection that asks, too
+        out["clients_each"] = [c["used_clients"] - 1 if c["used_clients"] is not None else None
+                               for c in each]
+        out["console_each"] = each
+        out["login"] = login_latencies(port, user)
+        out["alive"] = [p.alive() for p in procs]
+    finally:
+        fleet.close()
+    log(f"      opened {out['open']['opened']:,}/{a.scale_total:,} in "
+        f"{out['open']['open_seconds']} s; per sluice {out['clients_each']}; "
+        f"{out['per_client'].get('rss_bytes')} B/client; new login p99 "
+        f"{out['login']['p99_ms']} ms")
+    for p in procs:
+        pglab.stop_process(p.proc)
+    return out
+
+
+def scale_active(lab: Lab, kind: str, proxy, user: str, a) -> dict:
+    """Part 3: a.scale_active pgbench clients, select-only, through a pool of 20."""
+    cpu0 = pglab.proc_cpu_seconds(proxy.pid)
+    res = pglab.run_pgbench(host="127.0.0.1", port=proxy.port, dbname="bench", user=user,
+                            clients=a.scale_active, jobs=a.jobs, duration=a.duration,
+                            mode="simple", select_only=True,
+                            log_dir=lab.tmp / f"pgbench-{kind}",
+                            sampling_rate=a.sampling_rate, timeout=a.duration + 300)
+    cpu1 = pglab.proc_cpu_seconds(proxy.pid)
+    tx = res.get("transactions") or 0
+    res["proxy_cpu_s"] = round(cpu1 - cpu0, 3) if cpu0 is not None and cpu1 else None
+    res["cpu_us_per_tx"] = (round(res["proxy_cpu_s"] * 1e6 / tx, 2)
+                            if res["proxy_cpu_s"] and tx else None)
+    res["p99_over_p50"] = ratio(res.get("p99_ms"), res.get("p50_ms"))
+    res["alive"] = proxy.alive()
+    log(f"      tps {fmt(res.get('tps'))}, p50 {res.get('p50_ms')} ms, p99 {res.get('p99_ms')} ms, "
+        f"p99/p50 {res['p99_over_p50']}, connect {fmt(res.get('initial_connection_ms'))} ms"
+        + (f"  [{res['error'][:120]}]" if res.get("error") else ""))
+    return res
+
+
+def scale_main(a) -> int:
+    nofile = pglab.raise_nofile()
+    pglab.install_signal_handlers()
+    t_start = time.monotonic()
+    started = dt.datetime.now(dt.timezone.utc)
+    pgb125, pgb125_from = pgbouncer125()
+    result = {
+        "schema": 1, "mode": "scale-clients",
+        "started_utc": started.isoformat(timespec="seconds"),
+        "command": " ".join(["python3", "scripts/bench.py"] + sys.argv[1:]),
+        "args": vars(a), "rlimit_nofile": list(nofile), "machine": pglab.machine_info(),
+        "versions": versions(pgb125),
+        "settings": {"max_connections": MAX_CONNECTIONS, "pool_mode": "transaction",
+                     "default_pool_size": POOL_SIZE, "max_client_conn": SCALE_MAX_CLIENT_CONN,
+                     "listen_backlog": SCALE_BACKLOG, "clients_per_process": PER_WORKER,
+                     "clients_per_source_address": PER_SOURCE},
+        "targets_issue": TARGETS, "idle": {}, "reuseport": None, "active": {},
+    }
+    log(f"RLIMIT_NOFILE {nofile[0]}/{nofile[1]}; pgbouncer125: {pgb125 or pgb125_from}")
+    with pglab.Sysctls(SCALE_SYSCTLS) as sysctls:
+        result["sysctl_changed"] = {k: {"old": o, "new": n}
+                                    for k, (o, n) in sysctls.changed.items()}
+        result["sysctl_failed"] = sysctls.failed
+        for k, (o, n) in sysctls.changed.items():
+            log(f"sysctl {k}: {o} -> {n} (put back at the end)")
+        for k, why in sysctls.failed.items():
+            warn(f"sysctl {k} not changed: {why}")
+        with Lab(prefix="sluice-scale-") as lab:
+            scale_run(lab, a, pgb125, pgb125_from, result)
+    log("sysctl values put back: " + (", ".join(f"{k} = {o}" for k, (o, _n)
+                                                 in sysctls.changed.items()) or "none changed"))
+    result["finished_utc"] = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
+    result["wall_seconds"] = round(time.monotonic() - t_start, 1)
+    print_scale_report(result, a)
+    out_dir = Path(a.out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    text = json.dumps(result, indent=2) + "\n"
+    path = out_dir / f"scale-{started.strftime('%Y%m%dT%H%M%SZ')}.json"
+    path.write_text(text)
+    (out_dir / "scale-latest.json").write_text(text)
+    log(f"\nJSON: {path} (and {out_dir / 'scale-latest.json'}); wall time "
+        f"{result['wall_seconds']} s")
+    return 0
+
+
+def scale_run(lab: Lab, a, pgb125: str | None, pgb125_from: str, result: dict) -> None:
+    log(f"starting PostgreSQL (max_connections={MAX_CONNECTIONS}, pgbench scale {SCALE}) ...")
+    cluster = lab.start_cluster(max_connections=MAX_CONNECTIONS, reserved=RESERVED,
+                                scale=SCALE, auth="trust")
+    pg_port = int(cluster["port"])
+    user = cluster.get("superuser") or "postgres"
+    auth_file = lab.write("userlist.txt",
+                          pglab.userlist({user: cluster.get("password") or user}))
+
+    def make_ini(more: dict | None = None, unix_socket_dir: str = ""):
+        extra = {"listen_backlog": SCALE_BACKLOG, **(more or {})}
+
+        def ini(port, logfile):
+            return pglab.pooler_ini(pg_port=pg_port, listen_port=port, logfile=logfile,
+                                    auth_file=auth_file, default_pool_size=POOL_SIZE,
+                                    max_client_conn=SCALE_MAX_CLIENT_CONN, admin_users=user,
+                                    extra=extra, unix_socket_dir=unix_socket_dir)
+        return ini
+
+    proxies = {}
+    if {"idle", "active"} & set(a.scale_parts):
+        proxies["sluice"] = lab.start_proxy("sluice", make_ini())
+        if pgb125:
+            try:
+                with pgbouncer_binary(pgb125):
+                    proxies["pgbouncer125"] = lab.start_proxy(
+                        "pgbouncer125", make_ini({"max_prepared_statements": MAX_PREPARED}))
+            except LabError as e:
+                warn(f"pgbouncer125 did not start, skipped: {e}")
+                result["pgbouncer125_skipped"] = str(e)
+        else:
+            warn(f"pgbouncer125: {pgb125_from}: skipped")
+            result["pgbouncer125_skipped"] = pgb125_from
+        for kind, p in proxies.items():
+            log(f"{kind} on 127.0.0.1:{p.port} (pid {p.pid})")
+            result.setdefault("ini", {})[kind] = p.ini.read_text()
+    src = Sources()
+    if "idle" in a.scale_parts:
+        for kind, p in proxies.items():
+            log(f"[1] {a.scale_idle:,} idle clients through {kind} ...")
+            result["idle"][kind] = scale_idle(p, user, a, src)
+    if "active" in a.scale_parts:
+        for kind, p in proxies.items():
+            if not p.alive():
+                result["active"][kind] = {"error": f"{kind} is not running"}
+                continue
+            log(f"[3] pgbench -S -c {a.scale_active:,} -j {a.jobs} -T {a.duration} through "
+                f"{kind} ...")
+            result["active"][kind] = scale_active(lab, kind, p, user, a)
+    for p in proxies.values():
+        pglab.stop_process(p.proc)
+    if "reuseport" in a.scale_parts:
+        log(f"[2] {a.scale_total:,} idle clients over {a.scale_procs} sluices (so_reuseport) ...")
+        result["reuseport"] = scale_reuseport(lab, make_ini, user, a, src)
+    result["sources_used"] = src.next - 2
+
+
+def print_scale_report(r: dict, a) -> None:
+    t = r["targets_issue"]
+
+    def mark(ok):
+        return "" if ok is None else ("  (target met)" if ok else "  (target NOT met)")
+    print()
+    print(f"== --scale-clients: {r['machine']['nproc']} CPUs, RLIMIT_NOFILE "
+          f"{r['rlimit_nofile'][0]:,}, pool_mode=transaction, default_pool_size={POOL_SIZE}, "
+          f"PostgreSQL max_connections={MAX_CONNECTIONS}")
+    print("sysctl for the run (put back after): " + (", ".join(
+        f"{k} {v['old']} -> {v['new']}" for k, v in r["sysctl_changed"].items()) or "none"))
+    for kind, x in r["idle"].items():
+        o, pc, c, lg = x["open"], x["per_client"], x["console"], x["login"]
+        print(f"\n[1] {kind}: {o['opened']:,}/{x['requested']:,} idle clients "
+              f"({len(x['client_processes'])} client processes, "
+              f"{len(x['source_addresses'])} source addresses, {o['failed']} failed"
+              f"{', ' + str(o['errors']) if o['errors'] else ''}) in {o['open_seconds']} s")
+        print(f"    RSS {x['before']['rss_kb']:,} -> {x['held']['rss_kb']:,} kB: "
+              f"{fmt(pc['rss_bytes'], 0)} bytes = {fmt(kib(pc['rss_bytes']), 2)} KiB per idle "
+              f"client{mark(pc['rss_bytes'] is not None and pc['rss_bytes'] <= t['idle_bytes'])}; "
+              f"pooler CPU {pc['cpu_us_per_login']} us per login")
+        print(f"    new login while held ({lg['ok']}/{lg['n']} one after the other): "
+              f"p50 {lg['p50_ms']} ms, p99 {lg['p99_ms']} ms, max {lg['max_ms']} ms"
+              f"{mark(lg['p99_ms'] is not None and lg['p99_ms'] < t['login_p99_ms'])}")
+        print(f"    SHOW POOLS {c['show_pools_max_ms']} ms (max of 5: {c['show_pools_ms']})"
+              f"{mark(c['show_pools_max_ms'] < t['show_pools_ms'])}; SHOW CLIENTS "
+              f"({c['show_clients_rows']:,} rows) {c['show_clients_ms']} ms; "
+              f"used_clients {c['used_clients']:,}")
+        kb, kh = x["before"]["kernel"], x["held"]["kernel"]
+        print(f"    kernel: sockets {kb.get('sockets_used'):,} -> {kh.get('sockets_used'):,}, "
+              f"TCP mem {kb.get('tcp_mem_pages')} -> {kh.get('tcp_mem_pages')} pages, slab "
+              f"{kb.get('slab_kb'):,} -> {kh.get('slab_kb'):,} kB = "
+              f"{fmt(pc['kernel_slab_bytes'], 0)} bytes per client (both ends of the loopback "
+              f"connection); pooler fds {x['before']['fds']} -> {x['held']['fds']:,}")
+        print("    slab growth per client, by cache (bytes): " + ", ".join(
+            f"{k} {v:,}" for k, v in list(pc.get("slab_caches_bytes", {}).items())[:8]))
+        ov = x.get("overflow")
+        if ov:
+            oo = ov["open"]
+            print(f"    +{ov['requested']:,} past that: {oo['opened']:,} opened, "
+                  f"{oo['failed']:,} not ({oo['errors']}); pooler fds at the limit: "
+                  f"{ov['fds_at_limit']}")
+            print(f"      first error: {oo['first_error']!r}")
+            if ov.get("log"):
+                print(f"      its log meanwhile ({ov['log_lines']:,} lines), the first but "
+                      "logins and closes:")
+                for line in ov["log"][:4]:
+                    print(f"        {line[:200]}")
+            hs = ov["held_select_1"]
+            print(f"      held clients' SELECT 1 at the limit: {hs['ok']} ok"
+                  f"{', errors ' + str(hs['errors']) if hs['errors'] else ''}; after the "
+                  f"extra clients left, new login + SELECT 1: "
+                  + (f"ok (after {ov['after']['after_s']} s)" if ov["after"]["ok"]
+                     else f"FAILED ({ov['after']['last_error']})")
+                  + f"; process {'alive' if ov['alive'] else 'DEAD'}")
+    rp = r.get("reuseport")
+    if rp:
+        o, pc, lg = rp["open"], rp["per_client"], rp["login"]
+        print(f"\n[2] {len(rp['pids'])} sluices, so_reuseport, one port: {o['opened']:,}/"
+              f"{rp['requested']:,} idle clients ({len(rp['client_processes'])} client "
+              f"processes x {rp['client_processes'][0]:,}, {len(rp['source_addresses'])} source "
+              f"addresses, {o['failed']} failed{', ' + str(o['errors']) if o['errors'] else ''})"
+              f" in {o['open_seconds']} s")
+        print(f"    clients per sluice (SHOW LISTS used_clients): {rp['clients_each']} "
+              f"= {sum(c or 0 for c in rp['clients_each']):,}; fds {rp['fds_each']}")
+        print(f"    RSS summed over the {len(rp['pids'])}: {rp['before']['rss_kb']:,} -> "
+              f"{rp['held']['rss_kb']:,} kB = {fmt(pc['rss_bytes'], 0)} bytes per idle client; "
+              f"CPU {pc['cpu_us_per_login']} us per login; kernel slab "
+              f"{fmt(pc['kernel_slab_bytes'], 0)} bytes per client")
+        print(f"    new login while held: p50 {lg['p50_ms']} ms, p99 {lg['p99_ms']} ms, max "
+              f"{lg['max_ms']} ms ({lg['ok']}/{lg['n']})"
+              f"{mark(lg['p99_ms'] is not None and lg['p99_ms'] < t['login_p99_ms'])}; "
+              f"SHOW POOLS max {max(c['show_pools_max_ms'] for c in rp['console_each'])} ms")
+    for kind, x in r["active"].items():
+        if "tps" not in x:
+            print(f"\n[3] {kind}: {x.get('error')}")
+            continue
+        ok = x["p99_over_p50"] is not None and x["p99_over_p50"] <= t["p99_over_p50"]
+        print(f"\n[3] {kind}: pgbench -S -c {a.scale_active:,} -j {a.jobs} -T {a.duration}, "
+              f"pool {POOL_SIZE}: tps {fmt(x['tps'])}, p50 {x['p50_ms']} ms, p99 "
+              f"{x['p99_ms']} ms, p99/p50 {x['p99_over_p50']}{mark(ok)}")
+        print(f"    {x.get('latency_samples', 0):,} sampled transactions "
+              f"(--sampling-rate {a.sampling_rate}), avg {x.get('lat_avg_ms')} ms, connect "
+              f"{fmt(x.get('initial_connection_ms'))} ms, failed clients "
+              f"{x.get('failed_clients')}, pooler CPU {x.get('cpu_us_per_tx')} us/tx"
+              + (f"; error: {x['error'][:160]}" if x.get("error") else ""))
+    if r.get("pgbouncer125_skipped"):
+        print(f"\npgbouncer125 SKIPPED: {r['pgbouncer125_skipped']}")
 
 
 if __name__ == "__main__":

@@ -8,8 +8,14 @@ What lives here:
     normal exit, on exceptions, on Ctrl-C and on SIGTERM.
   * pooler ini generation shared by sluice and PgBouncer,
   * pgbench runner + robust output/log parser,
-  * /proc readers (CPU ticks, VmRSS, VmHWM),
-  * an asyncio opener of many idle PostgreSQL client connections.
+  * /proc readers (CPU ticks, VmRSS, VmHWM, descriptors, the kernel's socket and slab
+    memory),
+  * an asyncio opener of many idle PostgreSQL client connections, and ClientFleet,
+    which spreads them over several processes and loopback source addresses (a process
+    may hold only RLIMIT_NOFILE descriptors, an address reach one port from only the
+    ephemeral range),
+  * PgConn, a blocking client for console queries and timed logins,
+  * Sysctls, kernel settings raised for a run and put back after.
 
 Also usable as a stand-alone development stand-in for the testkit CLI:
     python3 scripts/pglab.py cluster [--max-connections N] [--reserved N] ...
@@ -489,11 +495,14 @@ class Lab:
         raise LabError(f"psql failed: {err}")
 
     # poolers -----------------------------------------------------------------
-    def start_proxy(self, kind: str, ini_text_for_port, *, timeout: float = 20) -> Proxy:
+    def start_proxy(self, kind: str, ini_text_for_port, *, timeout: float = 20,
+                    port: int | None = None, ready=None) -> Proxy:
         """kind: 'sluice' (or 'sluice-…', a variant), 'sluice-base' (sluice from
         $SLUICE_BASE_BIN instead of SLUICE_BIN) or 'pgbouncer'.
-        ini_text_for_port(port, logfile) -> ini text."""
-        port = free_port()
+        ini_text_for_port(port, logfile) -> ini text.  port: a given listen port (several
+        so_reuseport processes share one) instead of a free one; ready(proxy) -> bool then
+        says when this process is up, since the port answers as soon as the first one is."""
+        port = port or free_port()
         logfile = self.tmp / f"{kind}.log"
         logfile.touch()
         self.chown_pg(logfile)
@@ -526,6 +535,11 @@ class Lab:
         proxy = Proxy(kind, proc, port, ini, logfile)
         try:
             wait_port("127.0.0.1", port, timeout, proc)
+            deadline = time.monotonic() + timeout
+            while ready is not None and not ready(proxy):
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    raise LabError(f"not ready after {timeout}s (exit code {proc.poll()})")
+                time.sleep(0.1)
         except LabError as e:
             raise LabError(f"{kind} did not start: {e}\n{proxy.log_tail()}")
         return proxy
@@ -539,9 +553,11 @@ def pooler_ini(*, pg_port: int, listen_port: int, logfile: Path, auth_file: Path
                dbname: str = "bench", pg_host: str = "127.0.0.1", server_db: str = "postgres",
                pool_mode: str = "transaction", default_pool_size: int = 20,
                max_client_conn: int = 12000, admin_users: str = "postgres",
-               extra: dict | None = None, databases: dict[str, str] | None = None) -> str:
+               extra: dict | None = None, databases: dict[str, str] | None = None,
+               unix_socket_dir: str = "") -> str:
     """One pgbouncer.ini for sluice and PgBouncer alike. `databases` (name ->
-    connection string) replaces the single `dbname` entry when given."""
+    connection string) replaces the single `dbname` entry when given; no Unix socket
+    unless `unix_socket_dir` is given."""
     entries = databases or {dbname: f"host={pg_host} port={pg_port} dbname={server_db}"}
     lines = ["[databases]"]
     lines += [f"{name} = {conn}" for name, conn in entries.items()]
@@ -550,7 +566,7 @@ def pooler_ini(*, pg_port: int, listen_port: int, logfile: Path, auth_file: Path
         "[pgbouncer]",
         "listen_addr = 127.0.0.1",
         f"listen_port = {listen_port}",
-        "unix_socket_dir =",
+        f"unix_socket_dir = {unix_socket_dir}".rstrip(),
         "auth_type = trust",
         f"auth_file = {auth_file}",
         f"pool_mode = {pool_mode}",
@@ -749,10 +765,45 @@ def startup_message(user: str, database: str, app: str = "sluice-lab") -> bytes:
     return struct.pack("!I", len(body) + 4) + body
 
 
-async def _handshake(host: str, port: int, user: str, database: str, timeout: float):
-    """Open one connection and read up to ReadyForQuery.  Returns (reader, writer) or raises."""
+class PgError(ConnectionError):
+    """An ErrorResponse: str() is its message, .sqlstate its code."""
+
+    def __init__(self, body: bytes):
+        fields = dict((f[:1], f[1:].decode(errors="replace")) for f in body.split(b"\0") if f)
+        super().__init__(fields.get(b"M", "error response"))
+        self.sqlstate = fields.get(b"C")
+
+
+# Linux: bind() a client socket to a source address but leave the port to connect(), which
+# picks one free for that 4-tuple: each source address then has the whole ephemeral range
+# for each destination instead of one range shared by every socket bound to it.
+IP_BIND_ADDRESS_NO_PORT = getattr(socket, "IP_BIND_ADDRESS_NO_PORT", 24)
+
+
+def client_socket(source: str | None) -> socket.socket:
+    s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    if source:
+        s.setsockopt(socket.IPPROTO_IP, IP_BIND_ADDRESS_NO_PORT, 1)
+        s.bind((source, 0))
+    return s
+
+
+async def _handshake(host: str, port: int, user: str, database: str, timeout: float,
+                     source: str | None = None):
+    """Open one connection (from source address `source` when given) and read up to
+    ReadyForQuery.  Returns (reader, writer) or raises."""
     async def go():
-        reader, writer = await asyncio.open_connection(host, port)
+        if source:
+            sock = client_socket(source)
+            sock.setblocking(False)
+            try:
+                await asyncio.get_running_loop().sock_connect(sock, (host, port))
+            except BaseException:
+                sock.close()
+                raise
+            reader, writer = await asyncio.open_connection(sock=sock)
+        else:
+            reader, writer = await asyncio.open_connection(host, port)
         try:
             writer.write(startup_message(user, database))
             await writer.drain()
@@ -766,9 +817,7 @@ async def _handshake(host: str, port: int, user: str, database: str, timeout: fl
                         raise ConnectionError(f"server wants authentication (code {code}); "
                                               "only trust is supported here")
                 elif typ == b"E":
-                    fields = dict((f[:1], f[1:].decode(errors="replace"))
-                                  for f in body.split(b"\0") if f)
-                    raise ConnectionError(fields.get(b"M", "error response"))
+                    raise PgError(body)
                 elif typ == b"Z":
                     return reader, writer
         except BaseException:
@@ -834,6 +883,384 @@ def probe_connections(host: str, port: int, *, user: str, database: str, n: int,
     """How many of n simultaneous clients can connect (and hold the connection)."""
     return open_connections(host, port, user=user, database=database, n=n,
                             concurrency=n, timeout=timeout, overall_timeout=120)
+
+
+# --------------------------------------------------------------------------
+# a blocking client (console queries, timed logins)
+# --------------------------------------------------------------------------
+
+class PgConn:
+    """One blocking PostgreSQL connection, trust login only: for console queries and for
+    timing a login.  host may be a Unix socket directory (a leading /)."""
+
+    def __init__(self, host: str, port: int, *, user: str, database: str,
+                 timeout: float = 10.0, source: str | None = None):
+        if host.startswith("/"):
+            self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            addr = f"{host}/.s.PGSQL.{port}"
+        else:
+            self.sock = client_socket(source)
+            self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            addr = (host, port)
+        self.buf = bytearray()
+        try:
+            self.sock.settimeout(timeout)
+            self.sock.connect(addr)
+            self.sock.sendall(startup_message(user, database))
+            while True:
+                typ, body = self._message()
+                if typ == b"R" and struct.unpack("!I", body[:4])[0] != 0:
+                    raise ConnectionError("server wants a password; only trust is supported")
+                if typ == b"E":
+                    raise PgError(body)
+                if typ == b"Z":
+                    break
+        except BaseException:
+            self.sock.close()
+            raise
+
+    def _message(self) -> tuple[bytes, bytes]:
+        while True:
+            if len(self.buf) >= 5:
+                ln = struct.unpack("!I", self.buf[1:5])[0]
+                if len(self.buf) >= ln + 1:
+                    typ, body = bytes(self.buf[:1]), bytes(self.buf[5:ln + 1])
+                    del self.buf[:ln + 1]
+                    return typ, body
+            chunk = self.sock.recv(1 << 16)
+            if not chunk:
+                raise ConnectionError("connection closed by the server")
+            self.buf += chunk
+
+    def query(self, sql: str) -> list[dict]:
+        """Simple query; the rows of its last result as dicts of text (None for NULL)."""
+        self.sock.sendall(b"Q" + struct.pack("!I", len(sql) + 5) + sql.encode() + b"\0")
+        cols: list[str] = []
+        rows: list[dict] = []
+        err = None
+        while True:
+            typ, body = self._message()
+            if typ == b"T":
+                n, pos, cols, rows = struct.unpack("!H", body[:2])[0], 2, [], []
+                for _ in range(n):
+                    end = body.index(b"\0", pos)
+                    cols.append(body[pos:end].decode())
+                    pos = end + 1 + 18
+            elif typ == b"D":
+                n, pos, vals = struct.unpack("!H", body[:2])[0], 2, []
+                for _ in range(n):
+                    ln = struct.unpack("!i", body[pos:pos + 4])[0]
+                    pos += 4
+                    vals.append(None if ln < 0 else body[pos:pos + ln].decode(errors="replace"))
+                    pos += max(ln, 0)
+                rows.append(dict(zip(cols, vals)))
+            elif typ == b"E":
+                err = PgError(body)
+            elif typ == b"Z":
+                if err:
+                    raise err
+                return rows
+
+    def timed(self, sql: str) -> tuple[float, int]:
+        """Seconds from sending a simple query to its ReadyForQuery, and the number of
+        DataRows, without decoding them (so the time is the server's, not Python's)."""
+        t0 = time.perf_counter()
+        self.sock.sendall(b"Q" + struct.pack("!I", len(sql) + 5) + sql.encode() + b"\0")
+        rows, err = 0, None
+        while True:
+            typ, body = self._message()
+            if typ == b"D":
+                rows += 1
+            elif typ == b"E":
+                err = PgError(body)
+            elif typ == b"Z":
+                if err:
+                    raise err
+                return time.perf_counter() - t0, rows
+
+    def close(self) -> None:
+        try:
+            self.sock.sendall(b"X\x00\x00\x00\x04")
+        except OSError:
+            pass
+        self.sock.close()
+
+
+def timed_login(host: str, port: int, *, user: str, database: str,
+                source: str | None = None, timeout: float = 10.0) -> float:
+    """Seconds from connect() to the first ReadyForQuery (connect, startup, auth)."""
+    t0 = time.perf_counter()
+    c = PgConn(host, port, user=user, database=database, timeout=timeout, source=source)
+    dt_ = time.perf_counter() - t0
+    c.close()
+    return dt_
+
+
+# --------------------------------------------------------------------------
+# idle clients held by several processes, from several source addresses
+# --------------------------------------------------------------------------
+
+def _error_key(e: BaseException) -> str:
+    if isinstance(e, asyncio.TimeoutError):
+        return "timeout"
+    if isinstance(e, asyncio.IncompleteReadError):
+        return "connection closed during startup"
+    if isinstance(e, PgError) and e.sqlstate:
+        return f"{e.sqlstate} {e}"
+    return str(e) or type(e).__name__
+
+
+async def _fleet_worker_main(pipe, host, port, user, database, n, sources, concurrency,
+                             timeout) -> None:
+    loop = asyncio.get_running_loop()
+    conns: list = []
+    errors: dict[str, int] = {}
+    first_error = []
+    sem = asyncio.Semaphore(concurrency)
+
+    async def one(i: int) -> None:
+        async with sem:
+            try:
+                conns.append(await _handshake(host, port, user, database, timeout,
+                                              source=sources[i % len(sources)]))
+            except (OSError, asyncio.TimeoutError, asyncio.IncompleteReadError,
+                    ConnectionError) as e:
+                key = _error_key(e)
+                errors[key] = errors.get(key, 0) + 1
+                if not first_error:
+                    first_error.append(key)
+
+    t0 = time.monotonic()
+    await asyncio.gather(*(one(i) for i in range(n)))
+    pipe.send({"opened": len(conns), "errors": errors,
+               "first_error": first_error[0] if first_error else None,
+               "open_seconds": round(time.monotonic() - t0, 3)})
+    while True:
+        try:
+            cmd = await loop.run_in_executor(None, pipe.recv)
+        except EOFError:  # the parent is gone
+            break
+        if cmd[0] != "query":
+            break
+        _, sql, k = cmd
+        ok, errs = 0, {}
+        for reader, writer in conns[:k]:
+            try:
+                writer.write(b"Q" + struct.pack("!I", len(sql) + 5) + sql.encode() + b"\0")
+                failed = None
+                while True:
+                    try:
+                        hdr = await asyncio.wait_for(reader.readexactly(5), timeout)
+                        body = await reader.readexactly(struct.unpack("!I", hdr[1:])[0] - 4)
+                    except asyncio.IncompleteReadError:
+                        raise failed or ConnectionError("connection closed by the pooler")
+                    if hdr[:1] == b"E":
+                        failed = PgError(body)
+                    elif hdr[:1] == b"Z":
+                        break
+                if failed:
+                    raise failed
+                ok += 1
+            except (OSError, asyncio.TimeoutError, ConnectionError) as e:
+                errs[_error_key(e)] = errs.get(_error_key(e), 0) + 1
+        pipe.send({"ok": ok, "errors": errs})
+    for _r, w in conns:
+        try:
+            w.write(b"X\x00\x00\x00\x04")
+            w.close()
+        except Exception:  # noqa: BLE001
+            pass
+    await asyncio.sleep(0.5)
+
+
+def _fleet_worker(pipe, *args) -> None:
+    _pdeathsig()  # dies with the bench
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent handles Ctrl-C and stops us
+    asyncio.run(_fleet_worker_main(pipe, *args))
+
+
+class ClientFleet:
+    """`sum(counts)` idle clients logged in (trust, up to ReadyForQuery) and held open by
+    len(counts) processes, worker i holding counts[i] of them from the source addresses
+    sources[i] (round robin).  A process may hold at most RLIMIT_NOFILE descriptors, so a
+    fleet of more clients than that needs several; and one source address reaches one
+    destination from at most the ephemeral port range, so many need several sources.
+
+        fleet = ClientFleet(host, port, user=..., database=..., counts=[...], sources=[[...]])
+        summary = fleet.open()       # blocks until every worker has tried all of its share
+        fleet.query("SELECT 1", 5)   # each worker runs it on 5 of the clients it holds
+        fleet.close()
+    """
+
+    def __init__(self, host: str, port: int, *, user: str, database: str,
+                 counts: list[int], sources: list[list[str]], concurrency: int = 50,
+                 timeout: float = 30.0):
+        import multiprocessing
+        assert len(counts) == len(sources)
+        self.procs, self.pipes = [], []
+        ctx = multiprocessing.get_context("fork")
+        for n, src in zip(counts, sources):
+            mine, theirs = ctx.Pipe()
+            p = ctx.Process(target=_fleet_worker, daemon=True,
+                            args=(theirs, host, port, user, database, n, src,
+                                  min(concurrency, n), timeout))
+            p.start()
+            theirs.close()
+            self.procs.append(p)
+            self.pipes.append(mine)
+        self.counts = counts
+
+    def _gather(self, timeout: float) -> list[dict]:
+        out = []
+        deadline = time.monotonic() + timeout
+        for i, pipe in enumerate(self.pipes):
+            if not pipe.poll(max(0.0, deadline - time.monotonic())):
+                raise LabError(f"client worker {i} did not answer within {timeout:.0f}s")
+            out.append(pipe.recv())
+        return out
+
+    def open(self, timeout: float = 900) -> dict:
+        each = self._gather(timeout)
+        errors: dict[str, int] = {}
+        for r in each:
+            for k, v in r["errors"].items():
+                errors[k] = errors.get(k, 0) + v
+        return {"requested": sum(self.counts), "opened": sum(r["opened"] for r in each),
+                "failed": sum(self.counts) - sum(r["opened"] for r in each),
+                "errors": errors,
+                "first_error": next((r["first_error"] for r in each if r["first_error"]), None),
+                "open_seconds": max(r["open_seconds"] for r in each),
+                "per_worker": [r["opened"] for r in each]}
+
+    def query(self, sql: str, k: int, timeout: float = 60) -> dict:
+        for pipe in self.pipes:
+            pipe.send(("query", sql, k))
+        each = self._gather(timeout)
+        errors: dict[str, int] = {}
+        for r in each:
+            for key, v in r["errors"].items():
+                errors[key] = errors.get(key, 0) + v
+        return {"ok": sum(r["ok"] for r in each), "errors": errors}
+
+    def close(self) -> None:
+        for pipe in self.pipes:
+            try:
+                pipe.send(("close",))
+            except OSError:
+                pass
+        for p in self.procs:
+            p.join(timeout=30)
+            if p.is_alive():
+                p.kill()
+                p.join(timeout=5)
+        for pipe in self.pipes:
+            pipe.close()
+        self.procs, self.pipes = [], []
+
+
+def split_clients(n: int, per_worker: int, per_source: int, min_workers: int,
+                  first_source: int) -> tuple[list[int], list[list[str]], int]:
+    """Share n clients among max(min_workers, ceil(n / per_worker)) workers and give each
+    worker enough fresh loopback source addresses (127.0.0.<first_source>, then the next
+    ones, and on into 127.0.1.x …) that none carries more than per_source clients.
+    Returns (counts, sources, the next unused source number)."""
+    workers = max(min_workers, math.ceil(n / per_worker))
+    counts = [n // workers + (1 if i < n % workers else 0) for i in range(workers)]
+    sources, nxt = [], first_source
+    for c in counts:
+        k = max(1, math.ceil(c / per_source))
+        sources.append([f"127.0.{x // 256}.{x % 256}" for x in range(nxt, nxt + k)])
+        nxt += k
+    return counts, sources, nxt
+
+
+# --------------------------------------------------------------------------
+# kernel settings and kernel memory
+# --------------------------------------------------------------------------
+
+class Sysctls:
+    """Raise kernel settings for a run (root only), never lower one, and put the old values
+    back on exit.  wanted: key -> value (ip_local_port_range as "LOW HIGH": widened only)."""
+
+    def __init__(self, wanted: dict[str, str]):
+        self.wanted = wanted
+        self.changed: dict[str, tuple[str, str]] = {}  # key -> (old, new)
+        self.failed: dict[str, str] = {}
+
+    @staticmethod
+    def path(key: str) -> Path:
+        return Path("/proc/sys") / key.replace(".", "/")
+
+    def __enter__(self) -> "Sysctls":
+        for key, want in self.wanted.items():
+            try:
+                old = " ".join(self.path(key).read_text().split())
+            except OSError as e:
+                self.failed[key] = str(e)
+                continue
+            o, w = [int(x) for x in old.split()], [int(x) for x in want.split()]
+            new = (" ".join(str(x) for x in (min(o[0], w[0]), max(o[1], w[1])))
+                   if len(o) == 2 else str(max(o[0], w[0])))
+            if new == old:
+                continue
+            try:
+                self.path(key).write_text(new)
+                self.changed[key] = (old, new)
+            except OSError as e:
+                self.failed[key] = f"{old} kept: {e}"
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for key, (old, _new) in self.changed.items():
+            try:
+                self.path(key).write_text(old)
+            except OSError as e:
+                warn(f"could not restore {key} = {old}: {e}")
+
+
+def kernel_memory() -> dict:
+    """What the kernel holds for sockets: /proc/net/sockstat (sockets in use, TCP buffer
+    pages) and the slab (socket, inode, dentry, epoll objects …) from /proc/meminfo."""
+    out: dict = {}
+    try:
+        for line in Path("/proc/net/sockstat").read_text().splitlines():
+            head, _, rest = line.partition(":")
+            vals = rest.split()
+            d = dict(zip(vals[::2], (int(v) for v in vals[1::2])))
+            if head == "sockets":
+                out["sockets_used"] = d.get("used")
+            elif head == "TCP":
+                out["tcp_inuse"] = d.get("inuse")
+                out["tcp_tw"] = d.get("tw")
+                out["tcp_mem_pages"] = d.get("mem")
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            k, _, v = line.partition(":")
+            if k in ("Slab", "SUnreclaim", "MemAvailable"):
+                out[f"{k.lower()}_kb"] = int(v.split()[0])
+    except (OSError, ValueError):
+        pass
+    out["slab_caches"] = slab_bytes()
+    return out
+
+
+def slab_bytes() -> dict[str, int]:
+    """Bytes in use per slab cache (active objects x object size), from /proc/slabinfo
+    (root only; empty otherwise)."""
+    out: dict[str, int] = {}
+    try:
+        for line in Path("/proc/slabinfo").read_text().splitlines()[2:]:
+            f = line.split()
+            out[f[0]] = int(f[1]) * int(f[3])
+    except (OSError, ValueError, IndexError):
+        pass
+    return out
+
+
+def fd_count(pid: int) -> int | None:
+    try:
+        return len(os.listdir(f"/proc/{pid}/fd"))
+    except OSError:
+        return None
 
 
 # --------------------------------------------------------------------------
