@@ -285,3 +285,44 @@ async fn server_fast_close_ends_sessions_on_marked_servers_between_transactions(
         }
     }
 }
+
+#[tokio::test]
+async fn console_set_goes_through_the_startup_checks_and_the_database_wait_timeout_applies() {
+    let cluster = app_cluster(ServerAuth::Trust);
+    let sluice = ConfigBuilder::new()
+        .database_on(&cluster, "postgres", "query_wait_timeout=1")
+        .set("pool_mode", "transaction")
+        .set("default_pool_size", "1")
+        .set("query_wait_timeout", "60")
+        .set("admin_users", "admin")
+        .start();
+    let console = connect_as(sluice.port(), "admin", "pgbouncer").await;
+    let refused = console
+        .simple_query("SET dns_zone_check_period = 60")
+        .await
+        .expect_err("a value refused at startup is refused by SET");
+    assert!(
+        refused
+            .as_db_error()
+            .is_some_and(|d| d.message().contains("dns_zone_check_period")),
+        "{refused:?}"
+    );
+    console
+        .simple_query("SET default_pool_size = 1")
+        .await
+        .expect("a changeable key");
+    // [databases] query_wait_timeout (1 s) wins over the global 60 s.
+    let holder = connect_as(sluice.port(), APP_USER, "postgres").await;
+    holder.batch_execute("begin").await.unwrap();
+    let waiter = connect_as(sluice.port(), APP_USER, "postgres").await;
+    let started = std::time::Instant::now();
+    let result = tokio::time::timeout(Duration::from_secs(10), waiter.simple_query("select 1"))
+        .await
+        .expect("ends within 10 s");
+    let error = expect_sqlstate(result, "08P01");
+    assert_eq!(
+        error.as_db_error().map(|d| d.message()),
+        Some("query_wait_timeout")
+    );
+    assert!(started.elapsed() < Duration::from_secs(5));
+}

@@ -56,8 +56,8 @@ define_settings! {
         autodb_idle_timeout: Duration = secs(3600) => "3600", Seconds, reload,
             "Free pools created from the \"*\" entry after this long unused. (seconds)";
         cancel_wait_timeout: Duration = secs(10) => "10", Seconds, reload,
-            "Drop a cancel request not forwarded to a server within this time; 0 waits forever. \
-             (seconds)";
+            "Drop a cancel request not forwarded to a server (or a peer) within this time; 0 \
+             leaves only server_connect_timeout (15 s towards a peer) as the bound. (seconds)";
         client_idle_timeout: Duration = Duration::ZERO => "0", Seconds, reload,
             "Close client connections idle longer than this; 0 disables. (seconds)";
         client_login_timeout: Duration = secs(60) => "60", Seconds, reload,
@@ -117,7 +117,7 @@ define_settings! {
             "Log the errors the pooler sends to clients.";
         log_stats: bool = true => "1", Flag, reload,
             "Log aggregated statistics every stats_period.";
-        logfile: String = String::new() => "", Text, reload,
+        logfile: String = String::new() => "", Text, fixed,
             "File to log to, besides stderr; empty means none.";
         login_notify_message: String = String::new() => "", Text, reload,
             "Notice sent to clients right after they log in; empty sends none.";
@@ -222,7 +222,7 @@ define_settings! {
         syslog_ident: String = text("pgbouncer") => "pgbouncer", Text, reload,
             "Program name given to syslog.";
         tcp_defer_accept: u32 = DEFAULT_TCP_DEFER_ACCEPT_VALUE
-            => DEFAULT_TCP_DEFER_ACCEPT, Count, reload,
+            => DEFAULT_TCP_DEFER_ACCEPT, Count, fixed,
             "Set TCP_DEFER_ACCEPT on listening sockets (Linux); nonzero enables.";
         tcp_keepalive: bool = true => "1", Flag, reload,
             "Turn on TCP keepalive, with the OS defaults unless tcp_keep* are set.";
@@ -255,7 +255,7 @@ define_settings! {
             "File mode of the Unix socket, in octal.";
         user: String = String::new() => "", Text, fixed,
             "Unix user to switch to after startup, when started as root.";
-        verbose: u32 = 0 => "0", Count, reload,
+        verbose: u32 = 0 => "0", Count, fixed,
             "Log verbosity; each step adds detail (like -v on the command line).";
     }
     sluice {

@@ -250,6 +250,8 @@ fn sluice_section_keys() {
             "route_reads",
             "runtime",
             "track_session_objects",
+            "web_console",
+            "web_console_file",
             "worker_busy_percent",
             "workers"
         ]

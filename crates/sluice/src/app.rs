@@ -674,6 +674,7 @@ impl App {
             reserve_pool_timeout: s.reserve_pool_timeout,
             query_wait_timeout: u
                 .and_then(|u| u.query_wait_timeout)
+                .or(entry.query_wait_timeout)
                 .unwrap_or(s.query_wait_timeout),
             server_idle_timeout: s.server_idle_timeout,
             server_lifetime: entry.server_lifetime.unwrap_or(s.server_lifetime),

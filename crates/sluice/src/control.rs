@@ -67,6 +67,20 @@ fn reload_into(app: &App, said: &mut Said) {
     for w in &config.warnings {
         said.warn(w.to_string());
     }
+    apply_into(app, config, said);
+}
+
+/// Applies a configuration changed in memory (the console's SET) through
+/// the same checks and steps as a RELOAD, the auth_file read again.
+pub fn apply(app: &App, config: sluice_config::Config) -> Vec<String> {
+    crate::sd_notify::reloading();
+    let mut said = Said::default();
+    apply_into(app, config, &mut said);
+    crate::sd_notify::reloaded();
+    said.0
+}
+
+fn apply_into(app: &App, config: sluice_config::Config, said: &mut Said) {
     if let Err(e) = crate::daemon::check_supported(&config.settings) {
         said.error(format!("reload failed, keeping the old configuration: {e}"));
         return;

@@ -210,7 +210,16 @@ fn set(app: &App, args: &str, sql: &str, out: &mut BytesMut) {
         error(out, "22023", &e.to_string());
         return;
     }
-    app.reload(config, None);
+    // The same checks and steps as RELOAD (a value refused at startup is
+    // refused here; TLS, hba, syslog… follow).
+    let said = crate::control::apply(app, config);
+    if let Some(failed) = said.iter().find(|s| s.starts_with("reload failed")) {
+        error(out, "22023", failed);
+        return;
+    }
+    for s in &said {
+        sluice_wire::ErrorFields::new(sluice_wire::Severity::Warning, "01000", s).encode(out);
+    }
     command_complete(out, "SET");
 }
 
