@@ -313,7 +313,7 @@ async fn a_client_past_the_descriptor_limit_gets_an_error_not_a_hang() {
     let ini = scratch.path().join("fds.ini");
     let text = ConfigBuilder::for_cluster(&cluster)
         .set("pool_mode", "transaction")
-        .set("default_pool_size", "2")
+        .set("default_pool_size", "10")
         .set("max_client_conn", "1000")
         .render()
         .replace("@PORT@", &port.to_string());
@@ -352,7 +352,12 @@ async fn a_client_past_the_descriptor_limit_gets_an_error_not_a_hang() {
             connect(port, APP_USER, "", "postgres"),
         )
         .await
-        .expect("a login past the limit must end within 5 s, not hang");
+        .unwrap_or_else(|_| {
+            panic!(
+                "a login past the limit must end within 5 s, not hang:\n{}",
+                logs().lines().rev().take(12).collect::<Vec<_>>().join("\n")
+            )
+        });
         match attempt {
             Ok(c) => held.push(c),
             Err(e) => {
@@ -369,11 +374,19 @@ async fn a_client_past_the_descriptor_limit_gets_an_error_not_a_hang() {
             .is_some_and(|d| d.message().contains("out of file descriptors")),
         "{error:?}"
     );
-    // Still serving the clients it has.
+    // Still serving the clients it has, even those whose transaction
+    // would need a new server: they wait for one in use instead of failing.
     first
         .batch_execute("select 2")
         .await
         .expect("served on past the limit");
+    let busy = held
+        .iter()
+        .take(8)
+        .map(|c| c.simple_query("select pg_sleep(0.2)"));
+    for (i, r) in join_all(busy).await.into_iter().enumerate() {
+        r.unwrap_or_else(|e| panic!("held client {i} failed at the limit: {e:?}\n{}", logs()));
+    }
     drop(held);
     tokio::time::sleep(Duration::from_millis(500)).await;
     let again = eventually(Duration::from_secs(5), || async {

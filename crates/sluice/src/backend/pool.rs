@@ -386,6 +386,15 @@ impl Drop for Lease {
 
 /// A counted slot being turned into a server. Dropped unused, it frees the
 /// slot.
+/// A server connect failed because this process has no descriptor left.
+fn out_of_descriptors(e: &AcquireError) -> bool {
+    matches!(
+        e,
+        AcquireError::Login(LoginError::Connect { source, .. })
+            if matches!(source.raw_os_error(), Some(libc::EMFILE | libc::ENFILE))
+    )
+}
+
 /// A waiter's receiver while `acquire` waits: if the future is dropped
 /// (its caller gave up), a server or slot handed over meanwhile would be
 /// lost with the receiver; this gives it back and leaves the line.
@@ -740,7 +749,7 @@ impl Pool {
 
     /// First look: an idle server, a free slot, a recent login failure, or
     /// a place in line.
-    fn first_look(self: &Arc<Self>) -> FirstLook {
+    fn first_look(self: &Arc<Self>, may_open: bool) -> FirstLook {
         let mut st = self.lock();
         if let Some(lease) = self.take_idle(&mut st) {
             return FirstLook::Leased(Box::new(lease));
@@ -754,7 +763,7 @@ impl Pool {
         {
             return FirstLook::Failing(code.clone(), msg.clone());
         }
-        if st.waiters.is_empty() && self.take_slot(&mut st, false) {
+        if may_open && st.waiters.is_empty() && self.take_slot(&mut st, false) {
             return FirstLook::Open;
         }
         let (tx, rx) = oneshot::channel();
@@ -768,10 +777,35 @@ impl Pool {
         FirstLook::Wait(rx, id, settings)
     }
 
-    /// Takes an idle server, or a slot to open one, or waits in line.
+    /// Takes an idle server, or a slot to open one, or waits in line. When
+    /// a new server cannot be opened for lack of file descriptors, the
+    /// client waits in line for a server another client releases (until
+    /// `query_wait_timeout`) instead of failing.
     pub async fn acquire(self: &Arc<Self>) -> Result<Lease, AcquireError> {
         let started = Instant::now();
-        let (rx, waiter_id, settings) = match self.first_look() {
+        let mut may_open = true;
+        loop {
+            match self.acquire_from(started, may_open).await {
+                Err(e) if out_of_descriptors(&e) => {
+                    if may_open {
+                        tracing::warn!(
+                            db = %self.database, user = %self.user,
+                            "cannot open a server ({e}): the client waits for one in use"
+                        );
+                    }
+                    may_open = false;
+                }
+                other => return other,
+            }
+        }
+    }
+
+    async fn acquire_from(
+        self: &Arc<Self>,
+        started: Instant,
+        may_open: bool,
+    ) -> Result<Lease, AcquireError> {
+        let (rx, waiter_id, settings) = match self.first_look(may_open) {
             FirstLook::Leased(l) => return Ok(*l),
             // Boxed: opening a server is rare and its future is large.
             FirstLook::Open => return Box::pin(self.open_on_slot()).await,

@@ -161,22 +161,18 @@ impl Listener {
     }
 }
 
-/// A descriptor held in reserve: when accept fails for lack of
-/// descriptors (EMFILE, ENFILE), it is closed so that the waiting client
-/// can be accepted and told why, instead of hanging in the backlog.
-static RESERVE_FD: std::sync::Mutex<Option<std::fs::File>> = std::sync::Mutex::new(None);
-
-fn keep_reserve() {
-    let mut reserve = RESERVE_FD.lock().unwrap_or_else(|p| p.into_inner());
-    if reserve.is_none() {
-        *reserve = std::fs::File::open("/dev/null").ok();
-    }
+/// A descriptor each accept loop holds in reserve: when accept fails for
+/// lack of descriptors (EMFILE, ENFILE), it is closed so that the waiting
+/// client can be accepted and told why, instead of hanging in the backlog.
+/// One per loop: every worker has a listening socket of its own.
+fn reserve_fd() -> Option<std::fs::File> {
+    std::fs::File::open("/dev/null").ok()
 }
 
 /// Out of descriptors: frees the reserve, accepts one waiting client,
 /// sends it 53300 and closes it, then takes the reserve again. Logged at
 /// most once a second.
-async fn refuse_one(listener: &Listener, e: &std::io::Error) {
+async fn refuse_one(listener: &Listener, reserve: &mut Option<std::fs::File>, e: &std::io::Error) {
     static LAST_LOG: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
     let now = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
@@ -187,7 +183,7 @@ async fn refuse_one(listener: &Listener, e: &std::io::Error) {
              open files limit, LimitNOFILE, or lower max_client_conn)"
         );
     }
-    RESERVE_FD.lock().unwrap_or_else(|p| p.into_inner()).take();
+    drop(reserve.take());
     let accepted =
         tokio::time::timeout(std::time::Duration::from_millis(100), listener.accept()).await;
     if let Ok(Ok(stream)) = accepted {
@@ -200,12 +196,12 @@ async fn refuse_one(listener: &Listener, e: &std::io::Error) {
         .encode(&mut out);
         stream.try_write_once(&out);
     }
-    keep_reserve();
+    *reserve = reserve_fd();
 }
 
 /// Accepts clients until shutdown begins.
 pub async fn accept_loop(app: Arc<App>, listener: Listener) {
-    keep_reserve();
+    let mut reserve = reserve_fd();
     loop {
         let changed = app.phase_changed.notified();
         tokio::pin!(changed);
@@ -219,7 +215,7 @@ pub async fn accept_loop(app: Arc<App>, listener: Listener) {
                     tokio::spawn(handle_connection(app.clone(), stream));
                 }
                 Err(e) if matches!(e.raw_os_error(), Some(libc::EMFILE | libc::ENFILE)) => {
-                    refuse_one(&listener, &e).await;
+                    refuse_one(&listener, &mut reserve, &e).await;
                     tokio::time::sleep(std::time::Duration::from_millis(10)).await;
                 }
                 Err(e) => {
