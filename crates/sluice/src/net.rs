@@ -168,6 +168,33 @@ impl Stream {
     }
 
     /// The OS user id of a Unix-socket peer (SO_PEERCRED).
+    /// Writes `bytes` if the socket takes them at once, all or nothing: only
+    /// when the send queue has room for all of them (SIOCOUTQ against
+    /// SO_SNDBUF), so a message is never cut. TLS streams get nothing.
+    pub fn try_write_whole(&self, bytes: &[u8]) {
+        use std::os::fd::AsRawFd;
+        let fd = match self {
+            Self::Tcp(s) => s.as_raw_fd(),
+            Self::Unix(s) => s.as_raw_fd(),
+            Self::Tls(_) => return,
+        };
+        let mut queued: libc::c_int = 0;
+        // SAFETY: TIOCOUTQ (SIOCOUTQ) writes one c_int.
+        let rc = unsafe { libc::ioctl(fd, libc::TIOCOUTQ, &mut queued) };
+        let room = socket2::SockRef::from(&self.borrowed_fd(fd))
+            .send_buffer_size()
+            .ok()
+            .map(|size| size / 2);
+        if rc == 0 && room.is_some_and(|r| r >= queued as usize + bytes.len()) {
+            self.try_write_once(bytes);
+        }
+    }
+
+    fn borrowed_fd(&self, fd: std::os::fd::RawFd) -> std::os::fd::BorrowedFd<'_> {
+        // SAFETY: `fd` is this stream's own descriptor, alive as long as it.
+        unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) }
+    }
+
     /// Writes `bytes` if the socket takes them at once (a farewell to a
     /// plain connection that must not wait); TLS streams get nothing.
     pub fn try_write_once(&self, bytes: &[u8]) {

@@ -250,9 +250,6 @@ pub enum AcquireError {
     RecentFailure(String, String),
     #[error("pool is closed")]
     Closed,
-    /// The client did not take the queue notice (its stream is cut short).
-    #[error("the client did not read while queued")]
-    ClientStalled,
 }
 
 impl AcquireError {
@@ -262,7 +259,6 @@ impl AcquireError {
             Self::Login(e) => e.sqlstate(),
             Self::RecentFailure(code, _) => code,
             Self::Closed => "57P01",
-            Self::ClientStalled => "08006",
         }
     }
 }
@@ -782,10 +778,20 @@ impl Pool {
     /// client waits in line for a server another client releases (until
     /// `query_wait_timeout`) instead of failing.
     pub async fn acquire(self: &Arc<Self>) -> Result<Lease, AcquireError> {
+        self.acquire_noticing(|| {}).await
+    }
+
+    /// [`Pool::acquire`], calling `notice` once if the wait reaches
+    /// `query_wait_notify` (on the timer the wait has anyway: a notice
+    /// costs no timer of its own).
+    pub async fn acquire_noticing(
+        self: &Arc<Self>,
+        mut notice: impl FnMut(),
+    ) -> Result<Lease, AcquireError> {
         let started = Instant::now();
         let mut may_open = true;
         loop {
-            match self.acquire_from(started, may_open).await {
+            match self.acquire_from(started, may_open, &mut notice).await {
                 Err(e) if out_of_descriptors(&e) => {
                     if may_open {
                         tracing::warn!(
@@ -804,6 +810,7 @@ impl Pool {
         self: &Arc<Self>,
         started: Instant,
         may_open: bool,
+        notice: &mut impl FnMut(),
     ) -> Result<Lease, AcquireError> {
         let (rx, waiter_id, settings) = match self.first_look(may_open) {
             FirstLook::Leased(l) => return Ok(*l),
@@ -824,6 +831,8 @@ impl Pool {
         let reserve_at =
             (settings.reserve_pool_size > 0).then(|| started + settings.reserve_pool_timeout);
         let shared_limit = self.db_limit.is_limited() || self.user_limit.is_limited();
+        let mut notice_at =
+            (!settings.query_wait_notify.is_zero()).then(|| started + settings.query_wait_notify);
         let mut first_round = true;
         loop {
             if shared_limit {
@@ -848,6 +857,14 @@ impl Pool {
             }
             if let Some(d) = wait_deadline {
                 next_check = next_check.min(d);
+            }
+            if let Some(n) = notice_at {
+                if n <= now {
+                    notice_at = None;
+                    notice();
+                } else {
+                    next_check = next_check.min(n);
+                }
             }
             let Some(rx) = waiting.rx.as_mut() else {
                 return Err(AcquireError::Closed);

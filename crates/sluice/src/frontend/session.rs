@@ -402,7 +402,7 @@ impl Client {
                 let acquired = if gate.is_some_and(|t| !self.primary_settled(t)) {
                     self.hold_for_primary(None).await
                 } else {
-                    match Box::pin(self.acquire_notifying(&pool)).await {
+                    match self.acquire_notifying(&pool).await {
                         Err(e) if pool.host == 0 && unreachable(&e) => {
                             self.hold_for_primary(Some(e)).await
                         }
@@ -581,40 +581,22 @@ impl Client {
     }
 
     /// A server from `pool`; a client still queued after
-    /// `query_wait_notify` is told so once (PgBouncer's notice). The
-    /// common case, a server at hand, costs no timer.
+    /// `query_wait_notify` is told so once (PgBouncer's notice), written
+    /// without waiting on a plain socket that takes it (a client whose
+    /// socket is full, or over TLS, is not told).
     async fn acquire_notifying(&mut self, pool: &Arc<Pool>) -> Result<Lease, AcquireError> {
-        use std::task::Poll;
-        let mut acquire = std::pin::pin!(pool.acquire());
-        let first = std::future::poll_fn(|cx| Poll::Ready(acquire.as_mut().poll(cx))).await;
-        if let Poll::Ready(done) = first {
-            return done;
-        }
-        let after = pool.settings().query_wait_notify;
-        if after.is_zero() {
-            return acquire.await;
-        }
-        match tokio::time::timeout(after, acquire.as_mut()).await {
-            Ok(done) => done,
-            Err(_) => {
-                let mut notice = BytesMut::new();
-                sluice_wire::ErrorFields::new(
-                    sluice_wire::Severity::Notice,
-                    "00000",
-                    "No server connection available in postgres backend, client being queued",
-                )
-                .encode(&mut notice);
-                use tokio::io::AsyncWriteExt;
-                // A client that does not take it in time is let go (half a
-                // message may be on its stream).
-                match tokio::time::timeout(LOCAL_WRITE_TIMEOUT, self.stream.write_all(&notice))
-                    .await
-                {
-                    Ok(Ok(())) => acquire.await,
-                    _ => Err(AcquireError::ClientStalled),
-                }
-            }
-        }
+        let stream = &self.stream;
+        pool.acquire_noticing(|| {
+            let mut notice = BytesMut::new();
+            sluice_wire::ErrorFields::new(
+                sluice_wire::Severity::Notice,
+                "00000",
+                "No server connection available in postgres backend, client being queued",
+            )
+            .encode(&mut notice);
+            stream.try_write_whole(&notice);
+        })
+        .await
     }
 
     /// A batch that only prepares or closes statements is answered here,
