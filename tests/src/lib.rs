@@ -28,7 +28,7 @@ pub use client::{
 };
 pub use clusters::{app_cluster, app_cluster_with, grant_create};
 pub use config::ConfigBuilder;
-pub use limits::raise_fd_limit;
+pub use limits::{MigrateQueuedConnections, raise_fd_limit};
 pub use process::{SluiceProcess, run_sluice, sluice_binary};
 pub use raw::{
     RawClient, RawReply, error_field, error_fields, length_prefixed, ssl_request, startup_packet,
@@ -37,8 +37,8 @@ pub use scratch::ScratchDir;
 pub use sluice_testkit::{Cluster, ServerAuth};
 pub use tls_client::RustlsConnector;
 pub use tools::{
-    ToolOutput, pgbench, pgbench_env, pgbench_select_one_ok, psql, psql_conninfo, psql_interactive,
-    run as run_tool,
+    ToolOutput, pgbench, pgbench_env, pgbench_failed, pgbench_processed, pgbench_select_one_ok,
+    psql, psql_conninfo, psql_interactive, refused_at_startup, run as run_tool,
 };
 pub use wait::{eventually, eventually_sync};
 

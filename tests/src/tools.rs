@@ -219,3 +219,40 @@ fn read_all(pipe: Option<impl Read + Send + 'static>) -> JoinHandle<String> {
         text
     })
 }
+
+/// The `number of failed transactions: N (...)` count of a pgbench report.
+pub fn pgbench_failed(report: &str) -> Option<u64> {
+    report
+        .lines()
+        .find_map(|line| line.strip_prefix("number of failed transactions:"))
+        .and_then(|rest| rest.split_whitespace().next())
+        .and_then(|n| n.parse().ok())
+}
+
+/// The `number of transactions actually processed: N` of a pgbench report.
+pub fn pgbench_processed(report: &str) -> Option<u64> {
+    report
+        .lines()
+        .find_map(|line| line.strip_prefix("number of transactions actually processed:"))
+        .and_then(|rest| rest.split_whitespace().next())
+        .and_then(|n| n.split('/').next())
+        .and_then(|n| n.parse().ok())
+}
+
+/// Runs sluice on `config` (an ini text whose `listen_port` gets a free
+/// port) expecting it to refuse to start; returns what it said.
+pub fn refused_at_startup(config: &crate::config::ConfigBuilder) -> String {
+    let scratch = crate::scratch::ScratchDir::create();
+    let ini = scratch.path().join("refused.ini");
+    let text = config
+        .clone()
+        .set(
+            "listen_port",
+            &sluice_testkit::free_port().expect("port").to_string(),
+        )
+        .render();
+    std::fs::write(&ini, text).expect("write ini");
+    let out = crate::process::run_sluice(&[ini.as_os_str()], Duration::from_secs(20));
+    assert!(!out.success(), "sluice started with:\n{}", config.render());
+    format!("{}{}", out.stdout, out.stderr)
+}

@@ -319,7 +319,7 @@ async fn a_client_past_the_descriptor_limit_gets_an_error_not_a_hang() {
         .replace("@PORT@", &port.to_string());
     std::fs::write(&ini, text).expect("write ini");
     let log = std::fs::File::create(scratch.path().join("sluice.log")).expect("log");
-    let mut child = std::process::Command::new("bash")
+    let child = std::process::Command::new("bash")
         .arg("-c")
         .arg(format!(
             "ulimit -n 64 && exec {} {}",
@@ -330,6 +330,8 @@ async fn a_client_past_the_descriptor_limit_gets_an_error_not_a_hang() {
         .stderr(log)
         .spawn()
         .expect("start sluice under ulimit -n 64");
+    // Killed however the test ends (a failed assertion included).
+    let mut child = KillOnDrop(child);
     let logs = || std::fs::read_to_string(scratch.path().join("sluice.log")).unwrap_or_default();
     eventually(Duration::from_secs(10), || async {
         tokio::net::TcpStream::connect(("127.0.0.1", port))
@@ -395,8 +397,16 @@ async fn a_client_past_the_descriptor_limit_gets_an_error_not_a_hang() {
     .await
     .expect("logins work again once descriptors are free");
     again.batch_execute("select 3").await.expect("query");
-    assert!(child.try_wait().expect("wait").is_none(), "sluice exited");
-    let _ = child.kill();
-    let _ = child.wait();
+    assert!(child.0.try_wait().expect("wait").is_none(), "sluice exited");
     assert!(logs().contains("refusing new clients until descriptors free up"));
+}
+
+/// A child process killed when dropped.
+struct KillOnDrop(std::process::Child);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
 }

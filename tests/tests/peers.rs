@@ -160,11 +160,7 @@ fn one_member_stopped_under_pgbench_leaves_the_other_serving() {
     let dirs = [&ScratchDir::create(), &ScratchDir::create()];
     let [mut first, second] = start_pair(&cluster, &dirs, true);
     let port = first.port();
-    let migrate = "/proc/sys/net/ipv4/tcp_migrate_req";
-    let old = std::fs::read_to_string(migrate).ok();
-    if old.is_some() {
-        let _ = std::fs::write(migrate, "1");
-    }
+    let _migrate = MigrateQueuedConnections::enable();
     let bench = std::thread::spawn(move || {
         pgbench(
             port,
@@ -179,9 +175,6 @@ fn one_member_stopped_under_pgbench_leaves_the_other_serving() {
     first.signal("TERM");
     let status = first.wait_exit(Duration::from_secs(20));
     let out = bench.join().expect("pgbench thread");
-    if let Some(old) = old {
-        let _ = std::fs::write(migrate, old.trim());
-    }
     assert!(status.is_some_and(|s| s.success()), "{}", first.log());
     assert!(out.success(), "{}\n{}", out.stdout, out.stderr);
     assert!(

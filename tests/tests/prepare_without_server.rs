@@ -12,23 +12,6 @@ use sluice_tests::*;
 
 const T: Duration = Duration::from_secs(10);
 
-fn failed_transactions(report: &str) -> Option<u64> {
-    report
-        .lines()
-        .find_map(|line| line.strip_prefix("number of failed transactions:"))
-        .and_then(|rest| rest.split_whitespace().next())
-        .and_then(|n| n.parse().ok())
-}
-
-fn processed_transactions(report: &str) -> Option<u64> {
-    report
-        .lines()
-        .find_map(|line| line.strip_prefix("number of transactions actually processed:"))
-        .and_then(|rest| rest.split_whitespace().next())
-        .and_then(|n| n.split('/').next())
-        .and_then(|n| n.parse().ok())
-}
-
 #[test]
 fn pgbench_tpcb_prepared_with_150_and_1000_clients_on_a_pool_of_10() {
     raise_fd_limit(20_000);
@@ -60,12 +43,12 @@ fn pgbench_tpcb_prepared_with_150_and_1000_clients_on_a_pool_of_10() {
             output.stderr
         );
         assert_eq!(
-            failed_transactions(&output.stdout),
+            pgbench_failed(&output.stdout),
             Some(0),
             "pgbench report:\n{}",
             output.stdout
         );
-        let processed = processed_transactions(&output.stdout);
+        let processed = pgbench_processed(&output.stdout);
         assert!(
             processed.is_some_and(|n| n >= 100),
             "{clients} clients: {processed:?} transactions\n{}",

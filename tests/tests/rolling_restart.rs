@@ -7,31 +7,6 @@ use std::time::Duration;
 
 use sluice_tests::*;
 
-/// Lets the kernel hand connections still queued on a closing listener to
-/// another listener of the same SO_REUSEPORT group, as an operator doing
-/// rolling restarts would configure it. Restores the old value on drop.
-struct MigrateQueuedConnections(Option<String>);
-
-const MIGRATE_SYSCTL: &str = "/proc/sys/net/ipv4/tcp_migrate_req";
-
-impl MigrateQueuedConnections {
-    fn enable() -> Self {
-        let old = std::fs::read_to_string(MIGRATE_SYSCTL).ok();
-        if old.is_some() && std::fs::write(MIGRATE_SYSCTL, "1").is_err() {
-            eprintln!("cannot set {MIGRATE_SYSCTL}: queued connections may be reset");
-        }
-        Self(old)
-    }
-}
-
-impl Drop for MigrateQueuedConnections {
-    fn drop(&mut self) {
-        if let Some(old) = &self.0 {
-            let _ = std::fs::write(MIGRATE_SYSCTL, old.trim());
-        }
-    }
-}
-
 #[test]
 fn pgbench_runs_through_a_rolling_restart_without_a_failed_transaction() {
     let _migrate = MigrateQueuedConnections::enable();

@@ -92,24 +92,6 @@ async fn two_thousand_clients_share_a_pool_of_twenty() {
     );
 }
 
-/// The `number of failed transactions: N (...)` count pgbench prints.
-fn failed_transactions(report: &str) -> Option<u64> {
-    report
-        .lines()
-        .find_map(|line| line.strip_prefix("number of failed transactions:"))
-        .and_then(|rest| rest.split_whitespace().next())
-        .and_then(|n| n.parse().ok())
-}
-
-fn processed_transactions(report: &str) -> Option<u64> {
-    report
-        .lines()
-        .find_map(|line| line.strip_prefix("number of transactions actually processed:"))
-        .and_then(|rest| rest.split_whitespace().next())
-        .and_then(|n| n.split('/').next())
-        .and_then(|n| n.parse().ok())
-}
-
 #[test]
 fn pgbench_with_150_clients_over_max_connections_100() {
     raise_fd_limit(20_000);
@@ -139,13 +121,13 @@ fn pgbench_with_150_clients_over_max_connections_100() {
         output.stderr
     );
     assert_eq!(
-        failed_transactions(&output.stdout),
+        pgbench_failed(&output.stdout),
         Some(0),
         "pgbench report:\n{}",
         output.stdout
     );
     assert!(
-        processed_transactions(&output.stdout).is_some_and(|n| n > 0),
+        pgbench_processed(&output.stdout).is_some_and(|n| n > 0),
         "pgbench report:\n{}",
         output.stdout
     );

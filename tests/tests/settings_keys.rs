@@ -263,19 +263,11 @@ fn unix_socket_group_owns_the_socket_and_an_unknown_group_stops_startup() {
     assert_eq!(out.stdout.trim(), "by socket");
 
     let scratch = ScratchDir::create();
-    let ini = scratch.path().join("bad.ini");
-    let text = ConfigBuilder::for_cluster(&cluster)
-        .set("unix_socket_dir", &scratch.path().display().to_string())
-        .set("unix_socket_group", "no-such-group-here")
-        .set(
-            "listen_port",
-            &sluice_testkit::free_port().expect("port").to_string(),
-        )
-        .render();
-    std::fs::write(&ini, text).expect("write ini");
-    let out = run_sluice(&[ini.as_os_str()], Duration::from_secs(20));
-    assert!(!out.success(), "sluice started with an unknown group");
-    let said = format!("{}{}", out.stdout, out.stderr);
+    let said = refused_at_startup(
+        &ConfigBuilder::for_cluster(&cluster)
+            .set("unix_socket_dir", &scratch.path().display().to_string())
+            .set("unix_socket_group", "no-such-group-here"),
+    );
     assert!(
         said.contains("unix_socket_group") && said.contains("no-such-group-here"),
         "{said}"
@@ -383,19 +375,7 @@ async fn host_names_are_cached_per_dns_max_ttl_and_zone_checks_are_refused() {
         ("dns_zone_check_period", "60"),
         ("resolv_conf", "/etc/resolv.conf"),
     ] {
-        let scratch = ScratchDir::create();
-        let ini = scratch.path().join("bad.ini");
-        let text = ConfigBuilder::for_cluster(&cluster)
-            .set(key, value)
-            .set(
-                "listen_port",
-                &sluice_testkit::free_port().expect("port").to_string(),
-            )
-            .render();
-        std::fs::write(&ini, text).expect("write ini");
-        let out = run_sluice(&[ini.as_os_str()], Duration::from_secs(20));
-        assert!(!out.success(), "sluice started with {key} = {value}");
-        let said = format!("{}{}", out.stdout, out.stderr);
+        let said = refused_at_startup(&ConfigBuilder::for_cluster(&cluster).set(key, value));
         assert!(said.contains(key), "{said}");
     }
 }
@@ -484,24 +464,8 @@ async fn syslog_sends_lines_with_ident_and_facility_and_reload_turns_it_off() {
     assert!(sluice.log().contains("login attempt"), "{}", sluice.log());
 
     // A facility syslog does not have stops startup.
-    let scratch = ScratchDir::create();
-    let ini = scratch.path().join("bad.ini");
-    let text = transaction_pool(&cluster)
-        .set("syslog_facility", "local9")
-        .set(
-            "listen_port",
-            &sluice_testkit::free_port().expect("port").to_string(),
-        )
-        .render();
-    std::fs::write(&ini, text).expect("write ini");
-    let out = run_sluice(&[ini.as_os_str()], Duration::from_secs(20));
-    assert!(!out.success());
-    assert!(
-        format!("{}{}", out.stdout, out.stderr).contains("syslog_facility = local9"),
-        "{}{}",
-        out.stdout,
-        out.stderr
-    );
+    let said = refused_at_startup(&transaction_pool(&cluster).set("syslog_facility", "local9"));
+    assert!(said.contains("syslog_facility = local9"), "{said}");
 }
 
 #[tokio::test]

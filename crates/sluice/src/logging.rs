@@ -191,17 +191,9 @@ fn rfc3164_now() -> String {
     ];
     let secs = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs());
-    let (days, rem) = (secs / 86_400, secs % 86_400);
-    // Civil date from days since 1970-01-01 (Howard Hinnant's algorithm).
-    let z = days as i64 + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z - era * 146_097;
-    let yoe = (doe - doe / 1_460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let day = doy - (153 * mp + 2) / 5 + 1;
-    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+        .map_or(0, |d| d.as_secs()) as i64;
+    let (_, month, day) = civil_date(secs.div_euclid(86_400));
+    let rem = secs.rem_euclid(86_400);
     format!(
         "{} {:>2} {:02}:{:02}:{:02}",
         MONTHS[(month - 1) as usize],
@@ -210,6 +202,20 @@ fn rfc3164_now() -> String {
         rem % 3_600 / 60,
         rem % 60
     )
+}
+
+/// (year, month 1-12, day 1-31) of a day counted from 1970-01-01 (Howard
+/// Hinnant's algorithm), for the log and the console's timestamps.
+pub fn civil_date(days: i64) -> (i64, i64, i64) {
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1_460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    (yoe + era * 400 + i64::from(month <= 2), month, day)
 }
 
 #[cfg(test)]
