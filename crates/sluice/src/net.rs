@@ -167,7 +167,6 @@ impl Stream {
         }
     }
 
-    /// The OS user id of a Unix-socket peer (SO_PEERCRED).
     /// Writes `bytes` if the socket takes them at once, all or nothing: only
     /// when the send queue has room for all of them (SIOCOUTQ against
     /// SO_SNDBUF), so a message is never cut. TLS streams get nothing.
@@ -205,6 +204,7 @@ impl Stream {
         };
     }
 
+    /// The OS user id of a Unix-socket peer (SO_PEERCRED).
     pub fn peer_uid(&self) -> Option<u32> {
         match self {
             Self::Unix(s) => s.peer_cred().ok().map(|c| c.uid()),

@@ -380,8 +380,9 @@ impl Drop for Lease {
     }
 }
 
-/// A counted slot being turned into a server. Dropped unused, it frees the
-/// slot.
+/// How often a client waiting out a lack of descriptors looks again.
+const DESCRIPTOR_RETRY: Duration = Duration::from_millis(50);
+
 /// A server connect failed because this process has no descriptor left.
 fn out_of_descriptors(e: &AcquireError) -> bool {
     matches!(
@@ -423,6 +424,8 @@ impl Drop for WaitGuard<'_> {
     }
 }
 
+/// A counted slot being turned into a server. Dropped unused, it frees the
+/// slot.
 struct SlotGuard<'a> {
     pool: &'a Pool,
     armed: bool,
@@ -790,8 +793,15 @@ impl Pool {
     ) -> Result<Lease, AcquireError> {
         let started = Instant::now();
         let mut may_open = true;
+        // Told once per acquire, however many rounds it takes.
+        let mut noticed = false;
+        let mut notice_once = || {
+            if !std::mem::replace(&mut noticed, true) {
+                notice();
+            }
+        };
         loop {
-            match self.acquire_from(started, may_open, &mut notice).await {
+            match self.acquire_from(started, may_open, &mut notice_once).await {
                 Err(e) if out_of_descriptors(&e) => {
                     if may_open {
                         tracing::warn!(
@@ -800,6 +810,14 @@ impl Pool {
                         );
                     }
                     may_open = false;
+                    // A waiter may still be handed a slot, and the open fail
+                    // again at once: look again at most every 50 ms, and no
+                    // longer than query_wait_timeout.
+                    let wait = self.settings().query_wait_timeout;
+                    if !wait.is_zero() && started.elapsed() >= wait {
+                        return Err(AcquireError::WaitTimeout);
+                    }
+                    tokio::time::sleep(DESCRIPTOR_RETRY).await;
                 }
                 other => return other,
             }
@@ -880,7 +898,19 @@ impl Pool {
             let grant = match grant {
                 Some(g) => g,
                 None => match self.recheck(waiter_id, reserve_at, wait_deadline) {
-                    Recheck::Slot => Grant::Slot,
+                    // A grant sent between the timer and the recheck wins;
+                    // the slot just taken goes back.
+                    Recheck::Slot => {
+                        rx.close();
+                        match rx.try_recv() {
+                            Ok(g) => {
+                                let mut st = self.lock();
+                                self.free_slot(&mut st, false);
+                                g
+                            }
+                            Err(_) => Grant::Slot,
+                        }
+                    }
                     Recheck::Wait => continue,
                     Recheck::Expired => {
                         rx.close();
@@ -1073,10 +1103,15 @@ impl Pool {
                     }
                 }
                 Err(e) => {
-                    tracing::warn!(db = %self.database, user = %self.user, "server login failed: {e}");
-                    self.lock().last_login_failure =
-                        Some((Instant::now(), e.sqlstate().to_owned(), e.to_string()));
-                    return Err(e.into());
+                    let e = AcquireError::from(e);
+                    // Out of descriptors says nothing of the server: other
+                    // clients are not failed fast for it.
+                    if !out_of_descriptors(&e) {
+                        tracing::warn!(db = %self.database, user = %self.user, "server login failed: {e}");
+                        self.lock().last_login_failure =
+                            Some((Instant::now(), e.sqlstate().to_owned(), e.to_string()));
+                    }
+                    return Err(e);
                 }
             }
         }
