@@ -13,4 +13,5 @@ pub mod relay_io;
 mod requests;
 mod route;
 pub mod session;
+mod spare_buffers;
 mod tracked;

@@ -183,6 +183,12 @@ pub fn lost_retry_safe(buf: &[u8], read: bool) -> Option<usize> {
         return proven.then_some(len);
     }
     let text = text.trim_ascii();
+    // The first word first: most queries are not a BEGIN, and this runs
+    // on every transaction.
+    let first = text.get(..5)?;
+    if !first.eq_ignore_ascii_case(b"begin") && !first.eq_ignore_ascii_case(b"start") {
+        return None;
+    }
     let text = text.strip_suffix(b";").unwrap_or(text).trim_ascii_end();
     // Plain words only: no second statement, string, comment or quote
     // that could hide one.

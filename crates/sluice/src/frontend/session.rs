@@ -14,6 +14,7 @@ use super::client::{Client, Listening, RouteCache, Written};
 use super::error::ClientError;
 use super::relay::{self, RelayEnd};
 use super::relay_io::READ_CHUNK;
+use super::spare_buffers;
 use crate::app::{App, Phase};
 use crate::backend::pool::{AcquireError, Lease, Pool, Standby};
 
@@ -728,6 +729,12 @@ fn first_message_incomplete(buf: &[u8], tracked: bool) -> Result<bool, ClientErr
 /// buffer while idle, and a readiness wait; everything else is boxed.
 pub async fn run(client: &mut Client) -> SessionEnd {
     let mut buf = BytesMut::new();
+    let end = run_with(client, &mut buf).await;
+    spare_buffers::give_back(buf);
+    end
+}
+
+async fn run_with(client: &mut Client, buf: &mut BytesMut) -> SessionEnd {
     loop {
         if buf.is_empty() {
             let idle_timeout = *client
@@ -749,14 +756,11 @@ pub async fn run(client: &mut Client) -> SessionEnd {
             if ready.is_err() {
                 return SessionEnd::ClientLeft;
             }
-            buf.reserve(READ_CHUNK);
+            *buf = spare_buffers::take();
             // poll_read (not try_read) so that a short read clears readiness.
             let read = std::future::poll_fn(|cx| {
-                match tokio_util::io::poll_read_buf(
-                    std::pin::Pin::new(&mut client.stream),
-                    cx,
-                    &mut buf,
-                ) {
+                match tokio_util::io::poll_read_buf(std::pin::Pin::new(&mut client.stream), cx, buf)
+                {
                     std::task::Poll::Pending => std::task::Poll::Ready(None),
                     std::task::Poll::Ready(r) => std::task::Poll::Ready(Some(r)),
                 }
@@ -767,7 +771,7 @@ pub async fn run(client: &mut Client) -> SessionEnd {
                 Some(Ok(_)) => {}
                 // Readiness was stale: give the buffer back and wait again.
                 None => {
-                    buf = BytesMut::new();
+                    spare_buffers::give_back(std::mem::take(buf));
                     continue;
                 }
             }
@@ -777,10 +781,10 @@ pub async fn run(client: &mut Client) -> SessionEnd {
             return SessionEnd::Error(super::relay::pqexec_disallowed());
         }
         let tracked = settings.mode != sluice_config::PoolMode::Session;
-        match first_message_incomplete(&buf, tracked) {
+        match first_message_incomplete(buf, tracked) {
             Ok(false) => {}
             Ok(true) => {
-                if let Err(end) = Box::pin(client.read_more(&mut buf)).await {
+                if let Err(end) = Box::pin(client.read_more(buf)).await {
                     return end;
                 }
                 continue;
@@ -793,11 +797,11 @@ pub async fn run(client: &mut Client) -> SessionEnd {
                 Some(&(sluice_wire::tags::frontend::PARSE | sluice_wire::tags::frontend::CLOSE))
             )
         {
-            match Box::pin(client.answer_without_server(&mut buf)).await {
+            match Box::pin(client.answer_without_server(buf)).await {
                 Ok(true) => {
                     if buf.is_empty() {
                         // An idle client keeps no buffer.
-                        buf = BytesMut::new();
+                        spare_buffers::give_back(std::mem::take(buf));
                     }
                     continue;
                 }
@@ -805,11 +809,11 @@ pub async fn run(client: &mut Client) -> SessionEnd {
                 Err(end) => return end,
             }
         }
-        if let Some(end) = Box::pin(client.serve_request(&mut buf)).await {
+        if let Some(end) = Box::pin(client.serve_request(buf)).await {
             return end;
         }
         if buf.is_empty() {
-            buf = BytesMut::new();
+            spare_buffers::give_back(std::mem::take(buf));
         }
     }
 }

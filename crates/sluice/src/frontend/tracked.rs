@@ -265,14 +265,13 @@ fn handle_message(
         }
         _ => {
             let idle = cycle.status == TransactionStatus::Idle && cycle.req.outstanding == 0;
-            if let QueryFate::Sent { specials } =
+            if let QueryFate::Sent { specials, matters } =
                 rewriter.query(message, idle, t.effects.statements)
             {
                 cycle.req.request_sent();
                 follow_listens(t, specials);
-                let text = &message[sluice_wire::HEADER_LEN..];
-                if sql::may_matter(text) {
-                    note_text(t, text);
+                if matters {
+                    note_text(t, &message[sluice_wire::HEADER_LEN..]);
                 }
             }
         }

@@ -32,8 +32,12 @@ pub struct Rewriter<'a> {
 #[derive(Debug, PartialEq, Eq)]
 pub enum QueryFate {
     /// Sent to the server, with the statements the pooler watches that it
-    /// holds (LISTEN, UNLISTEN, DISCARD ALL…).
-    Sent { specials: Vec<Special> },
+    /// holds (LISTEN, UNLISTEN, DISCARD ALL…); `matters`: the text may
+    /// change the session (`sql::may_matter`, looked at once).
+    Sent {
+        specials: Vec<Special>,
+        matters: bool,
+    },
     /// Answered here; the server never sees it.
     Answered,
 }
@@ -194,6 +198,7 @@ impl Rewriter<'_> {
             });
             return QueryFate::Sent {
                 specials: Vec::new(),
+                matters: false,
             };
         }
         match &sql::special(text) {
@@ -238,7 +243,10 @@ impl Rewriter<'_> {
             reply: Reply::Query,
             statement: None,
         });
-        QueryFate::Sent { specials }
+        QueryFate::Sent {
+            specials,
+            matters: true,
+        }
     }
 
     /// Sends `text` (a Parse body after the name) as the unnamed
