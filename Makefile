@@ -35,6 +35,8 @@ package:
 	bash scripts/package.sh $(if $(BIN),--bin $(BIN))
 
 # sluice vs PgBouncer vs PostgreSQL directly, same run, alternating.
+# BENCH_ARGS go to scripts/bench.py: e.g. --quick, --scale-clients (many clients) or
+# --profile (instructions and syscalls per transaction, under callgrind and strace).
 bench: peers build
 	python3 scripts/bench.py $(BENCH_ARGS)
 

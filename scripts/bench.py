@@ -43,6 +43,17 @@ time while they are held, what the client past the descriptor limit gets), 100,0
 clients over six sluices sharing one port (so_reuseport), and 10,000 active pgbench clients
 (p99 / p50 latency) through sluice and PgBouncer 1.25.  JSON in bench-results/scale-*.json.
 
+--profile measures what one transaction costs each proxy instead of the pgbench matrix (see
+the section of that name below): pgbench -S -n, --modes (default simple,prepared) x --clients
+(default 50) on a pool of 20, through --targets (sluice, pgbouncer, pgbouncer125; default all
+three).  User-space instructions per transaction: the proxy runs under valgrind --tool=callgrind
+with instrumentation switched on (callgrind_control -i on) for the measured pgbench run only,
+Ir/tx = the run's instructions / pgbench's transactions; counted, not timed, so a busy machine
+does not change them.  Syscalls per transaction: the proxy runs normally and strace -c -f is
+attached for the measured run only.  A fresh proxy per measurement, targets alternated per
+round, medians over --rounds (default 2).  Table on the terminal, JSON and markdown in
+bench-results/profile-*.{json,md}, the callgrind files beside them (for callgrind_annotate).
+
 Environment: SLUICE_BIN (default target/release/sluice), SLUICE_BASE_BIN (the "before" sluice
 binary for sluice-base; no default), SLUICE_TESTKIT (default target/release/sluice-testkit),
 PGBOUNCER_BIN (default: pgbouncer on PATH), PGBOUNCER125_BIN (default: see pgbouncer125),
@@ -58,6 +69,7 @@ import json
 import math
 import os
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -114,8 +126,9 @@ def parse_args(argv=None):
     ap.add_argument("--duration", type=int, help="seconds per pgbench run (default 10)")
     ap.add_argument("--rounds", type=int, help="interleaved rounds per cell (default 2)")
     ap.add_argument("--clients", help="comma list (default 1,10,150,1000)")
-    ap.add_argument("--modes", default="simple,extended,prepared",
-                    help="comma list of simple,extended,prepared (pgbench -M)")
+    ap.add_argument("--modes",
+                    help="comma list of simple,extended,prepared (pgbench -M; default all "
+                         "three, simple,prepared with --profile)")
     ap.add_argument("--script", dest="scripts", default="select", metavar="SCRIPT",
                     help="comma list of select (pgbench -S, the default), tpcb (pgbench's "
                          "TPC-B-like script); several run one after the other")
@@ -148,12 +161,26 @@ def parse_args(argv=None):
                     help=f"pgbench clients of the active part (default {SCALE_ACTIVE:,}); "
                          "its duration is --duration (default 20 s here), -j is --jobs "
                          "(default 8 here), --sampling-rate defaults to 0.1 here")
+    pr = ap.add_argument_group("--profile (instructions and syscalls per transaction; replaces "
+                               "the matrix)")
+    pr.add_argument("--profile", action="store_true",
+                    help="measure the proxies' user-space instructions (valgrind callgrind) and "
+                         "syscalls (strace -c -f) per pgbench -S transaction instead of the "
+                         "matrix; --targets among sluice,pgbouncer,pgbouncer125 (default all "
+                         "three), --modes (default simple,prepared), --clients (default 50), "
+                         "--duration (default 10), --rounds (default 2)")
+    pr.add_argument("--profile-tools", default="callgrind,strace",
+                    help="comma list of callgrind (Ir/tx), strace (syscalls/tx); default both")
     ap.add_argument("--idle-clients", type=int, default=IDLE_CLIENTS, help=argparse.SUPPRESS)
     ap.add_argument("--jobs", type=int, help="pgbench -j (default 2)")
     ap.add_argument("--sampling-rate", type=float,
                     help="pgbench --sampling-rate for the p99 log (default 1.0 = every transaction)")
     ap.add_argument("--out-dir", default=str(pglab.REPO / "bench-results"))
     a = ap.parse_args(argv)
+    if a.profile and a.scale_clients:
+        ap.error("--profile and --scale-clients are separate runs: give one of them")
+    if a.profile:
+        return profile_args(ap, a)
     if a.scale_clients:
         a.duration = a.duration or 20
         a.jobs = a.jobs or 8
@@ -168,7 +195,8 @@ def parse_args(argv=None):
     a.duration = a.duration or (3 if a.quick else 10)
     a.rounds = a.rounds or (1 if a.quick else 2)
     a.clients = [int(c) for c in (a.clients or ("1,10,150" if a.quick else "1,10,150,1000")).split(",") if c]
-    a.modes = [m.strip() for m in a.modes.split(",") if m.strip()]
+    a.modes = [m.strip() for m in (a.modes or "simple,extended,prepared").split(",")
+               if m.strip()]
     a.scripts = list(dict.fromkeys(x.strip() for x in a.scripts.split(",") if x.strip()))
     if a.targets is None:
         a.targets = ("direct,sluice,sluice-base,pgbouncer,pgbouncer125,sluice-metrics"
@@ -331,6 +359,8 @@ def main(argv=None) -> int:
     a = parse_args(argv)
     if a.scale_clients:
         return scale_main(a)
+    if a.profile:
+        return profile_main(a)
     nofile = pglab.raise_nofile()
     pglab.install_signal_handlers()
     pgb125, pgb125_from = (pgbouncer125() if any(t in PGB125_TARGETS for t in a.targets)
@@ -1350,6 +1380,544 @@ def print_scale_report(r: dict, a) -> None:
               + (f"; error: {x['error'][:160]}" if x.get("error") else ""))
     if r.get("pgbouncer125_skipped"):
         print(f"\npgbouncer125 SKIPPED: {r['pgbouncer125_skipped']}")
+
+
+# ---------------------------------------------------------------------------
+# --profile: what one transaction costs each proxy, in instructions and syscalls
+# ---------------------------------------------------------------------------
+# What is measured, and why it is set up this way:
+#  * Instructions: the proxy runs under valgrind --tool=callgrind --instr-atstart=no, so
+#    nothing is counted until callgrind_control --instr=on, sent after a 2 s warm-up (the
+#    pools are full, the code is translated, -M prepared statements are prepared on the
+#    servers) and switched off again when the measured pgbench run is over.  Ir/tx = the
+#    instructions of all the proxy's threads in user space (the kernel's work is not in it)
+#    / pgbench's "number of transactions actually processed".  pgbench's own logins fall
+#    in the window too (--clients of them per run, amortized over its transactions).
+#    Instructions are counted, not timed: a busy machine does not change them, and valgrind
+#    slowing the proxy 30-50x only lowers the number of transactions.
+#  * Syscalls: the proxy runs normally and strace -c -f is attached to all its threads
+#    after the warm-up and detached (SIGINT) after the measured run; each syscall's count
+#    / pgbench's transactions.  strace slows the proxy, which changes no count per
+#    transaction except perhaps the epoll_wait ones (fewer ready events per wait when the
+#    proxy is slower, more when it is faster): read those as an order of magnitude.
+#  * A fresh proxy per measurement; targets alternate within each round (A B A B) and the
+#    report gives the median over rounds.  callgrind_control without a pid talks to every
+#    callgrind it finds under vgdb's default prefix, anyone else's too: ours get a
+#    --vgdb-prefix in the lab's directory and callgrind_control is given it and the pid,
+#    and runs as the proxy's user (postgres for PgBouncer, which refuses to run as root).
+
+PROFILE_TARGETS = ("sluice", "pgbouncer", "pgbouncer125")
+PROFILE_TOOLS = ("callgrind", "strace")
+PROFILE_WARMUP = 2          # seconds of pgbench before each measured run, not counted
+PROFILE_SYSCALLS = ("sendto", "recvfrom", "epoll_wait", "epoll_ctl")  # always a column
+PROFILE_MAX_EXTRA = 5       # other syscalls with a column of their own (>= 0.1/tx somewhere)
+
+
+def profile_args(ap, a):
+    a.duration = a.duration or 10
+    a.rounds = a.rounds or 2
+    a.jobs = a.jobs or 2
+    a.sampling_rate = a.sampling_rate or 1.0
+    a.clients = [int(c) for c in (a.clients or "50").split(",") if c.strip()]
+    a.modes = [m.strip() for m in (a.modes or "simple,prepared").split(",") if m.strip()]
+    a.targets = [t.strip() for t in (a.targets or ",".join(PROFILE_TARGETS)).split(",")
+                 if t.strip()]
+    a.profile_tools = [x.strip() for x in a.profile_tools.split(",") if x.strip()]
+    for t in a.targets:
+        if t not in PROFILE_TARGETS:
+            ap.error(f"--profile: unknown target {t!r} (sluice, pgbouncer, pgbouncer125)")
+    for m in a.modes:
+        if m not in ("simple", "extended", "prepared"):
+            ap.error(f"unknown mode {m!r}")
+    for x in a.profile_tools:
+        if x not in PROFILE_TOOLS:
+            ap.error(f"unknown --profile-tools entry {x!r} (callgrind, strace)")
+    if (a.duration < 1 or a.rounds < 1 or not a.clients or not a.targets or not a.modes
+            or not a.profile_tools):
+        ap.error("empty matrix")
+    return a
+
+
+def profile_main(a) -> int:
+    nofile = pglab.raise_nofile()
+    pglab.install_signal_handlers()
+    need = (["valgrind", "callgrind_control", "callgrind_annotate"]
+            if "callgrind" in a.profile_tools else []) + (
+        ["strace"] if "strace" in a.profile_tools else [])
+    missing = [x for x in need if not shutil.which(x)]
+    if missing:
+        raise LabError(f"--profile needs {', '.join(missing)} (make peers installs valgrind "
+                       "and strace)")
+    t_start = time.monotonic()
+    started = dt.datetime.now(dt.timezone.utc)
+    stamp = started.strftime("%Y%m%dT%H%M%SZ")
+    out_dir = Path(a.out_dir)
+    cg_keep = out_dir / f"profile-{stamp}"
+    pgb125, pgb125_from = (pgbouncer125() if "pgbouncer125" in a.targets
+                           else (None, "not requested"))
+    if pgb125:
+        log(f"pgbouncer125: {pgb125} ({pgb125_from})")
+    result = {
+        "schema": 1, "mode": "profile",
+        "started_utc": started.isoformat(timespec="seconds"),
+        "command": " ".join(["python3", "scripts/bench.py"] + sys.argv[1:]),
+        "args": vars(a), "rlimit_nofile": list(nofile), "loadavg_start": loadavg(),
+        "machine": pglab.machine_info(), "versions": versions(pgb125),
+        "tools": {"valgrind": first_line("valgrind", "--version"),
+                  "strace": first_line("strace", "-V")},
+        "settings": {"max_connections": MAX_CONNECTIONS, "superuser_reserved_connections":
+                     RESERVED, "pgbench_scale": SCALE, "pool_mode": "transaction",
+                     "default_pool_size": POOL_SIZE, "pgbench": "-S (select-only), -n",
+                     "warmup_s": PROFILE_WARMUP, "jobs": a.jobs,
+                     "callgrind": "valgrind --tool=callgrind --instr-atstart=no; "
+                                  "callgrind_control --instr=on/off around the measured run",
+                     "strace": "strace -c -f -p PID, attached for the measured run"},
+        "targets": {}, "runs": [], "summary": [],
+    }
+    with Lab(prefix="sluice-profile-") as lab:
+        log(f"starting PostgreSQL (max_connections={MAX_CONNECTIONS}, reserved={RESERVED}, "
+            f"pgbench scale {SCALE}) via {' '.join(pglab.testkit_cmd())} ...")
+        cluster = lab.start_cluster(max_connections=MAX_CONNECTIONS, reserved=RESERVED,
+                                    scale=SCALE, auth="trust")
+        result["cluster"] = {k: cluster.get(k) for k in ("host", "port", "superuser")}
+        pg_port = int(cluster["port"])
+        user = cluster.get("superuser") or "postgres"
+        password = cluster.get("password")
+        auth_file = lab.write("userlist.txt", pglab.userlist({user: password or user}))
+        log(f"PostgreSQL on 127.0.0.1:{pg_port}")
+        # callgrind writes its file as the proxy's user: postgres for PgBouncer
+        cg_dir = lab.tmp / "callgrind"
+        cg_dir.mkdir()
+        lab.chown_pg(cg_dir)
+
+        binaries = {}
+        for kind in a.targets:
+            if kind == "sluice":
+                b = pglab.sluice_bin()
+                why = (None if Path(b).exists() or shutil.which(b) else
+                       f"{b} not found: build it (cargo build --release -p sluice) or set "
+                       "SLUICE_BIN")
+            elif kind == "pgbouncer":
+                b = pglab.pgbouncer_bin()
+                why = None if b else "pgbouncer not found (install it or set PGBOUNCER_BIN)"
+            else:
+                b, why = pgb125, (None if pgb125 else pgb125_from)
+            if why:
+                warn(f"{kind}: {why}: skipped")
+                result["targets"][kind] = {"skipped": why}
+            else:
+                binaries[kind] = b
+                result["targets"][kind] = {"bin": b}
+        targets = [t for t in a.targets if t in binaries]
+        if not targets:
+            raise LabError("no target left to profile")
+
+        def ini_for(kind):
+            extra = {"max_prepared_statements": MAX_PREPARED} if kind == "pgbouncer125" else None
+
+            def ini(port, logfile):
+                return pglab.pooler_ini(pg_port=pg_port, listen_port=port, logfile=logfile,
+                                        auth_file=auth_file, default_pool_size=POOL_SIZE,
+                                        max_client_conn=12000, admin_users=user, extra=extra)
+            return ini
+
+        total = len(a.modes) * len(a.clients) * a.rounds * len(targets) * len(a.profile_tools)
+        i = 0
+        for mode in a.modes:
+            for clients in a.clients:
+                for rnd in range(1, a.rounds + 1):
+                    for t in targets:
+                        for tool in a.profile_tools:
+                            i += 1
+                            tag = f"{t}-{mode}-c{clients}-r{rnd}-{tool}"
+                            log(f"[{i}/{total}] {mode} c={clients} {t} {tool} round {rnd} ...")
+                            run = {"mode": mode, "clients": clients, "target": t,
+                                   "tool": tool, "round": rnd}
+                            fn = profile_callgrind if tool == "callgrind" else profile_strace
+                            try:
+                                run.update(fn(lab, a, t, binaries[t], ini_for(t), user,
+                                              password, mode, clients, tag, cg_dir))
+                            except LabError as e:
+                                run["error"] = str(e)
+                            if run.get("callgrind_files"):
+                                cg_keep.mkdir(parents=True, exist_ok=True)
+                                kept = []
+                                for f in run["callgrind_files"]:
+                                    shutil.copy2(f, cg_keep / Path(f).name)
+                                    kept.append(str(cg_keep / Path(f).name))
+                                run["callgrind_files"] = kept
+                            result["runs"].append(run)
+                            log("      " + profile_short(run))
+
+    result["summary"] = profile_summary(result["runs"], a, targets)
+    result["loadavg_end"] = loadavg()
+    result["finished_utc"] = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
+    result["wall_seconds"] = round(time.monotonic() - t_start, 1)
+    columns = profile_columns(result["summary"])
+    print()
+    print(profile_report(result, a, targets, columns, markdown=False))
+    out_dir.mkdir(parents=True, exist_ok=True)
+    text = json.dumps(result, indent=2) + "\n"
+    path = out_dir / f"profile-{stamp}.json"
+    path.write_text(text)
+    (out_dir / "profile-latest.json").write_text(text)
+    md = profile_report(result, a, targets, columns, markdown=True)
+    (out_dir / f"profile-{stamp}.md").write_text(md)
+    (out_dir / "profile-latest.md").write_text(md)
+    log(f"\nJSON: {path}, markdown: {out_dir / f'profile-{stamp}.md'} (and profile-latest.*)"
+        + (f", callgrind files: {cg_keep}/" if cg_keep.exists() else "")
+        + f"; wall time {result['wall_seconds']} s")
+    return 0
+
+
+def profile_start(lab: Lab, kind: str, name: str, binary: str, ini_for_port,
+                  wrap: list[str] = (), timeout: float = 20) -> pglab.Proxy:
+    """Lab.start_proxy, with the binary given and an optional command in front of it
+    (valgrind); PgBouncer runs as postgres (it refuses root), and so does its valgrind."""
+    port = pglab.free_port()
+    logfile = lab.tmp / f"{name}.log"
+    logfile.touch()
+    lab.chown_pg(logfile)
+    ini = lab.write(f"{name}.ini", ini_for_port(port, logfile))
+    errf = lab.open_file(lab.tmp / f"{name}.stderr")
+    proc = lab.spawn(name, list(wrap) + [binary, str(ini)],
+                     as_postgres=kind.startswith("pgbouncer"), stdout=errf, stderr=errf,
+                     stdin=subprocess.DEVNULL, cwd=str(lab.tmp))
+    proxy = pglab.Proxy(kind, proc, port, ini, logfile)
+    try:
+        pglab.wait_port("127.0.0.1", port, timeout, proc)
+    except LabError as e:
+        profile_stop(proxy)
+        raise LabError(f"{name} did not start: {e}\n{proxy.log_tail()}")
+    return proxy
+
+
+def profile_stop(proxy: pglab.Proxy, wait: float = 30) -> None:
+    """SIGINT (shut down once the clients are gone: pgbench is), then SIGTERM, to the proxy
+    itself (under valgrind the same pid), so that callgrind writes its file on the way
+    out; SIGKILL to its group last."""
+    proc = proxy.proc
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        if proc.poll() is not None:
+            return
+        try:
+            proc.send_signal(sig)
+            proc.wait(timeout=wait)
+            return
+        except ProcessLookupError:
+            return
+        except subprocess.TimeoutExpired:
+            pass
+    pglab.stop_process(proc)
+
+
+def profile_pgbench(a, port: int, user: str, password, mode: str, clients: int,
+                    duration: int) -> dict:
+    res = pglab.run_pgbench(host="127.0.0.1", port=port, dbname="bench", user=user,
+                            password=password, clients=clients, jobs=a.jobs,
+                            duration=duration, mode=mode, select_only=True,
+                            timeout=duration + 60)
+    bad = None
+    if res.get("aborted") or res.get("failed_clients") or not res.get("transactions"):
+        bad = res.get("error") or (f"{res['failed_clients']} client(s) failed"
+                                   if res.get("failed_clients") else "no transactions")
+    res["bad"] = bad
+    return res
+
+
+def pgbench_fields(res: dict) -> dict:
+    return {"tx": res.get("transactions"), "tps": res.get("tps"),
+            "lat_avg_ms": res.get("lat_avg_ms"), "pgbench": res.get("command")}
+
+
+def profile_callgrind(lab: Lab, a, kind: str, binary: str, ini, user: str, password,
+                      mode: str, clients: int, tag: str, cg_dir: Path) -> dict:
+    """Ir/tx: the proxy under callgrind, counting only during the measured pgbench run."""
+    out_file = cg_dir / f"{tag}.out"
+    # vgdb's FIFOs under our own prefix: a callgrind_control without a pid elsewhere on
+    # the machine (it addresses every callgrind it finds under /tmp/vgdb-pipe) cannot
+    # switch this proxy's counting on or off, nor hang it
+    prefix = f"--vgdb-prefix={cg_dir / 'vgdb-pipe'}"
+    wrap = ["valgrind", "--tool=callgrind", "--instr-atstart=no", prefix,
+            f"--callgrind-out-file={out_file}"]
+    proxy = profile_start(lab, kind, tag, binary, ini, wrap, timeout=180)
+    as_pg = kind.startswith("pgbouncer")
+    try:
+        warm = profile_pgbench(a, proxy.port, user, password, mode, clients, PROFILE_WARMUP)
+        if warm["bad"]:
+            return {"error": f"warm-up: {warm['bad']}"}
+        callgrind_control(lab, proxy.pid, as_pg, prefix, "--instr=on")
+        res = profile_pgbench(a, proxy.port, user, password, mode, clients, a.duration)
+        callgrind_control(lab, proxy.pid, as_pg, prefix, "--instr=off")
+    finally:
+        profile_stop(proxy)
+    out = pgbench_fields(res)
+    if res["bad"]:
+        out["error"] = f"{res['bad']} (the proxy's log: {proxy.log_tail(3)[-300:]})"
+        return out
+    files = sorted(cg_dir.glob(f"{tag}.out*"))
+    if not files:
+        out["error"] = f"callgrind wrote no {out_file} (exit code {proxy.proc.returncode})"
+        return out
+    out["callgrind_files"] = [str(f) for f in files]
+    out["ir"] = sum(callgrind_total(f) for f in files)
+    out["ir_per_tx"] = round(out["ir"] / out["tx"], 1)
+    return out
+
+
+def callgrind_control(lab: Lab, pid: int, as_pg: bool, *args: str) -> None:
+    """callgrind_control ARGS PID as the proxy's user (vgdb finds the FIFOs of its own
+    user's valgrinds only)."""
+    kw = {}
+    if as_pg and lab.pg_uid is not None:
+        kw = {"user": lab.pg_uid, "group": lab.pg_gid, "extra_groups": []}
+    try:
+        r = subprocess.run(["callgrind_control", *args, str(pid)], capture_output=True,
+                           text=True, timeout=60, stdin=subprocess.DEVNULL, **kw)
+    except subprocess.TimeoutExpired:
+        raise LabError(f"callgrind_control {' '.join(args)} {pid}: no answer in 60 s")
+    text = (r.stdout + r.stderr).strip()
+    if r.returncode != 0 or "OK." not in text or "Error" in text:
+        raise LabError(f"callgrind_control {' '.join(args)} {pid} failed: {text[-300:]}")
+
+
+def callgrind_total(path: Path) -> int:
+    """The PROGRAM TOTALS line of callgrind_annotate (the Ir of all the file's threads)."""
+    r = subprocess.run(["callgrind_annotate", str(path)], capture_output=True, text=True,
+                       timeout=300)
+    for line in r.stdout.splitlines():
+        if "PROGRAM TOTALS" in line:
+            return int(line.split()[0].replace(",", ""))
+    raise LabError(f"callgrind_annotate {path}: no PROGRAM TOTALS ({r.stderr.strip()[-200:]})")
+
+
+def profile_strace(lab: Lab, a, kind: str, binary: str, ini, user: str, password,
+                   mode: str, clients: int, tag: str, _cg_dir: Path) -> dict:
+    """syscalls/tx: strace -c -f attached to the (normally running) proxy for the
+    measured pgbench run only."""
+    proxy = profile_start(lab, kind, tag, binary, ini)
+    st_file = lab.tmp / f"{tag}.txt"
+    st = None
+    try:
+        warm = profile_pgbench(a, proxy.port, user, password, mode, clients, PROFILE_WARMUP)
+        if warm["bad"]:
+            return {"error": f"warm-up: {warm['bad']}"}
+        errf = lab.open_file(lab.tmp / f"{tag}.strace.stderr")
+        st = lab.spawn(f"strace {tag}", ["strace", "-c", "-f", "-p", str(proxy.pid), "-o",
+                                         str(st_file)],
+                       stdout=errf, stderr=errf, stdin=subprocess.DEVNULL)
+        threads = wait_traced(proxy.pid, st, 15)
+        res = profile_pgbench(a, proxy.port, user, password, mode, clients, a.duration)
+        st.send_signal(signal.SIGINT)  # detach; strace writes the table
+        try:
+            st.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            pglab.stop_process(st)
+    finally:
+        if st is not None and st.poll() is None:
+            pglab.stop_process(st, signal.SIGINT)
+        pglab.stop_process(proxy.proc)
+    out = pgbench_fields(res)
+    out["threads_traced"] = threads
+    if res["bad"]:
+        out["error"] = res["bad"]
+        return out
+    try:
+        calls, errors = parse_strace_c(st_file.read_text())
+    except OSError as e:
+        raise LabError(f"strace wrote no table ({e}): "
+                       + (lab.tmp / f"{tag}.strace.stderr").read_text()[-300:])
+    out["syscalls"] = calls
+    out["syscall_errors"] = errors
+    out["syscalls_per_tx"] = {k: round(v / out["tx"], 3) for k, v in calls.items()}
+    out["syscalls_total_per_tx"] = round(sum(calls.values()) / out["tx"], 3)
+    return out
+
+
+def wait_traced(pid: int, st: subprocess.Popen, timeout: float) -> int:
+    """Waits until strace traces every thread of pid; returns how many."""
+    deadline = time.monotonic() + timeout
+    while True:
+        tracers = []
+        for status in Path(f"/proc/{pid}/task").glob("*/status"):
+            try:
+                for line in status.read_text().splitlines():
+                    if line.startswith("TracerPid:"):
+                        tracers.append(int(line.split()[1]))
+            except (OSError, ValueError):
+                pass
+        if tracers and all(x == st.pid for x in tracers):
+            return len(tracers)
+        if st.poll() is not None:
+            raise LabError(f"strace exited with code {st.returncode} before attaching")
+        if time.monotonic() > deadline:
+            raise LabError(f"strace did not attach to all threads of {pid} in {timeout} s")
+        time.sleep(0.05)
+
+
+def parse_strace_c(text: str) -> tuple[dict, dict]:
+    """strace -c's table: {syscall: calls}, {syscall: errors}."""
+    calls, errors = {}, {}
+    for line in text.splitlines():
+        parts = line.split()
+        if len(parts) < 5 or parts[-1] == "total" or not parts[0][0].isdigit():
+            continue
+        try:
+            nums = parts[:-1]
+            calls[parts[-1]] = int(nums[3])
+            if len(nums) > 4:
+                errors[parts[-1]] = int(nums[4])
+        except (ValueError, IndexError):
+            continue
+    if not calls:
+        raise LabError("no syscall counted in strace's table:\n" + text[-500:])
+    return calls, errors
+
+
+def profile_short(run: dict) -> str:
+    if run.get("error") and run.get("tx") is None:
+        return f"[{run['error'][:160]}]"
+    s = f"tx={fmt(run.get('tx'))} (tps {fmt(run.get('tps'))})"
+    if run.get("ir_per_tx") is not None:
+        s += f" Ir={fmt(run['ir'])} Ir/tx={fmt(run['ir_per_tx'], 0)}"
+    if run.get("syscalls_per_tx"):
+        top = sorted(run["syscalls_per_tx"].items(), key=lambda kv: -kv[1])[:5]
+        s += (f" syscalls/tx={run['syscalls_total_per_tx']:.2f} ("
+              + ", ".join(f"{k} {v:.2f}" for k, v in top) + ")")
+    if run.get("error"):
+        s += f"  [{run['error'][:120]}]"
+    return s
+
+
+def profile_summary(runs, a, targets):
+    out = []
+    for mode in a.modes:
+        for clients in a.clients:
+            cells = {}
+            for t in targets:
+                mine = [r for r in runs if r["mode"] == mode and r["clients"] == clients
+                        and r["target"] == t]
+                cg = [r for r in mine if r["tool"] == "callgrind" and r.get("ir_per_tx")]
+                st = [r for r in mine if r["tool"] == "strace" and r.get("syscalls_per_tx")]
+                names = sorted({k for r in st for k in r["syscalls_per_tx"]})
+                errs = [f"{r['tool']} round {r['round']}: {r['error']}" for r in mine
+                        if r.get("error")]
+                irs = [r["ir_per_tx"] for r in cg]
+                cells[t] = {
+                    "mode": mode, "clients": clients, "target": t,
+                    "callgrind_rounds": len(cg), "strace_rounds": len(st),
+                    "tx_callgrind": med([r["tx"] for r in cg]),
+                    "ir_per_tx": med(irs),
+                    "ir_per_tx_min": min(irs, default=None),
+                    "ir_per_tx_max": max(irs, default=None),
+                    "tx_strace": med([r["tx"] for r in st]),
+                    "syscalls_per_tx": {k: med([r["syscalls_per_tx"].get(k, 0) for r in st])
+                                        for k in names},
+                    "syscalls_total_per_tx": med([r["syscalls_total_per_tx"] for r in st]),
+                    "errors": errs,
+                }
+            b = cells.get("pgbouncer125")
+            for c in cells.values():
+                if b:
+                    c["ir_ratio_vs_pgbouncer125"] = ratio(c["ir_per_tx"], b["ir_per_tx"])
+                    c["syscalls_ratio_vs_pgbouncer125"] = ratio(c["syscalls_total_per_tx"],
+                                                                b["syscalls_total_per_tx"])
+            out.extend(cells.values())
+    return out
+
+
+def profile_columns(summary) -> list[str]:
+    """The syscall columns: PROFILE_SYSCALLS, then the others that reach 0.1/tx in some
+    row (io_uring_enter whenever it shows), largest first; the rest make "other"."""
+    peak = {}
+    for s in summary:
+        for k, v in s["syscalls_per_tx"].items():
+            if k not in PROFILE_SYSCALLS:
+                peak[k] = max(peak.get(k, 0), v or 0)
+    extra = sorted((k for k, v in peak.items() if v >= 0.1 or k == "io_uring_enter"),
+                   key=lambda k: (k != "io_uring_enter", -peak[k]))
+    return list(PROFILE_SYSCALLS) + extra[:PROFILE_MAX_EXTRA]
+
+
+def profile_report(result, a, targets, columns, markdown: bool) -> str:
+    m, v = result["machine"], result["versions"]
+    anchor = any("ir_ratio_vs_pgbouncer125" in s for s in result["summary"])
+    hdr = ["target", "mode", "clients", "tx (cg)", "Ir/tx"]
+    if anchor:
+        hdr.append("Ir/pgb125")
+    hdr += ["tx (strace)"] + columns + ["other", "syscalls/tx"]
+    if anchor:
+        hdr.append("sys/pgb125")
+    rows = []
+    others = []
+    for s in result["summary"]:
+        sp = s["syscalls_per_tx"]
+        have = bool(sp)
+        row = [s["target"], s["mode"], str(s["clients"]), fmt(s["tx_callgrind"], 0),
+               fmt(s["ir_per_tx"], 0)]
+        if anchor:
+            row.append(fmt(s.get("ir_ratio_vs_pgbouncer125"), 2))
+        row.append(fmt(s["tx_strace"], 0))
+        row += [fmt(float(sp.get(k, 0)), 2) if have else "-" for k in columns]
+        rest = {k: x for k, x in sp.items() if k not in columns and x}
+        row.append(fmt(float(sum(rest.values())), 2) if have else "-")
+        row.append(fmt(s["syscalls_total_per_tx"], 2))
+        if anchor:
+            row.append(fmt(s.get("syscalls_ratio_vs_pgbouncer125"), 2))
+        rows.append(row)
+        if rest:
+            top = sorted(rest.items(), key=lambda kv: -kv[1])
+            others.append(f"{s['target']} {s['mode']} c={s['clients']}: " + ", ".join(
+                f"{k} {x:.3f}" for k, x in top[:8]) + (" ..." if len(top) > 8 else ""))
+    lines = []
+    title = (f"--profile: pgbench -S -n -j {a.jobs}, {a.duration} s measured after a "
+             f"{PROFILE_WARMUP} s warm-up, a fresh proxy each time, median of {a.rounds} "
+             f"alternated round(s); pool_mode=transaction, default_pool_size={POOL_SIZE}, "
+             f"PostgreSQL max_connections={MAX_CONNECTIONS}; {m['nproc']} CPUs, kernel "
+             f"{m['kernel']}")
+    legend = ("Ir/tx: the proxy's user-space instructions per transaction, all threads "
+              "(valgrind callgrind, counted during the measured run only; tx (cg) are the "
+              "transactions of that run, slowed by valgrind). Syscall columns: calls per "
+              "transaction (strace -c -f, attached during the measured run only; tx (strace) "
+              "its transactions). Ir/pgb125, sys/pgb125: the row / pgbouncer125, same mode and "
+              "clients.")
+    vers = (f"sluice {v.get('sluice_bin')} (sha256 {(v.get('sluice_sha256') or '-')[:12]}, "
+            f"git {v.get('git_head') or '-'}); pgbouncer: {v.get('pgbouncer') or '-'}; "
+            f"pgbouncer125: {v.get('pgbouncer125') or '-'} ({v.get('pgbouncer125_bin') or '-'}); "
+            f"{result['tools'].get('valgrind') or '-'}; {result['tools'].get('strace') or '-'}")
+    if markdown:
+        lines += [f"# sluice --profile, {result['started_utc']}", "",
+                  f"`{result['command']}`", "", title + ".", "", legend, "", vers, "",
+                  "| " + " | ".join(hdr) + " |",
+                  "|" + "|".join("---" if i < 3 else "---:" for i in range(len(hdr))) + "|"]
+        lines += ["| " + " | ".join(r) + " |" for r in rows]
+        if others:
+            lines += ["", "Other syscalls per transaction:", ""]
+            lines += [f"- {o}" for o in others]
+    else:
+        widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(hdr)]
+
+        def line(cells):
+            return "  ".join(c.ljust(widths[i]) if i < 3 else c.rjust(widths[i])
+                             for i, c in enumerate(cells)).rstrip()
+        lines += [f"== {title}", legend, vers, "", line(hdr), line(["-" * w for w in widths])]
+        prev = None
+        for r, s in zip(rows, result["summary"]):
+            key = (s["mode"], s["clients"])
+            if prev is not None and key != prev:
+                lines.append("")
+            prev = key
+            lines.append(line(r))
+        if others:
+            lines += ["", "other syscalls per transaction:"] + [f"  {o}" for o in others]
+    errs = [f"{s['target']} {s['mode']} c={s['clients']}: {e[:200]}"
+            for s in result["summary"] for e in s["errors"]]
+    skipped = [f"{t}: SKIPPED: {x['skipped']}" for t, x in result["targets"].items()
+               if x.get("skipped")]
+    if errs or skipped:
+        lines += ["", "errors:"]
+        lines += [("- " if markdown else "  ") + e for e in skipped + errs]
+    return "\n".join(lines) + "\n"
 
 
 if __name__ == "__main__":

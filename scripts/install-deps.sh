@@ -5,7 +5,8 @@
 # console's browser test, and the peers the benchmark
 # compares with (PgBouncer, Pgpool-II, and HAProxy for the lab's failover
 # scenario; with --peers also what building PgBouncer 1.25 from ../shared/tools
-# takes). Idempotent; quiet when all is there.
+# takes, and valgrind and strace for the benchmark's --profile). Idempotent; quiet
+# when all is there.
 set -euo pipefail
 
 need=()
@@ -35,6 +36,10 @@ if [ "${1:-}" = "--peers" ]; then
   command -v pgpool >/dev/null 2>&1 || [ -x /usr/sbin/pgpool ] || need+=(pgpool2)
   # The lab's failover scenario puts HAProxy in front of Patroni, as the seed did.
   command -v haproxy >/dev/null 2>&1 || [ -x /usr/sbin/haproxy ] || need+=(haproxy)
+  # The bench's --profile mode: instructions per transaction under valgrind's callgrind,
+  # syscalls per transaction with strace -c.
+  command -v valgrind >/dev/null 2>&1 || need+=(valgrind)
+  command -v strace >/dev/null 2>&1 || need+=(strace)
   # The bench's pgbouncer125 target: Debian's PgBouncer (1.18) predates
   # max_prepared_statements, so scripts/bench.py builds 1.25.2 from the source in
   # ../shared/tools into target/peers/; its build needs these, unless a 1.25 is

@@ -71,6 +71,10 @@ pub struct App {
     /// Each database that routes reads or takes its hosts from Patroni:
     /// its topology and the pools of its single hosts.
     clusters: Mutex<HashMap<String, Arc<Cluster>>>,
+    /// Pools out of `pools` and `clusters` (RELOAD replaced or dropped
+    /// them) while clients may still wait in them: the janitor keeps their
+    /// waiters' query_wait_timeout (`retiring_pools`).
+    retiring: Mutex<Vec<Arc<Pool>>>,
     db_limits: Mutex<HashMap<String, Arc<ConnLimit>>>,
     user_limits: Mutex<HashMap<String, Arc<ConnLimit>>>,
     /// Client budgets: `max_db_client_connections`, `max_user_client_connections`.
@@ -117,6 +121,7 @@ impl App {
             auth_rules: RwLock::new(Arc::default()),
             pools: Mutex::new(HashMap::new()),
             clusters: Mutex::new(HashMap::new()),
+            retiring: Mutex::new(Vec::new()),
             db_limits: Mutex::new(HashMap::new()),
             user_limits: Mutex::new(HashMap::new()),
             db_client_limits: Mutex::new(HashMap::new()),
@@ -378,6 +383,7 @@ impl App {
             ));
             let t = cluster.topology.clone();
             if let Some(old) = map.insert(pool.database.clone(), cluster) {
+                self.retiring_add(old.pools());
                 old.retire();
             }
             self.routing.store(true, Ordering::Relaxed);
@@ -410,6 +416,7 @@ impl App {
             let mut map = self.clusters.lock().unwrap_or_else(|p| p.into_inner());
             for db in &stale {
                 if let Some(old) = map.remove(db) {
+                    self.retiring_add(old.pools());
                     old.retire();
                 }
             }
@@ -535,6 +542,21 @@ impl App {
         }
     }
 
+    fn retiring_add(&self, pools: impl IntoIterator<Item = Arc<Pool>>) {
+        self.retiring
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .extend(pools);
+    }
+
+    /// Pools retired while clients may wait in them; those drained of
+    /// waiters and servers are let go.
+    pub fn retiring_pools(&self) -> Vec<Arc<Pool>> {
+        let mut retiring = self.retiring.lock().unwrap_or_else(|p| p.into_inner());
+        retiring.retain(|p| !p.drained());
+        retiring.clone()
+    }
+
     /// Drops a pool (and its database's cluster, when it was the last pool
     /// of that database): its servers close as they come back.
     pub fn forget_pool(&self, pool: &Arc<Pool>) {
@@ -546,10 +568,12 @@ impl App {
             }
             !pools.keys().any(|(db, _)| *db == pool.database)
         };
+        self.retiring_add([pool.clone()]);
         pool.retire();
         if last_of_database {
             let mut map = self.clusters.lock().unwrap_or_else(|p| p.into_inner());
             if let Some(cluster) = map.remove(&pool.database) {
+                self.retiring_add(cluster.pools());
                 cluster.retire();
             }
             self.routing.store(!map.is_empty(), Ordering::Relaxed);

@@ -201,6 +201,9 @@ pub async fn run(app: Arc<App>, workers: Arc<Workers>) -> std::io::Result<()> {
                 for pool in app.pools() {
                     pool.maintain(|task| app.spawn_on_worker(task));
                 }
+                for pool in app.retiring_pools() {
+                    pool.expire_waiters();
+                }
                 busy.check(&app, &workers);
                 app.param_sets.prune();
                 app.free_unused_pools();

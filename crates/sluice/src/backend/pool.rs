@@ -133,6 +133,9 @@ enum Grant {
     Server(Box<ServerConn>),
     /// Permission to open a server; the slot is already counted.
     Slot,
+    /// query_wait_timeout passed (the janitor's `expire_waiters`; the
+    /// waiter is out of the line already).
+    Expired,
 }
 
 struct Waiter {
@@ -380,6 +383,24 @@ impl Drop for Lease {
     }
 }
 
+fn expire_waiters(st: &mut PoolState) {
+    let wait = st.settings.query_wait_timeout;
+    if wait.is_zero() {
+        return;
+    }
+    let now = Instant::now();
+    while st
+        .waiters
+        .front()
+        .is_some_and(|w| now.saturating_duration_since(w.since) >= wait)
+    {
+        if let Some(w) = st.waiters.pop_front() {
+            // A waiter already gone (its future dropped) gets nothing.
+            let _ = w.tx.send(Grant::Expired);
+        }
+    }
+}
+
 /// How often a client waiting out a lack of descriptors looks again.
 const DESCRIPTOR_RETRY: Duration = Duration::from_millis(50);
 
@@ -411,7 +432,7 @@ impl Drop for WaitGuard<'_> {
         let mut st = self.pool.lock();
         st.waiters.retain(|w| w.id != self.id);
         match grant {
-            None => {}
+            None | Some(Grant::Expired) => {}
             Some(Grant::Slot) => self.pool.free_slot(&mut st, false),
             Some(Grant::Server(server)) => {
                 // Counted lent by the releaser: lent, then released, as a
@@ -873,7 +894,11 @@ impl Pool {
             if let Some(r) = reserve_at.filter(|r| *r > now) {
                 next_check = next_check.min(r);
             }
-            if let Some(d) = wait_deadline {
+            // The deadline alone arms no timer: the janitor hands an
+            // expired waiter `Grant::Expired` (within its tick). A timer per
+            // wait cost about a tenth of a queued transaction's work.
+            let timed = next_check < now + Duration::from_secs(3600) || notice_at.is_some();
+            if timed && let Some(d) = wait_deadline {
                 next_check = next_check.min(d);
             }
             if let Some(n) = notice_at {
@@ -887,7 +912,12 @@ impl Pool {
             let Some(rx) = waiting.rx.as_mut() else {
                 return Err(AcquireError::Closed);
             };
-            let grant = match tokio::time::timeout_at(next_check.into(), &mut *rx).await {
+            let waited = if timed {
+                tokio::time::timeout_at(next_check.into(), &mut *rx).await
+            } else {
+                Ok((&mut *rx).await)
+            };
+            let grant = match waited {
                 Ok(Ok(grant)) => Some(grant),
                 Ok(Err(_)) => {
                     waiting.rx = None;
@@ -934,6 +964,7 @@ impl Pool {
                     self.lease(&mut st, s)
                 }
                 Grant::Slot => Box::pin(self.open_on_slot()).await?,
+                Grant::Expired => return Err(AcquireError::WaitTimeout),
             };
             lease.stats.waited = started.elapsed();
             return Ok(lease);
@@ -1149,8 +1180,10 @@ impl Pool {
         st.stats.add(stats);
         forget_lent(&mut st, server.id);
         st.active = st.active.saturating_sub(1);
+        // (the clock read just above serves: one read a release)
         let too_old = !st.settings.server_lifetime.is_zero()
-            && server.created.elapsed() >= st.settings.server_lifetime;
+            && server.last_used.saturating_duration_since(server.created)
+                >= st.settings.server_lifetime;
         let over_size = st.total > st.settings.pool_size + st.settings.reserve_pool_size;
         // Above the pool size (a RELOAD shrank it): close, even with clients
         // waiting; they get the servers that remain.
@@ -1165,7 +1198,7 @@ impl Pool {
                     return;
                 }
                 Err(Grant::Server(s)) => server = s,
-                Err(Grant::Slot) => unreachable!("sent a server"),
+                Err(Grant::Slot | Grant::Expired) => unreachable!("sent a server"),
             }
         }
         st.idle.push(server);
@@ -1215,11 +1248,27 @@ impl Pool {
 
     /// Periodic upkeep: closes servers idle or alive too long, opens servers
     /// up to `min_pool_size`. Returns how many servers to open.
+    /// Hands the waiters whose query_wait_timeout has passed
+    /// `Grant::Expired` (waits arm no timer of their own for it). The
+    /// line is in arrival order, so they are at its front.
+    pub fn expire_waiters(&self) {
+        let mut st = self.lock();
+        expire_waiters(&mut st);
+    }
+
+    /// No client waits and no server is open or lent (a retired pool is
+    /// done).
+    pub fn drained(&self) -> bool {
+        let st = self.lock();
+        st.waiters.is_empty() && st.total == 0
+    }
+
     pub fn maintain(
         self: &Arc<Self>,
         spawn: impl Fn(std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>),
     ) {
         let mut st = self.lock();
+        expire_waiters(&mut st);
         let s = st.settings.clone();
         let life_expired = |server: &ServerConn| {
             !s.server_lifetime.is_zero() && server.created.elapsed() >= s.server_lifetime

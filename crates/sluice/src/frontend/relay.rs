@@ -17,7 +17,7 @@ use sluice_wire::{ErrorFields, ParameterStatus, TransactionStatus, tags};
 
 use super::client::{CLEANUP_TIMEOUT, Client};
 use super::error::ClientError;
-use super::relay_io::{IoEvent, Sides};
+use super::relay_io::{Blocked, IoEvent, Sides};
 use super::requests::{Counted, Requests};
 use super::tracked::{self, AfterTx, Tracking};
 use crate::backend::login::{run_query, run_query_rows};
@@ -228,6 +228,7 @@ pub async fn run(client: &mut Client, cbuf: &mut BytesMut, mut lease: Lease) -> 
     // LISTEN follow the client, so its messages are rewritten.
     let mut tracking = release_each.map(|_| Tracking::take());
     let app = client.app.clone();
+    let mut blocked = Blocked::default();
 
     let end = loop {
         let server = lease.server();
@@ -265,6 +266,7 @@ pub async fn run(client: &mut Client, cbuf: &mut BytesMut, mut lease: Lease) -> 
                 // relay's future.
                 Box::pin(client.follow_listen(statement)).await;
             }
+            blocked = Blocked::default();
         }
         let server = lease.server();
         let refuse = release_each == Some(true);
@@ -370,6 +372,8 @@ pub async fn run(client: &mut Client, cbuf: &mut BytesMut, mut lease: Lease) -> 
         if at_end {
             match tracking.as_deref_mut() {
                 Some(t) if t.needs_after() => {
+                    // It waits, and uses the server's socket itself.
+                    blocked = Blocked::default();
                     match Box::pin(tracked::after_transaction(&mut lease, client, t)).await {
                         AfterTx::Release => break Ok(Outcome::Release),
                         AfterTx::Close => break Ok(Outcome::Close),
@@ -472,6 +476,7 @@ pub async fn run(client: &mut Client, cbuf: &mut BytesMut, mut lease: Lease) -> 
             client_extra,
             sbuf_wanted: cycle.server_scan.wanted(),
             cbuf_wanted: cycle.client_scan.wanted(),
+            blocked: &mut blocked,
         };
         match std::future::poll_fn(|cx| sides.poll(cx)).await {
             IoEvent::Progress { client_read } => {

@@ -740,13 +740,43 @@ async fn run_with(client: &mut Client, buf: &mut BytesMut) -> SessionEnd {
             let idle_timeout = *client
                 .idle_timeout
                 .get_or_insert_with(|| client.pool.settings().client_idle_timeout);
+            if idle_timeout.is_zero() && !client.is_listening() {
+                // The common case reads at once: a read that finds nothing
+                // registers the wake-up as a readiness wait would, for one
+                // look at the socket a request instead of two. It reads
+                // into the stack (not part of the idle future), so an
+                // idle client still holds no buffer.
+                let read = std::future::poll_fn(|cx| {
+                    let mut chunk = [std::mem::MaybeUninit::<u8>::uninit(); READ_CHUNK];
+                    let mut chunk = tokio::io::ReadBuf::uninit(&mut chunk);
+                    let polled = tokio::io::AsyncRead::poll_read(
+                        std::pin::Pin::new(&mut client.stream),
+                        cx,
+                        &mut chunk,
+                    );
+                    polled.map_ok(|()| {
+                        let got = chunk.filled();
+                        if !got.is_empty() {
+                            *buf = spare_buffers::take();
+                            buf.extend_from_slice(got);
+                        }
+                        got.len()
+                    })
+                })
+                .await;
+                match read {
+                    Ok(0) | Err(_) => return SessionEnd::ClientLeft,
+                    Ok(_) => {}
+                }
+            }
+        }
+        if buf.is_empty() {
+            let idle_timeout = client.idle_timeout.unwrap_or_default();
             let ready = if client.is_listening() {
                 match Box::pin(client.wait_readable_listening(idle_timeout)).await {
                     Ok(()) => Ok(()),
                     Err(end) => return end,
                 }
-            } else if idle_timeout.is_zero() {
-                std::future::poll_fn(|cx| client.stream.poll_read_ready(cx)).await
             } else {
                 match Box::pin(client.wait_readable_with_timeout(idle_timeout)).await {
                     Ok(r) => r,

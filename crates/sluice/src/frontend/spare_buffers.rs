@@ -13,7 +13,8 @@ use bytes::BytesMut;
 use super::relay_io::READ_CHUNK;
 
 /// Buffers kept per thread: enough for the clients one worker has mid-
-/// request at once on a busy pool; at 8 KiB each, 256 KiB a thread at most.
+/// request at once on a busy pool; 1 MiB a thread at most (256 KiB when,
+/// as usual, they are one chunk each).
 const KEPT: usize = 32;
 
 /// A buffer kept is at most this large: one grown for a big message goes
@@ -40,10 +41,13 @@ pub fn take() -> BytesMut {
 /// Gives back a buffer whose bytes are all used (a buffer with bytes in
 /// it, or grown past `KEPT_CAPACITY`, is dropped instead).
 pub fn give_back(mut buf: BytesMut) {
-    if !buf.is_empty() || buf.capacity() == 0 || buf.capacity() > KEPT_CAPACITY {
+    // `capacity()` counts only the room after the bytes already read, so
+    // the whole allocation is judged by reclaiming it (which also moves
+    // an empty buffer's start back to the beginning): one larger than
+    // `KEPT_CAPACITY`, or smaller than a chunk, is not kept.
+    if !buf.is_empty() || buf.try_reclaim(KEPT_CAPACITY + 1) || !buf.try_reclaim(READ_CHUNK) {
         return;
     }
-    buf.clear();
     let _ = SPARE.try_with(|s| {
         let mut s = s.borrow_mut();
         if s.len() < KEPT {
@@ -78,6 +82,13 @@ mod tests {
         let mut huge = BytesMut::with_capacity(KEPT_CAPACITY * 2);
         huge.clear();
         give_back(huge);
+        // A huge buffer read almost to its end has little room left
+        // after its bytes, and is still huge.
+        let mut read = BytesMut::with_capacity(1 << 20);
+        read.resize((1 << 20) - 1024, b'x');
+        bytes::Buf::advance(&mut read, (1 << 20) - 1024);
+        assert!(read.capacity() < KEPT_CAPACITY);
+        give_back(read);
         SPARE.with(|s| {
             assert!(
                 s.borrow()

@@ -90,12 +90,16 @@ impl Tracking {
 
     /// Hands the state back for reuse, emptied.
     pub(super) fn give_back(mut self: Box<Self>) {
-        if self.out.capacity() > SPARE_BUFFER_LIMIT || self.extra.capacity() > SPARE_BUFFER_LIMIT {
+        self.out.clear();
+        self.extra.clear();
+        // (`capacity()` counts only the room after what was written out:
+        // reclaiming judges the whole allocation)
+        if self.out.try_reclaim(SPARE_BUFFER_LIMIT + 1)
+            || self.extra.try_reclaim(SPARE_BUFFER_LIMIT + 1)
+        {
             return;
         }
         self.expected.clear();
-        self.out.clear();
-        self.extra.clear();
         self.effects = Effects::default();
         self.listens.clear();
         self.custom_names.clear();
