@@ -383,8 +383,8 @@ impl App {
             ));
             let t = cluster.topology.clone();
             if let Some(old) = map.insert(pool.database.clone(), cluster) {
-                self.retiring_add(old.pools());
                 old.retire();
+                self.retiring_add(old.pools());
             }
             self.routing.store(true, Ordering::Relaxed);
             t
@@ -416,8 +416,8 @@ impl App {
             let mut map = self.clusters.lock().unwrap_or_else(|p| p.into_inner());
             for db in &stale {
                 if let Some(old) = map.remove(db) {
-                    self.retiring_add(old.pools());
                     old.retire();
+                    self.retiring_add(old.pools());
                 }
             }
             self.routing.store(!map.is_empty(), Ordering::Relaxed);
@@ -573,8 +573,8 @@ impl App {
         if last_of_database {
             let mut map = self.clusters.lock().unwrap_or_else(|p| p.into_inner());
             if let Some(cluster) = map.remove(&pool.database) {
-                self.retiring_add(cluster.pools());
                 cluster.retire();
+                self.retiring_add(cluster.pools());
             }
             self.routing.store(!map.is_empty(), Ordering::Relaxed);
         }

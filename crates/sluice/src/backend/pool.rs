@@ -197,7 +197,9 @@ enum FirstLook {
     Leased(Box<Lease>),
     Open,
     Failing(String, String),
-    Wait(oneshot::Receiver<Grant>, u64, Arc<PoolSettings>),
+    /// In line; the flag: the pool is retired (the janitor may no longer
+    /// look at it, so the wait times itself).
+    Wait(oneshot::Receiver<Grant>, u64, Arc<PoolSettings>, bool),
 }
 
 enum Recheck {
@@ -794,7 +796,7 @@ impl Pool {
             tx,
             since: Instant::now(),
         });
-        FirstLook::Wait(rx, id, settings)
+        FirstLook::Wait(rx, id, settings, st.retired)
     }
 
     /// Takes an idle server, or a slot to open one, or waits in line. When
@@ -851,12 +853,12 @@ impl Pool {
         may_open: bool,
         notice: &mut impl FnMut(),
     ) -> Result<Lease, AcquireError> {
-        let (rx, waiter_id, settings) = match self.first_look(may_open) {
+        let (rx, waiter_id, settings, retired) = match self.first_look(may_open) {
             FirstLook::Leased(l) => return Ok(*l),
             // Boxed: opening a server is rare and its future is large.
             FirstLook::Open => return Box::pin(self.open_on_slot()).await,
             FirstLook::Failing(code, msg) => return Err(AcquireError::RecentFailure(code, msg)),
-            FirstLook::Wait(rx, id, settings) => (rx, id, settings),
+            FirstLook::Wait(rx, id, settings, retired) => (rx, id, settings, retired),
         };
         // Dropped with the future (a caller that stops waiting): whatever
         // was handed over meanwhile goes back to the pool.
@@ -897,7 +899,11 @@ impl Pool {
             // The deadline alone arms no timer: the janitor hands an
             // expired waiter `Grant::Expired` (within its tick). A timer per
             // wait cost about a tenth of a queued transaction's work.
-            let timed = next_check < now + Duration::from_secs(3600) || notice_at.is_some();
+            // A pool retired before the client queued may be out of the
+            // janitor's sight (one retired later is kept in sight by its
+            // waiters: `App::retiring_pools`).
+            let timed =
+                retired || next_check < now + Duration::from_secs(3600) || notice_at.is_some();
             if timed && let Some(d) = wait_deadline {
                 next_check = next_check.min(d);
             }
