@@ -142,3 +142,82 @@ async fn health_is_503_when_no_server_can_be_reached() {
     assert_eq!(status, 503, "{body}");
     assert!(body.contains("no reachable server"), "{body}");
 }
+
+/// Waits until `sluice_parked_clients` satisfies `ok` (10 s at most).
+async fn parked_until(mport: u16, ok: impl Fn(f64) -> bool) -> f64 {
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let (_, body) = get(mport, "/metrics").await;
+        let parked = sample(&body, "sluice_parked_clients{");
+        if ok(parked) {
+            return parked;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "sluice_parked_clients stayed at {parked}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// Idle clients give their tasks up after a second or two (issue 13:
+/// memory per idle client) and come back on their next query with what
+/// they carry (a prepared statement); SHOW CLIENTS still lists them and
+/// KILL still reaches them.
+#[tokio::test]
+async fn idle_clients_park_and_come_back() {
+    let cluster = app_cluster(ServerAuth::Trust);
+    let (sluice, mport) = with_metrics(
+        ConfigBuilder::for_cluster(&cluster)
+            .set("max_prepared_statements", "10")
+            .set("default_pool_size", "4"),
+    );
+    let mut clients = Vec::new();
+    for _ in 0..20 {
+        let c = connect(sluice.port(), APP_USER, APP_PASSWORD, "postgres")
+            .await
+            .unwrap();
+        c.simple_query("select 1").await.unwrap();
+        clients.push(c);
+    }
+    let statement = clients[0].prepare("select $1::int + 1").await.unwrap();
+    parked_until(mport, |n| n >= 20.0).await;
+    let admin = connect_as(sluice.port(), "admin", "pgbouncer").await;
+    let listed = admin.simple_query("SHOW CLIENTS").await.unwrap();
+    let rows = listed
+        .iter()
+        .filter(|m| matches!(m, tokio_postgres::SimpleQueryMessage::Row(_)))
+        .count();
+    assert!(
+        rows >= 20,
+        "SHOW CLIENTS lists the parked clients: {rows} rows"
+    );
+
+    // Each comes back on its next query, the statement with it.
+    for c in &clients {
+        assert_eq!(scalar(c, "select 41 + 1").await.as_deref(), Some("42"));
+    }
+    let row = clients[0].query_one(&statement, &[&1i32]).await.unwrap();
+    assert_eq!(row.get::<_, i32>(0), 2);
+    let parked_now = parked_until(mport, |_| true).await;
+    assert!(
+        parked_now < 20.0,
+        "clients that ran a query are not parked: {parked_now}"
+    );
+
+    // Parked again, KILL ends them: each finds its connection closed.
+    parked_until(mport, |n| n >= 20.0).await;
+    admin.simple_query("KILL postgres").await.unwrap();
+    for c in &clients[1..] {
+        assert!(
+            c.simple_query("select 1").await.is_err(),
+            "a killed parked client is disconnected"
+        );
+    }
+    parked_until(mport, |n| n == 0.0).await;
+    // And the pooler goes on serving.
+    let fresh = connect(sluice.port(), APP_USER, APP_PASSWORD, "postgres")
+        .await
+        .unwrap();
+    assert_eq!(scalar(&fresh, "select 7").await.as_deref(), Some("7"));
+}

@@ -14,6 +14,7 @@ use tokio::net::{TcpListener, UnixListener};
 
 use super::client::Client;
 use super::login::{Admitted, login};
+use super::parking;
 use super::session::{self, SessionEnd};
 use crate::app::{App, Phase};
 use crate::net::Stream;
@@ -244,8 +245,8 @@ impl Drop for ClientCountGuard {
 /// goodbye are boxed.
 pub async fn handle_connection(app: Arc<App>, stream: Stream) {
     let count = app.clients.fetch_add(1, Ordering::AcqRel) + 1;
-    let _guard = ClientCountGuard(app.clone());
-    let mut client = match Box::pin(log_in(&app, stream, count)).await {
+    let guard = ClientCountGuard(app.clone());
+    let client = match Box::pin(log_in(&app, stream, count)).await {
         Some(Admitted::Client(c)) => c,
         Some(Admitted::Console(stream, role)) => {
             Box::pin(crate::admin::serve(app.clone(), stream, role)).await;
@@ -253,8 +254,36 @@ pub async fn handle_connection(app: Arc<App>, stream: Stream) {
         }
         None => return,
     };
-    let end = session::run(&mut client).await;
-    Box::pin(say_goodbye(*client, end)).await;
+    // A task of its own for the session: the login's task ends here, and
+    // the session's polls go through one future less.
+    tokio::spawn(serve(client, guard));
+}
+
+/// A logged-in client's session, until it leaves or parks; a parked
+/// client comes back here in a new task.
+async fn serve(mut client: Box<Client>, guard: ClientCountGuard) {
+    match session::run(&mut client).await {
+        SessionEnd::Park => parking::park(Box::new(ParkedClient { client, guard })),
+        end => Box::pin(say_goodbye(*client, end)).await,
+    }
+}
+
+/// An idle client in its worker's lot (`parking`), with its place in the
+/// client count.
+struct ParkedClient {
+    client: Box<Client>,
+    guard: ClientCountGuard,
+}
+
+impl parking::Parkable for ParkedClient {
+    fn poll_readable(&self, cx: &mut std::task::Context<'_>) -> std::task::Poll<()> {
+        self.client.stream.poll_read_ready(cx).map(|_| ())
+    }
+
+    fn resume(self: Box<Self>) {
+        let ParkedClient { client, guard } = *self;
+        tokio::spawn(serve(client, guard));
+    }
 }
 
 /// Login with `client_login_timeout`; errors are sent and logged here.
@@ -289,7 +318,7 @@ async fn say_goodbye(mut client: Client, end: SessionEnd) {
     client.pool.client_left();
     client.app.release_client(client.database(), client.user());
     match end {
-        SessionEnd::ClientLeft => {
+        SessionEnd::ClientLeft | SessionEnd::Park => {
             if client.app.config().settings.log_disconnections {
                 tracing::info!(user = %client.user(), db = %client.database(), "closing because: client close request");
             }

@@ -8,6 +8,7 @@ pub mod client;
 pub mod error;
 pub mod listener;
 pub mod login;
+pub mod parking;
 pub mod relay;
 pub mod relay_io;
 mod requests;

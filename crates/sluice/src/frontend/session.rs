@@ -14,7 +14,7 @@ use super::client::{Client, Listening, RouteCache, Written};
 use super::error::ClientError;
 use super::relay::{self, RelayEnd};
 use super::relay_io::READ_CHUNK;
-use super::spare_buffers;
+use super::{parking, spare_buffers};
 use crate::app::{App, Phase};
 use crate::backend::pool::{AcquireError, Lease, Pool, Standby};
 
@@ -73,6 +73,9 @@ pub enum SessionEnd {
     /// The client said Terminate or closed its socket.
     ClientLeft,
     Error(ClientError),
+    /// Idle long enough to give its task up (`parking`): the client goes
+    /// on in a new task when it sends something.
+    Park,
 }
 
 impl Client {
@@ -735,6 +738,9 @@ pub async fn run(client: &mut Client) -> SessionEnd {
 }
 
 async fn run_with(client: &mut Client, buf: &mut BytesMut) -> SessionEnd {
+    // This task's place on its worker's idle board (`parking`), from its
+    // first idle wait on.
+    let mut on_board: Option<parking::OnBoard> = None;
     loop {
         if buf.is_empty() {
             let idle_timeout = *client
@@ -745,7 +751,9 @@ async fn run_with(client: &mut Client, buf: &mut BytesMut) -> SessionEnd {
                 // registers the wake-up as a readiness wait would, for one
                 // look at the socket a request instead of two. It reads
                 // into the stack (not part of the idle future), so an
-                // idle client still holds no buffer.
+                // idle client still holds no buffer. A wait that lasts is
+                // asked by its worker's sweep to park.
+                let mut waited = false;
                 let read = std::future::poll_fn(|cx| {
                     let mut chunk = [std::mem::MaybeUninit::<u8>::uninit(); READ_CHUNK];
                     let mut chunk = tokio::io::ReadBuf::uninit(&mut chunk);
@@ -754,19 +762,36 @@ async fn run_with(client: &mut Client, buf: &mut BytesMut) -> SessionEnd {
                         cx,
                         &mut chunk,
                     );
-                    polled.map_ok(|()| {
-                        let got = chunk.filled();
-                        if !got.is_empty() {
-                            *buf = spare_buffers::take();
-                            buf.extend_from_slice(got);
+                    if polled.is_pending() {
+                        if !waited {
+                            waited = true;
+                            match &on_board {
+                                Some(b) => b.idle(cx.waker()),
+                                None => on_board = parking::OnBoard::new(cx.waker()),
+                            }
+                        } else if on_board.as_ref().is_some_and(|b| b.park_asked(cx.waker())) {
+                            return std::task::Poll::Ready(None);
                         }
-                        got.len()
+                    }
+                    polled.map(|r| {
+                        Some(r.map(|()| {
+                            let got = chunk.filled();
+                            if !got.is_empty() {
+                                *buf = spare_buffers::take();
+                                buf.extend_from_slice(got);
+                            }
+                            got.len()
+                        }))
                     })
                 })
                 .await;
+                if waited && let Some(b) = &on_board {
+                    b.busy();
+                }
                 match read {
-                    Ok(0) | Err(_) => return SessionEnd::ClientLeft,
-                    Ok(_) => {}
+                    None => return SessionEnd::Park,
+                    Some(Ok(0) | Err(_)) => return SessionEnd::ClientLeft,
+                    Some(Ok(_)) => {}
                 }
             }
         }

@@ -262,6 +262,12 @@ impl prometheus_client::collector::Collector for SluiceCollector {
             "Client connections open, logging in or logged in",
             &[(vec![], clients)],
         )?;
+        gauge(
+            &mut encoder,
+            "sluice_parked_clients",
+            "Idle clients waiting without a task of their own (idle for a second or two)",
+            &[(vec![], crate::frontend::parking::parked() as f64)],
+        )?;
         let mut pinned: std::collections::BTreeMap<(String, String, String), f64> =
             std::collections::BTreeMap::new();
         for c in app.cancels.clients() {
