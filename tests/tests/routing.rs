@@ -800,6 +800,11 @@ async fn reloads_do_not_leak_the_connection_budget() {
         sluice.rewrite_config(&config(route).render());
         sluice.reload();
         tokio::time::sleep(Duration::from_millis(300)).await;
+        if round % 2 == 1 {
+            // Routing back on: each host's check reaches that host (a check
+            // sent along the old host list found two primaries, once).
+            wait_for_roles(&sluice, &primary, &replica).await;
+        }
     }
     for w in workers {
         w.await.expect("worker");

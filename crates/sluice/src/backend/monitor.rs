@@ -107,6 +107,11 @@ async fn watch(host: Arc<dyn MonitorHost>, topology: Weak<Topology>, pool: Weak<
         drop(p);
         let mut target = (*target).clone();
         target.addr = addr.clone();
+        // This host and no other: a pool still set for a host list without
+        // routing (a RELOAD turning routing on reconfigures the pool after
+        // the checks start) would send the check to the list's first host,
+        // and two hosts would both look primary.
+        target.alternates = Default::default();
         target.connect_timeout = timeout;
         target.connect_query = None;
         let at = Instant::now();
