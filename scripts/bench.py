@@ -203,19 +203,37 @@ def parse_args(argv=None):
                      if os.environ.get("SLUICE_BASE_BIN")
                      else "direct,sluice,pgbouncer,pgbouncer125,sluice-metrics")
     a.targets = [t.strip() for t in a.targets.split(",") if t.strip()]
-    for t in a.targets:
-        if t not in ("direct",) + PROXIES:
-            ap.error(f"unknown target {t!r}")
-    for m in a.modes:
-        if m not in ("simple", "extended", "prepared"):
-            ap.error(f"unknown mode {m!r}")
-    for x in a.scripts:
-        if x not in SCRIPTS:
-            ap.error(f"unknown script {x!r} (select or tpcb)")
+    check_choices(ap, a.targets, ("direct",) + PROXIES, "target")
+    check_choices(ap, a.modes, MODES, "mode")
+    check_choices(ap, a.scripts, tuple(SCRIPTS), "script", " (select or tpcb)")
     if (a.duration < 1 or a.rounds < 1 or not a.clients or not a.targets or not a.modes
             or not a.scripts):
         ap.error("empty matrix")
     return a
+
+
+MODES = ("simple", "extended", "prepared")
+
+
+def bench_cluster(lab, result: dict, replica: bool):
+    """Starts the benchmark's PostgreSQL; (cluster, port, user, password, auth_file)."""
+    log(f"starting PostgreSQL (max_connections={MAX_CONNECTIONS}, reserved={RESERVED}, "
+        f"pgbench scale {SCALE}) via {' '.join(pglab.testkit_cmd())} ...")
+    cluster = lab.start_cluster(max_connections=MAX_CONNECTIONS, reserved=RESERVED,
+                                scale=SCALE, auth="trust", replica=replica)
+    result["cluster"] = {k: cluster.get(k) for k in ("host", "port", "superuser")}
+    pg_port = int(cluster["port"])
+    user = cluster.get("superuser") or "postgres"
+    password = cluster.get("password")
+    auth_file = lab.write("userlist.txt", pglab.userlist({user: password or user}))
+    log(f"PostgreSQL on 127.0.0.1:{pg_port}")
+    return cluster, pg_port, user, password, auth_file
+
+
+def check_choices(ap, values, allowed, what: str, hint: str = "") -> None:
+    for v in values:
+        if v not in allowed:
+            ap.error(f"unknown {what} {v!r}{hint}")
 
 
 def versions(pgbouncer125: str | None) -> dict:
@@ -393,17 +411,8 @@ def main(argv=None) -> int:
         warn(f"RLIMIT_NOFILE is {nofile[0]}: the idle test may run out of file descriptors")
 
     with Lab(prefix="sluice-bench-") as lab:
-        log(f"starting PostgreSQL (max_connections={MAX_CONNECTIONS}, reserved={RESERVED}, "
-            f"pgbench scale {SCALE}) via {' '.join(pglab.testkit_cmd())} ...")
-        cluster = lab.start_cluster(max_connections=MAX_CONNECTIONS, reserved=RESERVED,
-                                    scale=SCALE, auth="trust",
-                                    replica="sluice-routed" in a.targets)
-        result["cluster"] = {k: cluster.get(k) for k in ("host", "port", "superuser")}
-        pg_port = int(cluster["port"])
-        user = cluster.get("superuser") or "postgres"
-        password = cluster.get("password")
-        auth_file = lab.write("userlist.txt", pglab.userlist({user: password or user}))
-        log(f"PostgreSQL on 127.0.0.1:{pg_port}")
+        cluster, pg_port, user, password, auth_file = bench_cluster(
+            lab, result, replica="sluice-routed" in a.targets)
 
         endpoints = {}
         if "direct" in a.targets:
@@ -1455,15 +1464,11 @@ def profile_args(ap, a):
     a.targets = [t.strip() for t in (a.targets or ",".join(PROFILE_TARGETS)).split(",")
                  if t.strip()]
     a.profile_tools = [x.strip() for x in a.profile_tools.split(",") if x.strip()]
-    for t in a.targets:
-        if t not in PROFILE_TARGETS:
-            ap.error(f"--profile: unknown target {t!r} (sluice, pgbouncer, pgbouncer125)")
-    for m in a.modes:
-        if m not in ("simple", "extended", "prepared"):
-            ap.error(f"unknown mode {m!r}")
-    for x in a.profile_tools:
-        if x not in PROFILE_TOOLS:
-            ap.error(f"unknown --profile-tools entry {x!r} (callgrind, strace)")
+    check_choices(ap, a.targets, PROFILE_TARGETS, "--profile target",
+                  " (sluice, pgbouncer, pgbouncer125)")
+    check_choices(ap, a.modes, MODES, "mode")
+    check_choices(ap, a.profile_tools, PROFILE_TOOLS, "--profile-tools entry",
+                  " (callgrind, strace)")
     if (a.duration < 1 or a.rounds < 1 or not a.clients or not a.targets or not a.modes
             or not a.profile_tools):
         ap.error("empty matrix")
@@ -1507,16 +1512,7 @@ def profile_main(a) -> int:
         "targets": {}, "runs": [], "summary": [],
     }
     with Lab(prefix="sluice-profile-") as lab:
-        log(f"starting PostgreSQL (max_connections={MAX_CONNECTIONS}, reserved={RESERVED}, "
-            f"pgbench scale {SCALE}) via {' '.join(pglab.testkit_cmd())} ...")
-        cluster = lab.start_cluster(max_connections=MAX_CONNECTIONS, reserved=RESERVED,
-                                    scale=SCALE, auth="trust")
-        result["cluster"] = {k: cluster.get(k) for k in ("host", "port", "superuser")}
-        pg_port = int(cluster["port"])
-        user = cluster.get("superuser") or "postgres"
-        password = cluster.get("password")
-        auth_file = lab.write("userlist.txt", pglab.userlist({user: password or user}))
-        log(f"PostgreSQL on 127.0.0.1:{pg_port}")
+        _, pg_port, user, password, auth_file = bench_cluster(lab, result, replica=False)
         # callgrind writes its file as the proxy's user: postgres for PgBouncer
         cg_dir = lab.tmp / "callgrind"
         cg_dir.mkdir()
