@@ -103,7 +103,9 @@ pub fn warn_without_effect(s: &Settings) {
 
 /// Forks; the parent exits, the child leaves the terminal.
 pub fn daemonize() -> std::io::Result<()> {
-    // SAFETY: called before any thread is started, as fork requires.
+    // SAFETY: called before sluice starts a thread of its own. jemalloc's
+    // background thread may run: jemalloc takes its locks around fork
+    // (pthread_atfork), and main starts the thread again in the child.
     match unsafe { libc::fork() } {
         -1 => return Err(std::io::Error::last_os_error()),
         0 => {}

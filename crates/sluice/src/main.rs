@@ -48,6 +48,36 @@ static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 #[allow(non_upper_case_globals)]
 pub static malloc_conf: &[u8] = b"background_thread:true,dirty_decay_ms:5000,muzzy_decay_ms:0\0";
 
+/// jemalloc's background thread does not survive the fork of `-d`: the
+/// child turns it on again (without it, freed pages come back only as the
+/// process allocates).
+fn restart_allocator_thread() {
+    unsafe extern "C" {
+        #[link_name = "_rjem_mallctl"]
+        fn mallctl(
+            name: *const std::ffi::c_char,
+            oldp: *mut std::ffi::c_void,
+            oldlenp: *mut usize,
+            newp: *mut std::ffi::c_void,
+            newlen: usize,
+        ) -> std::ffi::c_int;
+    }
+    let mut on = true;
+    // SAFETY: "background_thread" takes a bool; no old value is asked for.
+    let rc = unsafe {
+        mallctl(
+            c"background_thread".as_ptr(),
+            std::ptr::null_mut(),
+            std::ptr::null_mut(),
+            (&raw mut on).cast(),
+            std::mem::size_of::<bool>(),
+        )
+    };
+    if rc != 0 {
+        eprintln!("sluice: jemalloc's background thread could not start again ({rc})");
+    }
+}
+
 fn main() -> ExitCode {
     let cli = cli::Cli::parse();
     let config = match sluice_config::load(&cli.config) {
@@ -115,6 +145,7 @@ fn main() -> ExitCode {
             eprintln!("sluice: cannot daemonize: {e}");
             return ExitCode::FAILURE;
         }
+        restart_allocator_thread();
     }
     let verbosity = settings.verbose + u32::from(cli.verbose);
     if let Err(e) = logging::init(&settings.logfile, !cli.quiet && !cli.daemon, verbosity) {
