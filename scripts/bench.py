@@ -1055,8 +1055,17 @@ def per_client(before: dict, after: dict, opened: int) -> dict:
 
 # Seconds after the last idle client logged in when memory is read again (before the
 # console is asked anything): sluice parks a client idle for 1-2 s (its task freed,
-# frontend/parking.rs) and jemalloc gives freed pages back after its 10 s decay.
+# frontend/parking.rs) and jemalloc's background thread gives freed pages back after 5 s.
 SETTLE_S = 14
+
+
+def print_settled(x: dict, t: dict, mark) -> None:
+    ps = x.get("per_client_settled")
+    if ps:
+        b = ps["rss_bytes"]
+        print(f"    settled, {SETTLE_S} s after the last login: RSS {x['settled']['rss_kb']:,} kB: "
+              f"{fmt(b, 0)} bytes = {fmt(kib(b), 2)} KiB per idle client"
+              f"{mark(b is not None and b <= t['idle_bytes'])}")
 
 
 def settle(out: dict, pids: list[int], before: dict) -> None:
@@ -1344,11 +1353,7 @@ def print_scale_report(r: dict, a) -> None:
               f"{fmt(pc['rss_bytes'], 0)} bytes = {fmt(kib(pc['rss_bytes']), 2)} KiB per idle "
               f"client{mark(pc['rss_bytes'] is not None and pc['rss_bytes'] <= t['idle_bytes'])}; "
               f"pooler CPU {pc['cpu_us_per_login']} us per login")
-        ps = x.get("per_client_settled")
-        if ps:
-            print(f"    settled, {SETTLE_S} s after the last login: RSS {x['settled']['rss_kb']:,} kB: "
-                  f"{fmt(ps['rss_bytes'], 0)} bytes = {fmt(kib(ps['rss_bytes']), 2)} KiB per idle "
-                  f"client{mark(ps['rss_bytes'] is not None and ps['rss_bytes'] <= t['idle_bytes'])}")
+        print_settled(x, t, mark)
         print(f"    new login while held ({lg['ok']}/{lg['n']} one after the other): "
               f"p50 {lg['p50_ms']} ms, p99 {lg['p99_ms']} ms, max {lg['max_ms']} ms"
               f"{mark(lg['p99_ms'] is not None and lg['p99_ms'] < t['login_p99_ms'])}")
@@ -1397,11 +1402,7 @@ def print_scale_report(r: dict, a) -> None:
               f"{rp['held']['rss_kb']:,} kB = {fmt(pc['rss_bytes'], 0)} bytes per idle client; "
               f"CPU {pc['cpu_us_per_login']} us per login; kernel slab "
               f"{fmt(pc['kernel_slab_bytes'], 0)} bytes per client")
-        ps = rp.get("per_client_settled")
-        if ps:
-            print(f"    settled, {SETTLE_S} s after the last login: RSS summed "
-                  f"{rp['settled']['rss_kb']:,} kB = {fmt(ps['rss_bytes'], 0)} bytes per idle client"
-                  f"{mark(ps['rss_bytes'] is not None and ps['rss_bytes'] <= t['idle_bytes'])}")
+        print_settled(rp, t, mark)
         print(f"    new login while held: p50 {lg['p50_ms']} ms, p99 {lg['p99_ms']} ms, max "
               f"{lg['max_ms']} ms ({lg['ok']}/{lg['n']})"
               f"{mark(lg['p99_ms'] is not None and lg['p99_ms'] < t['login_p99_ms'])}; "
