@@ -166,7 +166,9 @@ impl OnBoard {
     pub fn busy(&self) {
         let _ = BOARD.try_with(|b| {
             if let Some(w) = b.borrow_mut().entry(self) {
+                // (a request that came as the sweep asked to park answers it)
                 w.idle = false;
+                w.park = false;
             }
         });
     }
@@ -203,8 +205,7 @@ impl Drop for OnBoard {
 }
 
 /// The worker's sweep: once a second, wakes the waits idle for
-/// `PARK_AFTER_SWEEPS` sweeps, asking them to park; drops the entries of
-/// waits asked long ago that never came (moved to another thread).
+/// `PARK_AFTER_SWEEPS` sweeps, asking them to park.
 async fn sweep_forever() {
     let mut tick = tokio::time::interval(SWEEP);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -215,15 +216,11 @@ async fn sweep_forever() {
             b.sweep += 1;
             let now = b.sweep;
             let mut wake = Vec::new();
-            for (i, slot) in b.entries.iter_mut().enumerate() {
-                let Some(w) = slot else { continue };
+            for w in b.entries.iter_mut().flatten() {
                 let idle = now.saturating_sub(w.since);
                 if w.idle && !w.park && idle >= PARK_AFTER_SWEEPS {
                     w.park = true;
                     wake.push(w.waker.clone());
-                } else if w.park && idle >= PARK_AFTER_SWEEPS + 3 {
-                    *slot = None;
-                    b.free.push(i);
                 }
             }
             if b.free.len() == b.entries.len() {
@@ -436,6 +433,16 @@ mod tests {
                 1,
                 "woken once, the short wait not at all"
             );
+            assert!(lasting.park_asked(&waker));
+            // A request came instead of the park: the next idle wait is
+            // asked again, however long the request took.
+            lasting.busy();
+            assert!(!lasting.park_asked(&waker));
+            tokio::time::sleep(SWEEP * (PARK_AFTER_SWEEPS as u32 + 2)).await;
+            lasting.idle(&waker);
+            assert!(!lasting.park_asked(&waker));
+            tokio::time::sleep(SWEEP * (PARK_AFTER_SWEEPS as u32 + 1)).await;
+            assert_eq!(count.0.load(SeqCst), 2, "asked again");
             assert!(lasting.park_asked(&waker));
             drop(lasting);
             BOARD.with(|b| assert!(b.borrow().entries.iter().all(Option::is_none)));
