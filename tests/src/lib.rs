@@ -10,6 +10,7 @@ mod certs;
 mod client;
 mod clusters;
 mod config;
+pub mod http;
 mod limits;
 pub mod msg;
 mod process;

@@ -2,41 +2,8 @@
 //! histograms, `/health` answering 503 while paused or with no reachable
 //! server.
 
-use std::time::Duration;
-
+use sluice_tests::http::{get, parked_until, sample};
 use sluice_tests::*;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-
-/// One GET; returns (status code, body).
-async fn get(port: u16, path: &str) -> (u16, String) {
-    let mut s = tokio::net::TcpStream::connect(("127.0.0.1", port))
-        .await
-        .expect("connect to metrics_addr");
-    s.write_all(format!("GET {path} HTTP/1.1\r\nHost: x\r\n\r\n").as_bytes())
-        .await
-        .unwrap();
-    let mut text = String::new();
-    tokio::time::timeout(Duration::from_secs(10), s.read_to_string(&mut text))
-        .await
-        .expect("response in time")
-        .unwrap();
-    let status = text
-        .split_whitespace()
-        .nth(1)
-        .and_then(|c| c.parse().ok())
-        .expect("status line");
-    let body = text.split("\r\n\r\n").nth(1).unwrap_or_default().to_owned();
-    (status, body)
-}
-
-/// The value of the sample whose line starts with `prefix`.
-fn sample(body: &str, prefix: &str) -> f64 {
-    body.lines()
-        .find(|l| l.starts_with(prefix))
-        .and_then(|l| l.rsplit(' ').next())
-        .and_then(|v| v.parse().ok())
-        .unwrap_or_else(|| panic!("no sample {prefix} in:\n{body}"))
-}
 
 fn with_metrics(builder: ConfigBuilder) -> (SluiceProcess, u16) {
     let port = sluice_testkit::free_port().expect("free port");
@@ -143,23 +110,6 @@ async fn health_is_503_when_no_server_can_be_reached() {
     assert!(body.contains("no reachable server"), "{body}");
 }
 
-/// Waits until `sluice_parked_clients` satisfies `ok` (10 s at most).
-async fn parked_until(mport: u16, ok: impl Fn(f64) -> bool) -> f64 {
-    let deadline = std::time::Instant::now() + Duration::from_secs(10);
-    loop {
-        let (_, body) = get(mport, "/metrics").await;
-        let parked = sample(&body, "sluice_parked_clients{");
-        if ok(parked) {
-            return parked;
-        }
-        assert!(
-            std::time::Instant::now() < deadline,
-            "sluice_parked_clients stayed at {parked}"
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
-}
-
 /// Idle clients give their tasks up after a second or two (issue 13:
 /// memory per idle client) and come back on their next query with what
 /// they carry (a prepared statement); SHOW CLIENTS still lists them and
@@ -170,16 +120,27 @@ async fn idle_clients_park_and_come_back() {
     let (sluice, mport) = with_metrics(
         ConfigBuilder::for_cluster(&cluster)
             .set("max_prepared_statements", "10")
-            .set("default_pool_size", "4"),
+            .set("default_pool_size", "4")
+            .set("unix_socket_dir", "@DIR@"),
     );
     let mut clients = Vec::new();
-    for _ in 0..20 {
+    for _ in 0..19 {
         let c = connect(sluice.port(), APP_USER, APP_PASSWORD, "postgres")
             .await
             .unwrap();
         c.simple_query("select 1").await.unwrap();
         clients.push(c);
     }
+    // One over the Unix socket: it parks and comes back the same way.
+    let mut unix = tokio_postgres::Config::new();
+    unix.host_path(sluice.dir())
+        .port(sluice.port())
+        .user(APP_USER)
+        .password(APP_PASSWORD)
+        .dbname("postgres");
+    let unix = connect_config(&unix).await.unwrap();
+    unix.simple_query("select 1").await.unwrap();
+    clients.push(unix);
     let statement = clients[0].prepare("select $1::int + 1").await.unwrap();
     parked_until(mport, |n| n >= 20.0).await;
     let admin = connect_as(sluice.port(), "admin", "pgbouncer").await;

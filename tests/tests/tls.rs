@@ -224,6 +224,31 @@ async fn reload_swaps_the_certificate_and_keeps_connected_clients() {
     assert_eq!(held.ask("select 3").await, "3");
 }
 
+/// An idle TLS client parks like a plain one (its socket stays on the
+/// event loop: rustls holds it) and comes back on its next query, also
+/// when the query arrives while it is parked.
+#[tokio::test]
+async fn an_idle_tls_client_parks_and_comes_back() {
+    let cluster = app_cluster(ServerAuth::Trust);
+    let certs = Certs::make(APP_USER);
+    let mport = sluice_testkit::free_port().expect("free port");
+    let sluice = tls_config(&cluster, &certs, "require")
+        .sluice("metrics_addr", &format!("127.0.0.1:{mport}"))
+        .start();
+    let mut held = psql_interactive_tls(sluice.port(), &conninfo_verify(&certs, "ca.crt"));
+    assert_eq!(held.ask("select 1").await, "1");
+    http::parked_until(mport, |n| n >= 1.0).await;
+    assert_eq!(held.ask("select 40 + 2").await, "42");
+    assert_eq!(
+        held.ask("select ssl from pg_stat_ssl where pid = pg_backend_pid()")
+            .await,
+        "f",
+        "sluice speaks plain to the server"
+    );
+    http::parked_until(mport, |n| n >= 1.0).await;
+    assert_eq!(held.ask("select 'back'").await, "back");
+}
+
 /// A psql kept open over TLS, fed one query at a time on stdin.
 struct HeldPsql {
     child: std::process::Child,

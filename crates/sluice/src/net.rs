@@ -81,6 +81,24 @@ pub enum Stream {
     Tcp(TcpStream),
     Unix(UnixStream),
     Tls(Box<TlsConn>),
+    /// Taken off the event loop while its client is parked (`take_off`):
+    /// the socket is open, but nothing is registered for it; `put_back`
+    /// registers it again. Reads and writes fail until then.
+    Off(OffSocket),
+}
+
+/// A plain socket taken off the event loop (a parked client's: its
+/// registration is what it would cost most while idle), or `Gone` for the
+/// instant it moves, or after moving failed.
+#[derive(Debug)]
+pub enum OffSocket {
+    Tcp(std::net::TcpStream),
+    Unix(std::os::unix::net::UnixStream),
+    Gone,
+}
+
+fn off_the_loop() -> io::Error {
+    io::Error::new(io::ErrorKind::NotConnected, "socket is off the event loop")
 }
 
 impl Stream {
@@ -95,6 +113,7 @@ impl Stream {
                 Some(s) => s.try_read(buf),
                 None => Ok(0),
             },
+            Self::Off(_) => Err(off_the_loop()),
         }
     }
 
@@ -106,6 +125,7 @@ impl Stream {
             Self::Tcp(s) => s.poll_read_ready(cx),
             Self::Unix(s) => s.poll_read_ready(cx),
             Self::Tls(t) => t.poll_read_ready(cx),
+            Self::Off(_) => Poll::Ready(Err(off_the_loop())),
         }
     }
 
@@ -116,6 +136,7 @@ impl Stream {
             Self::Tcp(s) => drop(s.try_write(last)),
             Self::Unix(s) => drop(s.try_write(last)),
             Self::Tls(t) => t.try_send_last(last),
+            Self::Off(_) => {}
         }
     }
 
@@ -129,7 +150,46 @@ impl Stream {
                 t.reregister()?;
                 Self::Tls(t)
             }
+            Self::Off(OffSocket::Tcp(s)) => Self::Tcp(TcpStream::from_std(s)?),
+            Self::Off(OffSocket::Unix(s)) => Self::Unix(UnixStream::from_std(s)?),
+            Self::Off(OffSocket::Gone) => return Err(off_the_loop()),
         })
+    }
+
+    /// Takes a plain socket off the event loop (one epoll_ctl; its
+    /// registration's memory is freed) and gives its descriptor, to be
+    /// watched elsewhere until `put_back`. A TLS stream stays registered
+    /// (rustls holds the socket) and only gives its descriptor. On an
+    /// error the socket is closed and the stream is `Off(Gone)`.
+    pub fn take_off(&mut self) -> io::Result<std::os::fd::RawFd> {
+        use std::os::fd::AsRawFd;
+        let off = match std::mem::replace(self, Self::Off(OffSocket::Gone)) {
+            Self::Tcp(s) => OffSocket::Tcp(s.into_std()?),
+            Self::Unix(s) => OffSocket::Unix(s.into_std()?),
+            other => {
+                *self = other;
+                return Ok(self.raw_fd());
+            }
+        };
+        let fd = match &off {
+            OffSocket::Tcp(s) => s.as_raw_fd(),
+            OffSocket::Unix(s) => s.as_raw_fd(),
+            OffSocket::Gone => -1,
+        };
+        *self = Self::Off(off);
+        Ok(fd)
+    }
+
+    /// Registers a socket taken off (`take_off`) with the calling thread's
+    /// event loop again; other streams are left as they are. On an error
+    /// the socket is closed and the stream is `Off(Gone)`: reads fail.
+    pub fn put_back(&mut self) -> io::Result<()> {
+        if !matches!(self, Self::Off(_)) {
+            return Ok(());
+        }
+        let off = std::mem::replace(self, Self::Off(OffSocket::Gone));
+        *self = off.reregister()?;
+        Ok(())
     }
 
     /// Applies keepalive settings (TCP only).
@@ -175,7 +235,7 @@ impl Stream {
         let fd = match self {
             Self::Tcp(s) => s.as_raw_fd(),
             Self::Unix(s) => s.as_raw_fd(),
-            Self::Tls(_) => return,
+            Self::Tls(_) | Self::Off(_) => return,
         };
         let mut queued: libc::c_int = 0;
         // SAFETY: TIOCOUTQ (SIOCOUTQ) writes one c_int.
@@ -200,7 +260,7 @@ impl Stream {
         let _ = match self {
             Self::Tcp(s) => s.try_write(bytes),
             Self::Unix(s) => s.try_write(bytes),
-            Self::Tls(_) => Ok(0),
+            Self::Tls(_) | Self::Off(_) => Ok(0),
         };
     }
 
@@ -216,19 +276,25 @@ impl Stream {
     pub fn tcp(&self) -> Option<&TcpStream> {
         match self {
             Self::Tcp(s) => Some(s),
-            Self::Unix(_) => None,
+            Self::Unix(_) | Self::Off(_) => None,
             Self::Tls(t) => t.tcp(),
         }
     }
 
     /// TCP peer address (None for Unix sockets).
     pub fn peer_addr(&self) -> Option<std::net::SocketAddr> {
-        self.tcp().and_then(|s| s.peer_addr().ok())
+        match self {
+            Self::Off(OffSocket::Tcp(s)) => s.peer_addr().ok(),
+            _ => self.tcp().and_then(|s| s.peer_addr().ok()),
+        }
     }
 
     /// TCP local address (None for Unix sockets).
     pub fn local_addr(&self) -> Option<std::net::SocketAddr> {
-        self.tcp().and_then(|s| s.local_addr().ok())
+        match self {
+            Self::Off(OffSocket::Tcp(s)) => s.local_addr().ok(),
+            _ => self.tcp().and_then(|s| s.local_addr().ok()),
+        }
     }
 
     /// The socket's descriptor (for KILL, which shuts it down).
@@ -238,13 +304,16 @@ impl Stream {
             Self::Tcp(s) => s.as_raw_fd(),
             Self::Unix(s) => s.as_raw_fd(),
             Self::Tls(t) => t.tcp().map_or(-1, |s| s.as_raw_fd()),
+            Self::Off(OffSocket::Tcp(s)) => s.as_raw_fd(),
+            Self::Off(OffSocket::Unix(s)) => s.as_raw_fd(),
+            Self::Off(OffSocket::Gone) => -1,
         }
     }
 
     /// Peer address for logs and the console.
     pub fn peer(&self) -> String {
         match self {
-            Self::Unix(_) => "unix".into(),
+            Self::Unix(_) | Self::Off(OffSocket::Unix(_)) => "unix".into(),
             _ => self
                 .peer_addr()
                 .map(|a| a.to_string())
@@ -263,6 +332,7 @@ impl AsyncRead for Stream {
             Self::Tcp(s) => Pin::new(s).poll_read(cx, buf),
             Self::Unix(s) => Pin::new(s).poll_read(cx, buf),
             Self::Tls(t) => Pin::new(&mut **t).poll_read(cx, buf),
+            Self::Off(_) => Poll::Ready(Err(off_the_loop())),
         }
     }
 }
@@ -277,6 +347,7 @@ impl AsyncWrite for Stream {
             Self::Tcp(s) => Pin::new(s).poll_write(cx, buf),
             Self::Unix(s) => Pin::new(s).poll_write(cx, buf),
             Self::Tls(t) => Pin::new(&mut **t).poll_write(cx, buf),
+            Self::Off(_) => Poll::Ready(Err(off_the_loop())),
         }
     }
 
@@ -285,6 +356,7 @@ impl AsyncWrite for Stream {
             Self::Tcp(s) => Pin::new(s).poll_flush(cx),
             Self::Unix(s) => Pin::new(s).poll_flush(cx),
             Self::Tls(t) => Pin::new(&mut **t).poll_flush(cx),
+            Self::Off(_) => Poll::Ready(Err(off_the_loop())),
         }
     }
 
@@ -293,6 +365,7 @@ impl AsyncWrite for Stream {
             Self::Tcp(s) => Pin::new(s).poll_shutdown(cx),
             Self::Unix(s) => Pin::new(s).poll_shutdown(cx),
             Self::Tls(t) => Pin::new(&mut **t).poll_shutdown(cx),
+            Self::Off(_) => Poll::Ready(Err(off_the_loop())),
         }
     }
 }

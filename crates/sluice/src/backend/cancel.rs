@@ -215,6 +215,29 @@ impl CancelRegistry {
         }
     }
 
+    /// Runs `f`, an operation on the client's socket that closes it when
+    /// it fails (taking it off or putting it back on an event loop), with
+    /// KILL held off: KILL takes the same lock before it shuts `fd` down,
+    /// and a failure forgets `fd` under it, so KILL never reaches a
+    /// descriptor number that another connection got in the meantime.
+    pub fn moving_socket<T, E>(
+        &self,
+        handle: CancelHandle,
+        f: impl FnOnce() -> Result<T, E>,
+    ) -> Result<T, E> {
+        let Some(slot) = self.slot(handle.index) else {
+            return f();
+        };
+        let mut meta = slot.meta.lock().unwrap_or_else(|p| p.into_inner());
+        let result = f();
+        if result.is_err()
+            && let Some(m) = meta.as_mut()
+        {
+            m.fd = -1;
+        }
+        result
+    }
+
     pub fn unregister(&self, handle: CancelHandle) {
         if let Some(slot) = self.slot(handle.index) {
             let mut meta = slot.meta.lock().unwrap_or_else(|p| p.into_inner());

@@ -276,12 +276,30 @@ struct ParkedClient {
 }
 
 impl parking::Parkable for ParkedClient {
-    fn poll_readable(&self, cx: &mut std::task::Context<'_>) -> std::task::Poll<()> {
-        self.client.stream.poll_read_ready(cx).map(|_| ())
+    fn readable_now(&self) -> bool {
+        let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+        self.client.stream.poll_read_ready(&mut cx).is_ready()
+    }
+
+    fn take_off(&mut self) -> std::io::Result<std::os::fd::RawFd> {
+        let c = &mut *self.client;
+        c.app
+            .cancels
+            .moving_socket(c.cancel, || c.stream.take_off())
     }
 
     fn resume(self: Box<Self>) {
-        let ParkedClient { client, guard } = *self;
+        let ParkedClient { mut client, guard } = *self;
+        // On a failure the socket is gone: the session reads an error
+        // and says goodbye.
+        let c = &mut *client;
+        if let Err(e) = c
+            .app
+            .cancels
+            .moving_socket(c.cancel, || c.stream.put_back())
+        {
+            tracing::warn!(user = %client.user(), "a parked client's socket could not go back on the event loop: {e}");
+        }
         tokio::spawn(serve(client, guard));
     }
 }

@@ -1,14 +1,17 @@
 //! Idle clients without a task. A client waiting for its next request is
 //! a tokio task (its cell is aligned to 128 bytes and holds the session's
-//! future) on top of its `Client` and its socket's registration. A client
-//! idle for 1–2 s (`PARK_AFTER_SWEEPS`) gives its task up: the `Client`
-//! waits in its worker's lot, its socket still registered with the
-//! worker's event loop, and a waker of the lot's own says when the client
-//! sends something (or its socket closes: KILL's shutdown wakes it too); a
-//! new task then takes the client on where the old one stopped. What stays
-//! is the `Client`, the registration and a small waker (issue 13: 19,000
-//! idle clients, 835 bytes each measured, from 1,118; the freed memory
-//! goes back to the system by jemalloc's background thread, `main.rs`).
+//! future) on top of its `Client` and its socket's registration with the
+//! worker's event loop (tokio's, 256 bytes). A client idle for 1–2 s
+//! (`PARK_AFTER_SWEEPS`) gives both up: the `Client` waits in its
+//! worker's lot, its plain socket taken off tokio and watched by the
+//! lot's own epoll set, whose one descriptor is on tokio's loop. When the
+//! client sends something (or its socket closes: KILL's shutdown wakes
+//! it too), the lot registers the socket with tokio again and a new task
+//! takes the client on where the old one stopped. What stays is the
+//! `Client` and a slot (issue 13: 19,000 idle clients, 532 bytes each
+//! measured, from 1,118; the freed memory goes back to the system by
+//! jemalloc's background thread, `main.rs`). A TLS client parks too, its
+//! socket still registered with tokio (rustls holds it).
 //!
 //! Two parts, both per worker thread (per-core runtime only; on the shared
 //! runtime a task may change threads, and nothing parks):
@@ -18,16 +21,20 @@
 //!   and no allocation). A task sweeps the board once a second and wakes
 //!   the waits idle for `PARK_AFTER_SWEEPS` sweeps, which then end their
 //!   task (`SessionEnd::Park`);
-//! - the lot: parked clients by slot; each slot's waker, given to the
-//!   socket's readiness, puts the slot in the ready list and wakes the
-//!   lot's task, which spawns the client's new task (`Parkable::resume`).
-//!   A generation per slot keeps a late wake from resuming the slot's
-//!   next client.
+//! - the lot: parked clients by slot, and an epoll set whose events name
+//!   a slot and its generation (a slot reused by another client ignores
+//!   an event meant for the old one); the lot's task empties the set and
+//!   resumes those clients (`Parkable::resume`). Parking and resuming
+//!   cost two epoll_ctl calls each way: once per idle second at most.
 
 use std::cell::RefCell;
-use std::sync::{Arc, Mutex};
-use std::task::{Context, Poll, Wake, Waker};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::sync::Arc;
+use std::task::Waker;
 use std::time::Duration;
+
+use tokio::io::Interest;
+use tokio::io::unix::AsyncFd;
 
 /// How long a client is idle before it gives its task up (1–2 sweeps).
 pub const PARK_AFTER_SWEEPS: u64 = 2;
@@ -239,115 +246,194 @@ async fn sweep_forever() {
 }
 
 /// A client that can wait in the lot.
-pub trait Parkable: Send + 'static {
-    /// Polls the socket's read readiness (Ready also when it closed or
-    /// failed: the new task finds out).
-    fn poll_readable(&self, cx: &mut Context<'_>) -> Poll<()>;
-    /// Gives the client a task again (spawned on the current worker).
+pub trait Parkable: 'static {
+    /// Something to read already (data, EOF, or decrypted bytes waiting
+    /// in rustls): the client is resumed instead of parked.
+    fn readable_now(&self) -> bool;
+    /// Takes the socket off the worker's event loop where it can (a plain
+    /// socket; a TLS one stays registered) and gives its descriptor, for
+    /// the lot to watch.
+    fn take_off(&mut self) -> std::io::Result<RawFd>;
+    /// Gives the client a task again (spawned on the current worker),
+    /// with its socket back on the event loop.
     fn resume(self: Box<Self>);
 }
 
-/// What the slots' wakers fill and the lot's task empties. Wakers are
-/// `Send + Sync`: a lock each, never contended across threads (a worker's
-/// sockets wake on that worker).
+/// A worker's parked clients by slot, and the epoll set that watches
+/// their sockets (its descriptor is registered with the worker's event
+/// loop, so one readiness wakes the lot's task for all of them).
 struct Lot {
-    slots: Mutex<Slots>,
-    ready: Mutex<Vec<(usize, u64)>>,
-    lot_waker: Mutex<Option<Waker>>,
+    epoll: Arc<AsyncFd<OwnedFd>>,
+    parked: Vec<Option<Parked>>,
+    free: Vec<u32>,
+    generation: u32,
 }
 
-#[derive(Default)]
-struct Slots {
-    parked: Vec<Option<(u64, Box<dyn Parkable>)>>,
-    free: Vec<usize>,
-    generation: u64,
-}
-
-/// A slot's waker: names the slot and its generation (a slot reused by
-/// another client ignores the old client's wake).
-struct SlotWaker {
-    slot: usize,
-    generation: u64,
-    lot: Arc<Lot>,
-}
-
-impl Wake for SlotWaker {
-    fn wake(self: Arc<Self>) {
-        self.wake_by_ref();
-    }
-
-    fn wake_by_ref(self: &Arc<Self>) {
-        lock(&self.lot.ready).push((self.slot, self.generation));
-        let waker = lock(&self.lot.lot_waker).clone();
-        if let Some(w) = waker {
-            w.wake();
-        }
-    }
-}
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
+struct Parked {
+    generation: u32,
+    fd: RawFd,
+    client: Box<dyn Parkable>,
 }
 
 thread_local! {
-    static LOT: RefCell<Option<Arc<Lot>>> = const { RefCell::new(None) };
+    static LOT: RefCell<Option<Lot>> = const { RefCell::new(None) };
 }
 
-/// This worker's lot, made (with its task) on first use.
-fn this_lot() -> Option<Arc<Lot>> {
-    LOT.try_with(|l| {
-        l.borrow_mut()
-            .get_or_insert_with(|| {
-                let lot = Arc::new(Lot {
-                    slots: Mutex::new(Slots::default()),
-                    ready: Mutex::new(Vec::new()),
-                    lot_waker: Mutex::new(None),
-                });
-                tokio::spawn(run_lot(lot.clone()));
-                lot
-            })
-            .clone()
-    })
-    .ok()
+/// What a socket's event says: its slot and the slot's generation (a
+/// slot reused by another client ignores an event meant for the old one).
+fn key(slot: u32, generation: u32) -> u64 {
+    (u64::from(slot) << 32) | u64::from(generation)
 }
 
-/// Parks `client` on this worker's lot. It resumes at once if its socket
-/// is readable already (or if there is no lot: the thread is ending).
-pub fn park(client: Box<dyn Parkable>) {
-    let Some(lot) = this_lot() else {
-        client.resume();
-        return;
-    };
-    // The slot is filled under the same lock as the socket is given its
-    // waker: a wake in between (another thread's event loop, or tokio's
-    // budget waking at once) finds the client there. The waker takes
-    // only the ready list's lock.
-    let mut slots = lock(&lot.slots);
-    slots.generation += 1;
-    let generation = slots.generation;
-    let slot = match slots.free.pop() {
-        Some(i) => i,
-        None => {
-            slots.parked.push(None);
-            slots.parked.len() - 1
+impl Lot {
+    /// The lot of this worker, made (with its task) on first use.
+    fn new() -> std::io::Result<Lot> {
+        // SAFETY: epoll_create1 takes flags only; the descriptor returned
+        // is new and owned here.
+        let fd = unsafe { libc::epoll_create1(libc::EPOLL_CLOEXEC) };
+        if fd < 0 {
+            return Err(std::io::Error::last_os_error());
         }
-    };
-    let waker = Waker::from(Arc::new(SlotWaker {
-        slot,
-        generation,
-        lot: lot.clone(),
-    }));
-    if client
-        .poll_readable(&mut Context::from_waker(&waker))
-        .is_ready()
-    {
-        slots.free.push(slot);
-        drop(slots);
+        // SAFETY: `fd` was just opened and nothing else owns it.
+        let owned = unsafe { OwnedFd::from_raw_fd(fd) };
+        // SAFETY: the AsyncFd owns the OwnedFd, whose descriptor stays
+        // open and the same until the AsyncFd is dropped.
+        let epoll = unsafe { AsyncFd::register_with_interest(owned, Interest::READABLE) }?;
+        let epoll = Arc::new(epoll);
+        tokio::spawn(run_lot(epoll.clone()));
+        Ok(Lot {
+            epoll,
+            parked: Vec::new(),
+            free: Vec::new(),
+            generation: 0,
+        })
+    }
+
+    fn ctl(&self, op: libc::c_int, fd: RawFd, key: u64) -> std::io::Result<()> {
+        let mut event = libc::epoll_event {
+            events: (libc::EPOLLIN | libc::EPOLLRDHUP | libc::EPOLLONESHOT) as u32,
+            u64: key,
+        };
+        // SAFETY: both descriptors are open (the lot's own, and a parked
+        // client's, owned by its slot); `event` is a valid epoll_event.
+        let rc = unsafe { libc::epoll_ctl(self.epoll.get_ref().as_raw_fd(), op, fd, &mut event) };
+        if rc < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        Ok(())
+    }
+
+    /// Puts `client` in a slot, its socket watched; gives it back if the
+    /// kernel refuses the watch.
+    fn put(&mut self, fd: RawFd, client: Box<dyn Parkable>) -> Result<(), Box<dyn Parkable>> {
+        self.generation = self.generation.wrapping_add(1);
+        let generation = self.generation;
+        let slot = match self.free.pop() {
+            Some(i) => i,
+            None => match u32::try_from(self.parked.len()) {
+                Ok(i) => {
+                    self.parked.push(None);
+                    i
+                }
+                Err(_) => return Err(client),
+            },
+        };
+        if let Err(e) = self.ctl(libc::EPOLL_CTL_ADD, fd, key(slot, generation)) {
+            tracing::debug!("parking a client: epoll_ctl: {e}");
+            self.free.push(slot);
+            return Err(client);
+        }
+        self.parked[slot as usize] = Some(Parked {
+            generation,
+            fd,
+            client,
+        });
+        Ok(())
+    }
+
+    /// Takes the client an event names out of its slot (`None` for a
+    /// stale event) and stops watching its socket.
+    fn take(&mut self, key: u64) -> Option<Box<dyn Parkable>> {
+        let (slot, generation) = ((key >> 32) as u32, key as u32);
+        let place = self.parked.get_mut(slot as usize)?;
+        if place.as_ref()?.generation != generation {
+            return None;
+        }
+        let parked = place.take()?;
+        self.free.push(slot);
+        if let Err(e) = self.ctl(libc::EPOLL_CTL_DEL, parked.fd, 0) {
+            tracing::debug!("resuming a client: epoll_ctl: {e}");
+        }
+        Some(parked.client)
+    }
+}
+
+/// Parks `client` on this worker's lot. It resumes at once if it has
+/// something to read already, or if it cannot be parked (the thread is
+/// ending, the lot cannot be made, or the kernel refuses the watch).
+pub fn park(mut client: Box<dyn Parkable>) {
+    if client.readable_now() || !lot_ready() {
         client.resume();
         return;
     }
-    slots.parked[slot] = Some((generation, client));
-    PARKED.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    // Bytes that arrive from here on make the socket ready in the lot's
+    // set as soon as it is added (epoll checks readiness on ADD).
+    let fd = match client.take_off() {
+        Ok(fd) => fd,
+        Err(e) => {
+            tracing::debug!("parking a client: {e}");
+            client.resume();
+            return;
+        }
+    };
+    let put = LOT.try_with(|l| match l.borrow_mut().as_mut() {
+        Some(lot) => lot.put(fd, client),
+        None => Err(client),
+    });
+    match put {
+        Ok(Ok(())) => {
+            PARKED.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        }
+        Ok(Err(client)) => client.resume(),
+        // The thread is ending (its runtime is gone): the client goes
+        // with it.
+        Err(_) => {}
+    }
+}
+
+/// Makes this worker's lot if there is none; false if it cannot (then
+/// not tried again for `LOT_RETRY`: a worker out of descriptors keeps
+/// its idle clients in their tasks rather than try for each).
+fn lot_ready() -> bool {
+    LOT.try_with(|l| {
+        let mut l = l.borrow_mut();
+        if l.is_some() {
+            return true;
+        }
+        let now = std::time::Instant::now();
+        let failed = LOT_FAILED.get();
+        if failed.is_some_and(|t| now.duration_since(t) < LOT_RETRY) {
+            return false;
+        }
+        match Lot::new() {
+            Ok(lot) => {
+                *l = Some(lot);
+                true
+            }
+            Err(e) => {
+                tracing::warn!("idle clients cannot park on this worker: {e}");
+                LOT_FAILED.set(Some(now));
+                false
+            }
+        }
+    })
+    .unwrap_or(false)
+}
+
+const LOT_RETRY: Duration = Duration::from_secs(10);
+
+thread_local! {
+    static LOT_FAILED: std::cell::Cell<Option<std::time::Instant>> = const { std::cell::Cell::new(None) };
 }
 
 /// Clients parked, all workers (`sluice_parked_clients`).
@@ -357,42 +443,121 @@ pub fn parked() -> usize {
 
 static PARKED: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
 
-/// The lot's task: resumes the clients whose sockets woke.
-async fn run_lot(lot: Arc<Lot>) {
-    loop {
-        let ready = std::future::poll_fn(|cx| {
-            let mut w = lock(&lot.lot_waker);
-            if w.as_ref().is_none_or(|w| !w.will_wake(cx.waker())) {
-                *w = Some(cx.waker().clone());
-            }
-            drop(w);
-            let ready = std::mem::take(&mut *lock(&lot.ready));
-            if ready.is_empty() {
-                Poll::Pending
+/// Events taken from the lot's set at a time.
+const EVENTS: usize = 64;
+/// Clients resumed in one poll of the lot's task at most: a mass wake
+/// (KILL of a database, a network blip) yields between batches instead
+/// of stalling the worker's other clients.
+const RESUMES_PER_POLL: usize = 256;
+
+/// Forgets this worker's lot when its task ends, so that a later park
+/// makes a new one rather than wait in a lot nobody drains.
+struct LotTask(Arc<AsyncFd<OwnedFd>>);
+
+impl LotTask {
+    fn take_lot(&self) -> Option<Lot> {
+        LOT.try_with(|l| {
+            let mut l = l.borrow_mut();
+            if l.as_ref()
+                .is_some_and(|lot| Arc::ptr_eq(&lot.epoll, &self.0))
+            {
+                l.take()
             } else {
-                Poll::Ready(ready)
+                None
             }
         })
-        .await;
-        for (slot, generation) in ready {
-            let client = {
-                let mut slots = lock(&lot.slots);
-                let current = slots
-                    .parked
-                    .get(slot)
-                    .and_then(Option::as_ref)
-                    .is_some_and(|(g, _)| *g == generation);
-                if !current {
+        .ok()
+        .flatten()
+    }
+
+    /// The watch failed (the runtime is alive): every parked client gets
+    /// its task back.
+    fn resume_all(&self) {
+        let Some(mut lot) = self.take_lot() else {
+            return;
+        };
+        for parked in std::mem::take(&mut lot.parked).into_iter().flatten() {
+            let _ = lot.ctl(libc::EPOLL_CTL_DEL, parked.fd, 0);
+            PARKED.fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
+            parked.client.resume();
+        }
+    }
+}
+
+impl Drop for LotTask {
+    fn drop(&mut self) {
+        // The task was dropped (its runtime shuts down): the parked
+        // clients are left as they are, their sockets open (a closed one
+        // would free a descriptor number KILL may still name).
+        if let Some(mut lot) = self.take_lot() {
+            std::mem::forget(std::mem::take(&mut lot.parked));
+        }
+    }
+}
+
+/// The lot's task: resumes the clients whose sockets woke. It must run on
+/// the lot's own thread (it finds the lot there): parking is enabled on
+/// per-core (current-thread) runtimes only, where every task does.
+async fn run_lot(epoll: Arc<AsyncFd<OwnedFd>>) {
+    let task = LotTask(epoll);
+    let epoll = &task.0;
+    let mut events = [libc::epoll_event { events: 0, u64: 0 }; EVENTS];
+    loop {
+        let mut guard = match epoll.readable().await {
+            Ok(g) => g,
+            Err(e) => {
+                tracing::warn!("parked clients' watch failed: {e}");
+                task.resume_all();
+                return;
+            }
+        };
+        let mut resumed = 0;
+        let drained = loop {
+            if resumed >= RESUMES_PER_POLL {
+                break false;
+            }
+            // SAFETY: the lot's descriptor is open while `epoll` is, and
+            // `events` has room for EVENTS entries.
+            let n = unsafe {
+                libc::epoll_wait(
+                    epoll.get_ref().as_raw_fd(),
+                    events.as_mut_ptr(),
+                    EVENTS as libc::c_int,
+                    0,
+                )
+            };
+            let Ok(n) = usize::try_from(n) else {
+                let e = std::io::Error::last_os_error();
+                if e.kind() == std::io::ErrorKind::Interrupted {
                     continue;
                 }
-                let taken = slots.parked[slot].take();
-                slots.free.push(slot);
-                taken
+                tracing::warn!("parked clients' watch: epoll_wait: {e}");
+                task.resume_all();
+                return;
             };
-            if let Some((_, client)) = client {
-                PARKED.fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
-                client.resume();
+            if n == 0 {
+                break true;
             }
+            for event in &events[..n] {
+                let key = event.u64;
+                let client = LOT
+                    .try_with(|l| l.borrow_mut().as_mut().and_then(|lot| lot.take(key)))
+                    .ok()
+                    .flatten();
+                if let Some(client) = client {
+                    PARKED.fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
+                    client.resume();
+                    resumed += 1;
+                }
+            }
+        };
+        if drained {
+            guard.clear_ready();
+        } else {
+            // More events wait: readiness stays set, so the next
+            // `readable` returns at once, after the worker's other tasks.
+            drop(guard);
+            tokio::task::yield_now().await;
         }
     }
 }
@@ -400,6 +565,7 @@ async fn run_lot(lot: Arc<Lot>) {
 #[cfg(test)]
 mod tests {
     use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
+    use std::task::Wake;
 
     use super::*;
 
@@ -413,7 +579,7 @@ mod tests {
 
     fn runtime() -> tokio::runtime::Runtime {
         tokio::runtime::Builder::new_current_thread()
-            .enable_time()
+            .enable_all()
             .build()
             .expect("runtime")
     }
@@ -449,19 +615,35 @@ mod tests {
         });
     }
 
+    /// A parked client on one end of a socket pair; the test holds the
+    /// other end.
     struct Fake {
-        ready: bool,
-        waker: Arc<Mutex<Option<Waker>>>,
+        socket: Option<std::os::unix::net::UnixStream>,
         resumed: Arc<AtomicUsize>,
     }
 
     impl Parkable for Fake {
-        fn poll_readable(&self, cx: &mut Context<'_>) -> Poll<()> {
-            if self.ready {
-                return Poll::Ready(());
-            }
-            *lock(&self.waker) = Some(cx.waker().clone());
-            Poll::Pending
+        fn readable_now(&self) -> bool {
+            let mut byte = 0u8;
+            self.socket.as_ref().is_some_and(|s| {
+                // SAFETY: one byte into `byte`, from the test's own socket.
+                let rc = unsafe {
+                    libc::recv(
+                        s.as_raw_fd(),
+                        (&raw mut byte).cast(),
+                        1,
+                        libc::MSG_PEEK | libc::MSG_DONTWAIT,
+                    )
+                };
+                rc >= 0
+            })
+        }
+
+        fn take_off(&mut self) -> std::io::Result<RawFd> {
+            self.socket
+                .as_ref()
+                .map(AsRawFd::as_raw_fd)
+                .ok_or_else(|| std::io::Error::other("no socket"))
         }
 
         fn resume(self: Box<Self>) {
@@ -469,44 +651,68 @@ mod tests {
         }
     }
 
+    fn fake() -> (Box<Fake>, std::os::unix::net::UnixStream, Arc<AtomicUsize>) {
+        let (ours, theirs) = std::os::unix::net::UnixStream::pair().expect("socket pair");
+        ours.set_nonblocking(true).expect("nonblocking");
+        let resumed = Arc::new(AtomicUsize::new(0));
+        let f = Fake {
+            socket: Some(ours),
+            resumed: resumed.clone(),
+        };
+        (Box::new(f), theirs, resumed)
+    }
+
     async fn settle() {
-        for _ in 0..10 {
+        for _ in 0..20 {
             tokio::task::yield_now().await;
+            tokio::time::sleep(Duration::from_millis(5)).await;
         }
     }
 
     #[test]
     fn a_parked_client_resumes_when_its_socket_wakes_and_only_then() {
         runtime().block_on(async {
-            let fake = |ready: bool| {
-                let waker = Arc::new(Mutex::new(None));
-                let resumed = Arc::new(AtomicUsize::new(0));
-                let f = Fake {
-                    ready,
-                    waker: waker.clone(),
-                    resumed: resumed.clone(),
-                };
-                (Box::new(f), waker, resumed)
-            };
-            let (a, a_waker, a_resumed) = fake(false);
+            use std::io::Write;
+            let (a, mut a_peer, a_resumed) = fake();
+            let (b, b_peer, b_resumed) = fake();
             park(a);
-            settle().await;
-            assert_eq!(a_resumed.load(SeqCst), 0, "parked until its socket wakes");
-            let old = lock(&a_waker).clone().expect("a waker given to the socket");
-            old.wake_by_ref();
-            settle().await;
-            assert_eq!(a_resumed.load(SeqCst), 1);
-            // The slot goes to the next client; the first one's waker,
-            // firing late, does not resume it.
-            let (b, _b_waker, b_resumed) = fake(false);
             park(b);
-            old.wake_by_ref();
+            settle().await;
+            assert_eq!(parked(), 2);
+            assert_eq!(a_resumed.load(SeqCst), 0, "parked until its socket wakes");
+            a_peer.write_all(b"Q").expect("write");
             settle().await;
             assert_eq!((a_resumed.load(SeqCst), b_resumed.load(SeqCst)), (1, 0));
-            // A client readable already is not parked at all.
-            let (c, _, c_resumed) = fake(true);
+            // The slot (and likely the descriptor's number) goes to the
+            // next client, who is not woken by the first one's event.
+            let (c, c_peer, c_resumed) = fake();
             park(c);
-            assert_eq!(c_resumed.load(SeqCst), 1);
+            settle().await;
+            assert_eq!(c_resumed.load(SeqCst), 0);
+            // A closed peer wakes (EOF, as KILL's shutdown does).
+            drop(b_peer);
+            drop(c_peer);
+            settle().await;
+            assert_eq!(
+                (
+                    a_resumed.load(SeqCst),
+                    b_resumed.load(SeqCst),
+                    c_resumed.load(SeqCst)
+                ),
+                (1, 1, 1)
+            );
+            assert_eq!(parked(), 0);
+            // A client with something to read already is not parked.
+            let (d, mut d_peer, d_resumed) = fake();
+            d_peer.write_all(b"Q").expect("write");
+            park(d);
+            assert_eq!(d_resumed.load(SeqCst), 1);
+            LOT.with(|l| {
+                let l = l.borrow();
+                let lot = l.as_ref().expect("a lot");
+                assert!(lot.parked.iter().all(Option::is_none));
+                assert_eq!(lot.free.len(), lot.parked.len());
+            });
         });
     }
 }
