@@ -114,6 +114,19 @@ named_choices! {
 }
 
 named_choices! {
+    /// How sluice's workers send (`[sluice] io_backend`).
+    IoBackend {
+        /// io_uring where the kernel allows it, else epoll.
+        Auto = "auto",
+        /// One `sendto` per message, readiness from epoll (tokio).
+        Epoll = "epoll",
+        /// Sends batched through a per-worker io_uring; sluice does not
+        /// start without it.
+        IoUring = "io_uring" | "io-uring" | "uring",
+    }
+}
+
+named_choices! {
     /// What transaction and statement mode do with session objects a
     /// client leaves on its server (temporary tables, WITH HOLD cursors,
     /// session advisory locks).

@@ -30,7 +30,7 @@ mod user_entry;
 use std::path::Path;
 
 pub use choices::{
-    AuthType, LoadBalanceHosts, PoolMode, ReadYourWrites, RuntimeKind, SessionObjects,
+    AuthType, IoBackend, LoadBalanceHosts, PoolMode, ReadYourWrites, RuntimeKind, SessionObjects,
     UnknownChoice,
 };
 pub use config::Config;

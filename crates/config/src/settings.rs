@@ -6,7 +6,7 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use crate::choices::{AuthType, PoolMode, ReadYourWrites, RuntimeKind, SessionObjects};
+use crate::choices::{AuthType, IoBackend, PoolMode, ReadYourWrites, RuntimeKind, SessionObjects};
 use crate::codecs::{
     Choice, Count, Flag, List, OctalMode, OptionalPath, OptionalText, PeerId, Port, PositiveCount,
     Seconds, SslMode, Text, ThreadCount,
@@ -275,6 +275,12 @@ define_settings! {
              ones that put it back.";
         health_check_timeout: Duration = secs(2) => "2", Seconds, reload,
             "A check (connect and query) that takes longer than this fails. (seconds)";
+        io_backend: IoBackend = IoBackend::Auto => "auto", Choice<IoBackend>, fixed,
+            "How per_core workers send: io_uring (the sends of one turn of a worker's event \
+             loop go to the kernel in one io_uring_enter, not one sendto each), epoll (one \
+             sendto per message), or auto: io_uring where the kernel allows it (it may be \
+             disabled by kernel.io_uring_disabled or a container's seccomp profile), else \
+             epoll. The choice is logged at startup and shown by SHOW CONFIG.";
         metrics_addr: Option<String> = None => "", OptionalText, fixed,
             "Address (host:port) to serve Prometheus metrics on; empty disables.";
         read_your_writes: ReadYourWrites = ReadYourWrites::Session => "session",

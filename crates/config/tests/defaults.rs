@@ -208,6 +208,7 @@ fn changeable_follows_pgbouncer() {
         "listen_backlog",
         "workers",
         "runtime",
+        "io_backend",
         "metrics_addr",
     ];
     let changeable = [
@@ -243,6 +244,7 @@ fn sluice_section_keys() {
             "health_check_period",
             "health_check_threshold",
             "health_check_timeout",
+            "io_backend",
             "metrics_addr",
             "read_your_writes",
             "replica_max_lag",

@@ -22,6 +22,7 @@ mod sd_notify;
 mod session_vars;
 mod stats;
 mod tls;
+mod uring;
 mod workers;
 
 use std::process::ExitCode;
@@ -211,6 +212,13 @@ fn main() -> ExitCode {
         tracing::error!("cannot write pidfile {}: {e}", settings.pidfile);
         return ExitCode::FAILURE;
     }
+    let io_backend = match uring::choose(settings.io_backend, settings.runtime) {
+        Ok(line) => line,
+        Err(e) => {
+            tracing::error!("{e}");
+            return ExitCode::FAILURE;
+        }
+    };
     let (control, worker_set) =
         match workers::start(app.clone(), workers, settings.runtime, sockets) {
             Ok(started) => started,
@@ -220,12 +228,13 @@ fn main() -> ExitCode {
             }
         };
     tracing::info!(
-        "sluice {} listening on {}:{} ({} workers, {:?} runtime)",
+        "sluice {} listening on {}:{} ({} workers, {:?} runtime, sends: {})",
         env!("CARGO_PKG_VERSION"),
         settings.listen_addr,
         settings.listen_port,
         workers,
-        settings.runtime
+        settings.runtime,
+        io_backend
     );
     if let Some(addr) = settings.metrics_addr.as_deref().filter(|a| !a.is_empty()) {
         let bound = control.block_on(async { tokio::net::TcpListener::bind(addr).await });

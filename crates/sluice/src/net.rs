@@ -75,11 +75,128 @@ impl Keepalive {
     }
 }
 
+/// A plain socket (TCP or Unix) and its sends through the worker's
+/// io_uring (`uring`; writes go there when the worker has one, else
+/// straight to the socket). Dropped with a send not done, it hands the
+/// socket to the ring, which closes it after the send.
+#[derive(Debug)]
+pub struct Plain<S: Plainly> {
+    socket: std::mem::ManuallyDrop<S>,
+    sending: crate::uring::Sending,
+}
+
+/// What `Plain` wraps: a tokio socket the ring can hold.
+pub trait Plainly: AsyncWrite + std::os::fd::AsRawFd + Unpin + Sized {
+    fn held(self) -> crate::uring::Held;
+    fn try_write_now(&self, buf: &[u8]) -> io::Result<usize>;
+}
+
+impl Plainly for TcpStream {
+    fn held(self) -> crate::uring::Held {
+        crate::uring::Held::Tcp(self)
+    }
+    fn try_write_now(&self, buf: &[u8]) -> io::Result<usize> {
+        self.try_write(buf)
+    }
+}
+
+impl Plainly for UnixStream {
+    fn held(self) -> crate::uring::Held {
+        crate::uring::Held::Unix(self)
+    }
+    fn try_write_now(&self, buf: &[u8]) -> io::Result<usize> {
+        self.try_write(buf)
+    }
+}
+
+impl<S: Plainly> Plain<S> {
+    pub fn new(socket: S) -> Self {
+        Self {
+            socket: std::mem::ManuallyDrop::new(socket),
+            sending: crate::uring::Sending::default(),
+        }
+    }
+
+    /// The socket, once nothing of its is queued or sending (it may then
+    /// leave the thread); else the stream back.
+    pub fn into_inner(mut self) -> Result<S, Self> {
+        if !self.settled() {
+            return Err(self);
+        }
+        let mut this = std::mem::ManuallyDrop::new(self);
+        // SAFETY: `this` is never dropped, so the socket is taken once.
+        Ok(unsafe { std::mem::ManuallyDrop::take(&mut this.socket) })
+    }
+
+    /// Nothing queued or sending (completions taken first).
+    pub fn settled(&mut self) -> bool {
+        let fd = self.socket.as_raw_fd();
+        self.sending.settled(fd)
+    }
+
+    /// Writes what can go now without waiting: to the socket when
+    /// nothing of its is pending in the worker's ring, else after what is
+    /// queued there if it all fits (WouldBlock if not).
+    pub fn try_write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        let fd = self.socket.as_raw_fd();
+        match self.sending.try_send(fd, buf) {
+            Some(r) => r,
+            None => self.socket.try_write_now(buf),
+        }
+    }
+}
+
+#[cfg(test)]
+impl<S: Plainly> Plain<S> {
+    pub fn sending_key(&self) -> u64 {
+        self.sending.key()
+    }
+}
+
+impl<S: Plainly> std::ops::Deref for Plain<S> {
+    type Target = S;
+    fn deref(&self) -> &S {
+        &self.socket
+    }
+}
+
+impl<S: Plainly> Drop for Plain<S> {
+    fn drop(&mut self) {
+        // SAFETY: drop runs once, and nothing uses the socket after.
+        let socket = unsafe { std::mem::ManuallyDrop::take(&mut self.socket) };
+        let fd = socket.as_raw_fd();
+        drop(self.sending.hand_over(fd, socket.held()));
+    }
+}
+
+impl<S: Plainly> Plain<S> {
+    fn poll_write(&mut self, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
+        let fd = self.socket.as_raw_fd();
+        match self.sending.poll_send(fd, cx, buf) {
+            Some(p) => p,
+            None => Pin::new(&mut *self.socket).poll_write(cx, buf),
+        }
+    }
+
+    fn poll_flush(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        let fd = self.socket.as_raw_fd();
+        std::task::ready!(self.sending.poll_flush(fd, cx))?;
+        Pin::new(&mut *self.socket).poll_flush(cx)
+    }
+
+    fn poll_shutdown(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        // What is queued goes first.
+        let fd = self.socket.as_raw_fd();
+        std::task::ready!(self.sending.poll_flush(fd, cx))?;
+        Pin::new(&mut *self.socket).poll_shutdown(cx)
+    }
+}
+
 /// A connected socket.
 #[derive(Debug)]
 pub enum Stream {
-    Tcp(TcpStream),
-    Unix(UnixStream),
+    Tcp(Plain<TcpStream>),
+    Unix(Plain<UnixStream>),
     Tls(Box<TlsConn>),
     /// Taken off the event loop while its client is parked (`take_off`):
     /// the socket is open, but nothing is registered for it; `put_back`
@@ -97,11 +214,33 @@ pub enum OffSocket {
     Gone,
 }
 
+fn in_flight() -> io::Error {
+    io::Error::new(io::ErrorKind::WouldBlock, "a send is still in flight")
+}
+
 fn off_the_loop() -> io::Error {
     io::Error::new(io::ErrorKind::NotConnected, "socket is off the event loop")
 }
 
 impl Stream {
+    pub fn plain_tcp(s: TcpStream) -> Self {
+        Self::Tcp(Plain::new(s))
+    }
+
+    pub fn plain_unix(s: UnixStream) -> Self {
+        Self::Unix(Plain::new(s))
+    }
+
+    /// Nothing written is still queued or sending (io_uring): the stream
+    /// may leave this worker. TLS writes go straight to the socket.
+    pub fn settled(&mut self) -> bool {
+        match self {
+            Self::Tcp(s) => s.settled(),
+            Self::Unix(s) => s.settled(),
+            Self::Tls(_) | Self::Off(_) => true,
+        }
+    }
+
     /// Reads what is there without waiting; `WouldBlock` when nothing is.
     /// Over TLS this reads the raw socket: it serves only to probe an idle
     /// server, which is closed when anything at all arrived.
@@ -144,14 +283,20 @@ impl Stream {
     /// thread (two epoll_ctl calls). Must run inside a runtime.
     pub fn reregister(self) -> io::Result<Self> {
         Ok(match self {
-            Self::Tcp(s) => Self::Tcp(TcpStream::from_std(s.into_std()?)?),
-            Self::Unix(s) => Self::Unix(UnixStream::from_std(s.into_std()?)?),
+            Self::Tcp(s) => {
+                let s = s.into_inner().map_err(|_| in_flight())?;
+                Self::plain_tcp(TcpStream::from_std(s.into_std()?)?)
+            }
+            Self::Unix(s) => {
+                let s = s.into_inner().map_err(|_| in_flight())?;
+                Self::plain_unix(UnixStream::from_std(s.into_std()?)?)
+            }
             Self::Tls(mut t) => {
                 t.reregister()?;
                 Self::Tls(t)
             }
-            Self::Off(OffSocket::Tcp(s)) => Self::Tcp(TcpStream::from_std(s)?),
-            Self::Off(OffSocket::Unix(s)) => Self::Unix(UnixStream::from_std(s)?),
+            Self::Off(OffSocket::Tcp(s)) => Self::plain_tcp(TcpStream::from_std(s)?),
+            Self::Off(OffSocket::Unix(s)) => Self::plain_unix(UnixStream::from_std(s)?),
             Self::Off(OffSocket::Gone) => return Err(off_the_loop()),
         })
     }
@@ -163,9 +308,12 @@ impl Stream {
     /// error the socket is closed and the stream is `Off(Gone)`.
     pub fn take_off(&mut self) -> io::Result<std::os::fd::RawFd> {
         use std::os::fd::AsRawFd;
+        if !self.settled() {
+            return Err(in_flight());
+        }
         let off = match std::mem::replace(self, Self::Off(OffSocket::Gone)) {
-            Self::Tcp(s) => OffSocket::Tcp(s.into_std()?),
-            Self::Unix(s) => OffSocket::Unix(s.into_std()?),
+            Self::Tcp(s) => OffSocket::Tcp(s.into_inner().map_err(|_| in_flight())?.into_std()?),
+            Self::Unix(s) => OffSocket::Unix(s.into_inner().map_err(|_| in_flight())?.into_std()?),
             other => {
                 *self = other;
                 return Ok(self.raw_fd());
@@ -230,7 +378,7 @@ impl Stream {
     /// Writes `bytes` if the socket takes them at once, all or nothing: only
     /// when the send queue has room for all of them (SIOCOUTQ against
     /// SO_SNDBUF), so a message is never cut. TLS streams get nothing.
-    pub fn try_write_whole(&self, bytes: &[u8]) {
+    pub fn try_write_whole(&mut self, bytes: &[u8]) {
         use std::os::fd::AsRawFd;
         let fd = match self {
             Self::Tcp(s) => s.as_raw_fd(),
@@ -256,7 +404,7 @@ impl Stream {
 
     /// Writes `bytes` if the socket takes them at once (a farewell to a
     /// plain connection that must not wait); TLS streams get nothing.
-    pub fn try_write_once(&self, bytes: &[u8]) {
+    pub fn try_write_once(&mut self, bytes: &[u8]) {
         let _ = match self {
             Self::Tcp(s) => s.try_write(bytes),
             Self::Unix(s) => s.try_write(bytes),
@@ -329,8 +477,8 @@ impl AsyncRead for Stream {
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
         match self.get_mut() {
-            Self::Tcp(s) => Pin::new(s).poll_read(cx, buf),
-            Self::Unix(s) => Pin::new(s).poll_read(cx, buf),
+            Self::Tcp(s) => Pin::new(&mut *s.socket).poll_read(cx, buf),
+            Self::Unix(s) => Pin::new(&mut *s.socket).poll_read(cx, buf),
             Self::Tls(t) => Pin::new(&mut **t).poll_read(cx, buf),
             Self::Off(_) => Poll::Ready(Err(off_the_loop())),
         }
@@ -344,8 +492,8 @@ impl AsyncWrite for Stream {
         buf: &[u8],
     ) -> Poll<io::Result<usize>> {
         match self.get_mut() {
-            Self::Tcp(s) => Pin::new(s).poll_write(cx, buf),
-            Self::Unix(s) => Pin::new(s).poll_write(cx, buf),
+            Self::Tcp(s) => s.poll_write(cx, buf),
+            Self::Unix(s) => s.poll_write(cx, buf),
             Self::Tls(t) => Pin::new(&mut **t).poll_write(cx, buf),
             Self::Off(_) => Poll::Ready(Err(off_the_loop())),
         }
@@ -353,8 +501,8 @@ impl AsyncWrite for Stream {
 
     fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         match self.get_mut() {
-            Self::Tcp(s) => Pin::new(s).poll_flush(cx),
-            Self::Unix(s) => Pin::new(s).poll_flush(cx),
+            Self::Tcp(s) => s.poll_flush(cx),
+            Self::Unix(s) => s.poll_flush(cx),
             Self::Tls(t) => Pin::new(&mut **t).poll_flush(cx),
             Self::Off(_) => Poll::Ready(Err(off_the_loop())),
         }
@@ -362,8 +510,8 @@ impl AsyncWrite for Stream {
 
     fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         match self.get_mut() {
-            Self::Tcp(s) => Pin::new(s).poll_shutdown(cx),
-            Self::Unix(s) => Pin::new(s).poll_shutdown(cx),
+            Self::Tcp(s) => s.poll_shutdown(cx),
+            Self::Unix(s) => s.poll_shutdown(cx),
             Self::Tls(t) => Pin::new(&mut **t).poll_shutdown(cx),
             Self::Off(_) => Poll::Ready(Err(off_the_loop())),
         }

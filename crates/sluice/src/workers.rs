@@ -211,6 +211,7 @@ pub fn start(
                     .name(format!("sluice-worker-{i}"))
                     .spawn(move || {
                         crate::backend::worker_id::set_current_worker(i);
+                        crate::uring::worker_thread();
                         // SAFETY: gettid has no preconditions.
                         tid.store(unsafe { libc::gettid() }, Ordering::Relaxed);
                         rt.block_on(std::future::pending::<()>());

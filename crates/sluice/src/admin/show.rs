@@ -339,7 +339,12 @@ pub fn config(app: &App) -> ResultSet {
     for k in sluice_config::known_keys() {
         rs.row(vec![
             v(k.key),
-            config.settings.value_of(k.key),
+            // The backend in use (auto's choice), not the word configured.
+            if k.key == "io_backend" {
+                v(crate::uring::in_use())
+            } else {
+                config.settings.value_of(k.key)
+            },
             v(k.default),
             v(if k.changeable { "yes" } else { "no" }),
         ]);

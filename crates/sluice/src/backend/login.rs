@@ -96,7 +96,7 @@ async fn connect(
                 return Err(LoginError::Tls(why.to_owned()));
             }
             if !tls.requests() {
-                return Ok(Stream::Tcp(s));
+                return Ok(Stream::plain_tcp(s));
             }
             match start_tls(s, host, tls).await {
                 // prefer: a handshake that fails is retried in plain TCP on
@@ -106,12 +106,14 @@ async fn connect(
                     let s = super::dns::connect(host, *port, dns).await.map_err(err)?;
                     s.set_nodelay(true).map_err(err)?;
                     keepalive.apply(&s);
-                    Ok(Stream::Tcp(s))
+                    Ok(Stream::plain_tcp(s))
                 }
                 other => other,
             }
         }
-        ServerAddr::Unix(path) => Ok(Stream::Unix(UnixStream::connect(path).await.map_err(err)?)),
+        ServerAddr::Unix(path) => Ok(Stream::plain_unix(
+            UnixStream::connect(path).await.map_err(err)?,
+        )),
     }
 }
 
@@ -170,7 +172,7 @@ async fn start_tls(
             .connect(tcp, host)
             .await
             .map_err(|e| LoginError::Tls(format!("TLS handshake with server {host} failed: {e}"))),
-        b'N' if !tls.required() => Ok(Stream::Tcp(tcp)),
+        b'N' if !tls.required() => Ok(Stream::plain_tcp(tcp)),
         b'N' => Err(LoginError::Tls(format!(
             "server {host} does not support TLS, and server_tls_sslmode requires it"
         ))),
@@ -291,6 +293,11 @@ async fn open_inner(
     if let Some(q) = &target.connect_query {
         run_query(&mut server, q).await?;
     }
+    // Its login's sends are done (it answered them): the ring forgets
+    // them, so the server may move to another worker. (Were one still
+    // pending, the server could not move: `put_back` closes it, and a
+    // lease on another worker fails to take it and opens another.)
+    let _ = server.stream.settled();
     Ok((server, reported))
 }
 

@@ -1180,6 +1180,18 @@ impl Pool {
     /// Returns a server from a lease: to the first waiter, else to the idle
     /// stack.
     fn put_back(&self, mut server: Box<ServerConn>, generation: u64, stats: &TxStats) {
+        if !server.stream.settled() {
+            // A send of its is still queued or in the kernel (io_uring):
+            // it cannot go to another worker. Not expected (the server
+            // answered everything sent), so it is simply closed.
+            tracing::debug!(
+                "server {} released with a send in flight: closed",
+                server.id
+            );
+            self.lock().stats.add(stats);
+            self.discard(server, true);
+            return;
+        }
         server.last_used = Instant::now();
         let mut st = self.lock();
         st.last_used = server.last_used;

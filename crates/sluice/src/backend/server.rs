@@ -97,7 +97,9 @@ impl ServerConn {
             created_wall,
             local_addr,
             id,
-            stream: stream.reregister()?,
+            stream: stream.reregister().inspect_err(|e| {
+                tracing::warn!("server {id} cannot move to this worker: {e}");
+            })?,
             buf,
             key,
             params,

@@ -155,9 +155,9 @@ impl Listener {
             Self::Tcp(l) => {
                 let (s, _) = l.accept().await?;
                 let _ = s.set_nodelay(true);
-                Ok(Stream::Tcp(s))
+                Ok(Stream::plain_tcp(s))
             }
-            Self::Unix(l) => Ok(Stream::Unix(l.accept().await?.0)),
+            Self::Unix(l) => Ok(Stream::plain_unix(l.accept().await?.0)),
         }
     }
 }
@@ -187,7 +187,7 @@ async fn refuse_one(listener: &Listener, reserve: &mut Option<std::fs::File>, e:
     drop(reserve.take());
     let accepted =
         tokio::time::timeout(std::time::Duration::from_millis(100), listener.accept()).await;
-    if let Ok(Ok(stream)) = accepted {
+    if let Ok(Ok(mut stream)) = accepted {
         let mut out = bytes::BytesMut::new();
         sluice_wire::ErrorFields::new(
             sluice_wire::Severity::Fatal,

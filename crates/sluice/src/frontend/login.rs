@@ -116,6 +116,12 @@ async fn upgrade(tls: &crate::tls::ClientTls, stream: Stream, direct: bool) -> O
         return None;
     };
     let peer = tcp.peer_addr().map(|a| a.to_string()).unwrap_or_default();
+    // Nothing is left in the worker's ring: the answer to SSLRequest was
+    // flushed (direct TLS writes nothing before).
+    let Ok(tcp) = tcp.into_inner() else {
+        tracing::warn!(peer = %peer, "TLS handshake: a send still in flight");
+        return None;
+    };
     match tls.accept(tcp, direct).await {
         Ok(s) => Some(s),
         Err(e) => {
@@ -190,8 +196,14 @@ async fn login_inner(
                         "received unencrypted data after SSL request",
                     ));
                 }
+                // Flushed: the handshake takes the socket itself, with no
+                // send of the worker's ring still pending on it.
                 stream
                     .write_all(b"S")
+                    .await
+                    .map_err(|e| ClientError::protocol(e.to_string()))?;
+                stream
+                    .flush()
                     .await
                     .map_err(|e| ClientError::protocol(e.to_string()))?;
                 return Ok(Some(Decided::StartTls));

@@ -589,7 +589,7 @@ impl Client {
     /// without waiting on a plain socket that takes it (a client whose
     /// socket is full, or over TLS, is not told).
     async fn acquire_notifying(&mut self, pool: &Arc<Pool>) -> Result<Lease, AcquireError> {
-        let stream = &self.stream;
+        let stream = &mut self.stream;
         pool.acquire_noticing(|| {
             let mut notice = BytesMut::new();
             sluice_wire::ErrorFields::new(
