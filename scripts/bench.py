@@ -15,8 +15,9 @@ Scripts (--script, a comma list; each runs its whole matrix, in the order given)
   tpcb    pgbench -n, the built-in TPC-B-like script: BEGIN, three UPDATEs, a SELECT,
           an INSERT, END.  It writes to pgbench's tables, never vacuumed here (-n).
 
-Targets (--targets): direct, sluice, sluice-base, pgbouncer, pgbouncer125, sluice-metrics,
-sluice-routed.  pgbouncer is the PgBouncer on PATH (Debian's 1.18, which predates
+Targets (--targets): direct, sluice, sluice-base, sluice-epoll, pgbouncer, pgbouncer125,
+sluice-metrics, sluice-routed.  sluice-epoll is sluice with io_backend = epoll (one sendto per
+message instead of its default io_uring batches; both in the same run).  pgbouncer is the PgBouncer on PATH (Debian's 1.18, which predates
 max_prepared_statements: its -M prepared clients fail).  pgbouncer125 is PgBouncer 1.25:
 $PGBOUNCER125_BIN, else a pgbouncer 1.25 on PATH, else 1.25.2 built once from
 ../shared/tools/pgbouncer-1.25.2-13a344f.tar.gz into target/peers/pgbouncer-1.25.2/ (its
@@ -94,8 +95,8 @@ IDLE_CLIENTS = 10_000
 # entry and route_reads on (issue 10: what routing costs per transaction).
 # sluice-tls, pgbouncer-tls: clients over TLS (issue 11).
 # pgbouncer125: PgBouncer 1.25, the fair anchor for -M prepared (issue 13).
-PROXIES = ("sluice", "sluice-base", "pgbouncer", "pgbouncer125", "sluice-metrics",
-           "sluice-routed", "sluice-tls", "pgbouncer-tls", "pgbouncer125-tls")
+PROXIES = ("sluice", "sluice-base", "sluice-epoll", "pgbouncer", "pgbouncer125",
+           "sluice-metrics", "sluice-routed", "sluice-tls", "pgbouncer-tls", "pgbouncer125-tls")
 TLS_TARGETS = ("sluice-tls", "pgbouncer-tls", "pgbouncer125-tls")
 PGB125_TARGETS = ("pgbouncer125", "pgbouncer125-tls")
 PGB125_TARBALL = pglab.REPO.parent / "shared/tools/pgbouncer-1.25.2-13a344f.tar.gz"
@@ -133,7 +134,7 @@ def parse_args(argv=None):
                     help="comma list of select (pgbench -S, the default), tpcb (pgbench's "
                          "TPC-B-like script); several run one after the other")
     ap.add_argument("--targets",
-                    help="comma list of direct,sluice,sluice-base,pgbouncer,pgbouncer125,"
+                    help="comma list of direct,sluice,sluice-base,sluice-epoll,pgbouncer,pgbouncer125,"
                          "sluice-metrics,sluice-routed,sluice-tls,pgbouncer-tls,"
                          "pgbouncer125-tls "
                          "(default all but sluice-base, and sluice-base too when "
@@ -463,6 +464,8 @@ def main(argv=None) -> int:
                                         databases=databases, extra=extra or None)
                 if metrics_port:
                     text += f"\n[sluice]\nmetrics_addr = 127.0.0.1:{metrics_port}\n"
+                if kind == "sluice-epoll":
+                    text += "\n[sluice]\nio_backend = epoll\n"
                 return text
             try:
                 if kind in PGB125_TARGETS:
@@ -715,9 +718,9 @@ def summarize(runs, a, targets):
                     }
                 # sluice / PgBouncer: *_vs_pgbouncer against the one on PATH (Debian's 1.18),
                 # *_vs_pgbouncer125 against 1.25; TLS against TLS, like with like
-                for anchor, mine in (("pgbouncer", ("sluice", "sluice-base")),
+                for anchor, mine in (("pgbouncer", ("sluice", "sluice-base", "sluice-epoll")),
                                      ("pgbouncer-tls", ("sluice-tls",)),
-                                     ("pgbouncer125", ("sluice", "sluice-base")),
+                                     ("pgbouncer125", ("sluice", "sluice-base", "sluice-epoll")),
                                      ("pgbouncer125-tls", ("sluice-tls",))):
                     b = cells.get(anchor)
                     suffix = "pgbouncer125" if anchor in PGB125_TARGETS else "pgbouncer"
@@ -875,6 +878,12 @@ def print_report(result, a, targets):
                     and x.get("cpu_ratio_vs_pgbouncer125")]
             if each:
                 print(f"cpu/tx sluice / pgbouncer125 {f'{script:<7}' if several else ''}"
+                      f"{mode:<8} {', '.join(each)}")
+            each = [f"c={c} {x['cpu_ratio_vs_pgbouncer125']:.2f}" for c in a.clients
+                    if (x := by.get((script, mode, c, "sluice-epoll")))
+                    and x.get("cpu_ratio_vs_pgbouncer125")]
+            if each:
+                print(f"cpu/tx sluice-epoll / pgbouncer125 {f'{script:<7}' if several else ''}"
                       f"{mode:<8} {', '.join(each)}")
     # before/after: sluice (SLUICE_BIN) against sluice-base (SLUICE_BASE_BIN), same run
     vs_base = [x for x in result["summary"] if "cpu_ratio_vs_base" in x]
