@@ -1457,7 +1457,7 @@ def print_scale_report(r: dict, a) -> None:
 #    --vgdb-prefix in the lab's directory and callgrind_control is given it and the pid,
 #    and runs as the proxy's user (postgres for PgBouncer, which refuses to run as root).
 
-PROFILE_TARGETS = ("sluice", "pgbouncer", "pgbouncer125")
+PROFILE_TARGETS = ("sluice", "sluice-epoll", "pgbouncer", "pgbouncer125")
 PROFILE_TOOLS = ("callgrind", "strace")
 PROFILE_WARMUP = 2          # seconds of pgbench before each measured run, not counted
 PROFILE_SYSCALLS = ("sendto", "recvfrom", "epoll_wait", "epoll_ctl")  # always a column
@@ -1530,7 +1530,7 @@ def profile_main(a) -> int:
 
         binaries = {}
         for kind in a.targets:
-            if kind == "sluice":
+            if kind in ("sluice", "sluice-epoll"):
                 b = pglab.sluice_bin()
                 why = (None if Path(b).exists() or shutil.which(b) else
                        f"{b} not found: build it (cargo build --release -p sluice) or set "
@@ -1554,9 +1554,12 @@ def profile_main(a) -> int:
             extra = {"max_prepared_statements": MAX_PREPARED} if kind == "pgbouncer125" else None
 
             def ini(port, logfile):
-                return pglab.pooler_ini(pg_port=pg_port, listen_port=port, logfile=logfile,
+                text = pglab.pooler_ini(pg_port=pg_port, listen_port=port, logfile=logfile,
                                         auth_file=auth_file, default_pool_size=POOL_SIZE,
                                         max_client_conn=12000, admin_users=user, extra=extra)
+                if kind == "sluice-epoll":
+                    text += "\n[sluice]\nio_backend = epoll\n"
+                return text
             return ini
 
         total = len(a.modes) * len(a.clients) * a.rounds * len(targets) * len(a.profile_tools)
