@@ -873,18 +873,13 @@ def print_report(result, a, targets):
     # the anchor: sluice's cpu/tx over PgBouncer 1.25's, one line per script and mode
     for script in a.scripts:
         for mode in a.modes:
-            each = [f"c={c} {x['cpu_ratio_vs_pgbouncer125']:.2f}" for c in a.clients
-                    if (x := by.get((script, mode, c, "sluice")))
-                    and x.get("cpu_ratio_vs_pgbouncer125")]
-            if each:
-                print(f"cpu/tx sluice / pgbouncer125 {f'{script:<7}' if several else ''}"
-                      f"{mode:<8} {', '.join(each)}")
-            each = [f"c={c} {x['cpu_ratio_vs_pgbouncer125']:.2f}" for c in a.clients
-                    if (x := by.get((script, mode, c, "sluice-epoll")))
-                    and x.get("cpu_ratio_vs_pgbouncer125")]
-            if each:
-                print(f"cpu/tx sluice-epoll / pgbouncer125 {f'{script:<7}' if several else ''}"
-                      f"{mode:<8} {', '.join(each)}")
+            for mine in ("sluice", "sluice-epoll"):
+                each = [f"c={c} {x['cpu_ratio_vs_pgbouncer125']:.2f}" for c in a.clients
+                        if (x := by.get((script, mode, c, mine)))
+                        and x.get("cpu_ratio_vs_pgbouncer125")]
+                if each:
+                    print(f"cpu/tx {mine} / pgbouncer125 {f'{script:<7}' if several else ''}"
+                          f"{mode:<8} {', '.join(each)}")
     # before/after: sluice (SLUICE_BIN) against sluice-base (SLUICE_BASE_BIN), same run
     vs_base = [x for x in result["summary"] if "cpu_ratio_vs_base" in x]
     if vs_base:
@@ -1471,7 +1466,7 @@ def profile_args(ap, a):
     a.sampling_rate = a.sampling_rate or 1.0
     a.clients = [int(c) for c in (a.clients or "50").split(",") if c.strip()]
     a.modes = [m.strip() for m in (a.modes or "simple,prepared").split(",") if m.strip()]
-    a.targets = [t.strip() for t in (a.targets or ",".join(PROFILE_TARGETS)).split(",")
+    a.targets = [t.strip() for t in (a.targets or "sluice,pgbouncer,pgbouncer125").split(",")
                  if t.strip()]
     a.profile_tools = [x.strip() for x in a.profile_tools.split(",") if x.strip()]
     check_choices(ap, a.targets, PROFILE_TARGETS, "--profile target",

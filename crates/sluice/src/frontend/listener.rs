@@ -283,6 +283,12 @@ impl parking::Parkable for ParkedClient {
 
     fn take_off(&mut self) -> std::io::Result<std::os::fd::RawFd> {
         let c = &mut *self.client;
+        // A send still pending (a client that does not read): it stays
+        // in its task. Checked first: a refusal here closes nothing, and
+        // must not make KILL forget the socket.
+        if !c.stream.settled() {
+            return Err(std::io::ErrorKind::WouldBlock.into());
+        }
         c.app
             .cancels
             .moving_socket(c.cancel, || c.stream.take_off())
