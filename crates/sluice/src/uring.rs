@@ -528,18 +528,15 @@ impl Ring {
     }
 
     /// Takes the completions the kernel posted.
+    /// One at a time (no buffer to fill): a completion may push a send
+    /// again, which needs the ring.
     fn reap(&mut self) {
-        let mut done = Vec::new();
         loop {
-            done.clear();
-            done.extend(self.uring.completion().map(|c| (c.user_data(), c.result())));
-            if done.is_empty() {
-                return;
-            }
-            for &(data, result) in &done {
-                if data & NOT_A_SEND == 0 {
-                    self.complete(data, result);
-                }
+            let next = self.uring.completion().next();
+            let Some(c) = next else { return };
+            let data = c.user_data();
+            if data & NOT_A_SEND == 0 {
+                self.complete(data, c.result());
             }
         }
     }
