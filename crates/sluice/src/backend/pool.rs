@@ -313,7 +313,9 @@ impl Lease {
     pub fn check_due(&self) -> Option<&str> {
         let s = &self.settings;
         let server = self.server.as_ref()?;
-        if s.server_check_query.is_empty() || server.last_used.elapsed() < s.server_check_delay {
+        if s.server_check_query.is_empty()
+            || server.lent_at.saturating_duration_since(server.last_used) < s.server_check_delay
+        {
             return None;
         }
         Some(match s.server_check_query.as_str() {
@@ -439,7 +441,7 @@ impl Drop for WaitGuard<'_> {
             Some(Grant::Server(server)) => {
                 // Counted lent by the releaser: lent, then released, as a
                 // lease would be.
-                let lease = self.pool.lease(&mut st, server);
+                let lease = self.pool.lease(&mut st, server, Instant::now());
                 drop(st);
                 lease.release();
             }
@@ -771,9 +773,9 @@ impl Pool {
 
     /// First look: an idle server, a free slot, a recent login failure, or
     /// a place in line.
-    fn first_look(self: &Arc<Self>, may_open: bool) -> FirstLook {
+    fn first_look(self: &Arc<Self>, may_open: bool, now: Instant) -> FirstLook {
         let mut st = self.lock();
-        if let Some(lease) = self.take_idle(&mut st) {
+        if let Some(lease) = self.take_idle(&mut st, now) {
             return FirstLook::Leased(Box::new(lease));
         }
         let settings = st.settings.clone();
@@ -781,7 +783,7 @@ impl Pool {
         // meanwhile clients that would need a new server fail fast.
         if st.total == 0
             && let Some((at, code, msg)) = &st.last_login_failure
-            && at.elapsed() < settings.server_login_retry
+            && now.saturating_duration_since(*at) < settings.server_login_retry
         {
             return FirstLook::Failing(code.clone(), msg.clone());
         }
@@ -791,11 +793,7 @@ impl Pool {
         let (tx, rx) = oneshot::channel();
         st.next_waiter_id += 1;
         let id = st.next_waiter_id;
-        st.waiters.push_back(Waiter {
-            id,
-            tx,
-            since: Instant::now(),
-        });
+        st.waiters.push_back(Waiter { id, tx, since: now });
         FirstLook::Wait(rx, id, settings, st.retired)
     }
 
@@ -853,7 +851,7 @@ impl Pool {
         may_open: bool,
         notice: &mut impl FnMut(),
     ) -> Result<Lease, AcquireError> {
-        let (rx, waiter_id, settings, retired) = match self.first_look(may_open) {
+        let (rx, waiter_id, settings, retired) = match self.first_look(may_open, started) {
             FirstLook::Leased(l) => return Ok(*l),
             // Boxed: opening a server is rare and its future is large.
             FirstLook::Open => return Box::pin(self.open_on_slot()).await,
@@ -875,6 +873,8 @@ impl Pool {
         let mut notice_at =
             (!settings.query_wait_notify.is_zero()).then(|| started + settings.query_wait_notify);
         let mut first_round = true;
+        // The first round's clock is the acquire's: one read fewer a wait.
+        let mut fresh = true;
         loop {
             if shared_limit {
                 // Another pool may sit on idle servers of the same budget.
@@ -882,7 +882,11 @@ impl Pool {
             }
             // Wake up only for something that can change the answer: the
             // reserve opening, the deadline, or a shared limit to re-check.
-            let now = Instant::now();
+            let now = if std::mem::take(&mut fresh) {
+                started
+            } else {
+                Instant::now()
+            };
             let mut next_check = now + Duration::from_secs(3600);
             if shared_limit {
                 // Look again at once after an eviction, then now and then.
@@ -964,15 +968,16 @@ impl Pool {
             waiting.rx = None;
             let mut lease = match grant {
                 Grant::Server(s) => {
+                    let now = Instant::now();
                     let mut st = self.lock();
                     // The releaser counted it active and removed it from
                     // `lent`; it is lent again here.
-                    self.lease(&mut st, s)
+                    self.lease(&mut st, s, now)
                 }
                 Grant::Slot => Box::pin(self.open_on_slot()).await?,
                 Grant::Expired => return Err(AcquireError::WaitTimeout),
             };
-            lease.stats.waited = started.elapsed();
+            lease.stats.waited = lease.server().lent_at.saturating_duration_since(started);
             return Ok(lease);
         }
     }
@@ -1020,7 +1025,15 @@ impl Pool {
             .count()
     }
 
-    fn lease(self: &Arc<Self>, st: &mut PoolState, server: Box<ServerConn>) -> Lease {
+    fn lease(
+        self: &Arc<Self>,
+        st: &mut PoolState,
+        mut server: Box<ServerConn>,
+        now: Instant,
+    ) -> Lease {
+        // In the server, not the lease: a lease moves often, and every
+        // byte more of it is copied each time.
+        server.lent_at = now;
         let mut row = ServerRow::of(&server, true);
         row.generation = st.generation;
         st.lent.push(row);
@@ -1033,7 +1046,7 @@ impl Pool {
         }
     }
 
-    fn take_idle(self: &Arc<Self>, st: &mut PoolState) -> Option<Lease> {
+    fn take_idle(self: &Arc<Self>, st: &mut PoolState, now: Instant) -> Option<Lease> {
         let worker = current_worker();
         let round_robin = st.settings.server_round_robin;
         while let Some(server) = if round_robin {
@@ -1042,13 +1055,13 @@ impl Pool {
             st.idle.pop_for(worker)
         } {
             let too_old = !st.settings.server_lifetime.is_zero()
-                && server.created.elapsed() >= st.settings.server_lifetime;
+                && now.saturating_duration_since(server.created) >= st.settings.server_lifetime;
             if too_old || server.closed_while_idle() {
                 self.close_counted(st, server);
                 continue;
             }
             st.active += 1;
-            return Some(self.lease(st, server));
+            return Some(self.lease(st, server, now));
         }
         None
     }
@@ -1174,7 +1187,7 @@ impl Pool {
             }));
         }
         st.active += 1;
-        Some(self.lease(&mut st, server))
+        Some(self.lease(&mut st, server, Instant::now()))
     }
 
     /// Returns a server from a lease: to the first waiter, else to the idle
@@ -1192,7 +1205,10 @@ impl Pool {
             self.discard(server, true);
             return;
         }
-        server.last_used = Instant::now();
+        // The relay sets it as it ends (its own clock read); else now.
+        if server.last_used <= server.lent_at {
+            server.last_used = Instant::now();
+        }
         let mut st = self.lock();
         st.last_used = server.last_used;
         st.stats.add(stats);

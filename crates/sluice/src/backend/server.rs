@@ -25,7 +25,10 @@ pub struct ServerConn {
     /// Current values of the tracked parameters on this server.
     pub params: Arc<ParamSet>,
     pub created: Instant,
+    /// When it last went back to its pool (or was made).
     pub last_used: Instant,
+    /// When it was last lent (the clock read of that acquire).
+    pub lent_at: Instant,
     /// The worker whose event loop this server's socket is registered with.
     pub home_worker: usize,
     /// Wall-clock connect time and local address (SHOW SERVERS).
@@ -61,6 +64,7 @@ impl ServerConn {
             params: Arc::new(params),
             created: now,
             last_used: now,
+            lent_at: now,
             home_worker: super::worker_id::current_worker(),
             alternate: 0,
             statements: Box::default(),
@@ -84,6 +88,7 @@ impl ServerConn {
             params,
             created,
             last_used,
+            lent_at,
             created_wall,
             local_addr,
             statements,
@@ -105,6 +110,7 @@ impl ServerConn {
             params,
             created,
             last_used,
+            lent_at,
             home_worker: here,
             statements,
             session,

@@ -64,6 +64,9 @@ pub struct Sides<'a> {
     pub sbuf: &'a mut BytesMut,
     pub to_client: &'a mut usize,
     pub read_client: bool,
+    /// False when only the flush to the client remains before the server
+    /// goes back (see `relay::run`).
+    pub read_server: bool,
     pub idle_timer: Option<Pin<&'a mut Sleep>>,
     /// transaction_timeout's deadline for the transaction under way.
     pub xact_timer: Option<Pin<&'a mut Sleep>>,
@@ -149,7 +152,10 @@ impl Sides<'_> {
                 Poll::Pending => self.blocked.client_write = true,
             }
         }
-        if self.sbuf.len() < BUFFER_LIMIT.max(self.sbuf_wanted) && !self.blocked.server_read {
+        if self.read_server
+            && self.sbuf.len() < BUFFER_LIMIT.max(self.sbuf_wanted)
+            && !self.blocked.server_read
+        {
             reserve(self.sbuf, self.sbuf_wanted);
             match poll_read_buf(Pin::new(&mut *self.server), cx, self.sbuf) {
                 Poll::Ready(Ok(0)) => return Poll::Ready(IoEvent::ServerClosed),
