@@ -864,7 +864,7 @@ async fn run_with(client: &mut Client, buf: &mut BytesMut) -> SessionEnd {
                 Err(end) => return end,
             }
         }
-        if let Some(end) = Box::pin(client.serve_request(buf)).await {
+        if let Some(end) = client.serve_request(buf).await {
             return end;
         }
         if buf.is_empty() {
