@@ -314,3 +314,98 @@ async fn prepared_statements_survive_server_switches_in_transaction_mode() {
             .expect("prepared statement usable across transactions");
     }
 }
+
+/// Reads messages until `n` ReadyForQuery; returns their tags (the
+/// ReadyForQuery included), or fails after two seconds without one.
+async fn tags_until_ready(raw: &mut RawClient, mut n: usize) -> Vec<u8> {
+    let mut tags = Vec::new();
+    while n > 0 {
+        match raw.read_message(std::time::Duration::from_secs(2)).await {
+            RawReply::Message(tag, _) => {
+                tags.push(tag);
+                if tag == b'Z' {
+                    n -= 1;
+                }
+            }
+            other => panic!(
+                "no ReadyForQuery within 2 s after {:?}: {other:?}",
+                String::from_utf8_lossy(&tags)
+            ),
+        }
+    }
+    tags
+}
+
+/// In transaction mode the relay holds back a server message until the
+/// bytes before it are with the client (a reply sluice drops, or its own
+/// reply due first): the ReadyForQuery after it must come at once, not
+/// when the client sends its next request. (A relay that went on waiting
+/// after writes while replies were owed kept it back.)
+#[tokio::test]
+async fn replies_held_back_until_the_client_has_the_rest_come_at_once() {
+    let cluster = app_cluster(ServerAuth::Trust);
+    let sluice = ConfigBuilder::for_cluster(&cluster)
+        .set("pool_mode", "transaction")
+        .set("default_pool_size", "2")
+        .set("max_prepared_statements", "100")
+        .start();
+    let mut raw = RawClient::connect(sluice.port()).await;
+    raw.startup(APP_USER, "postgres").await;
+    raw.read_until_ready(std::time::Duration::from_secs(10))
+        .await;
+
+    // Close of a shared statement in the same batch: its CloseComplete is
+    // sluice's own reply, due after the server's.
+    for round in 0..3 {
+        let mut batch = msg::parse("s1", "select 1");
+        batch.extend(msg::bind("s1"));
+        batch.extend(msg::execute());
+        batch.extend(msg::close_statement("s1"));
+        batch.extend(msg::sync());
+        raw.send(&batch).await.expect("send");
+        assert_eq!(
+            tags_until_ready(&mut raw, 1).await,
+            b"12DC3Z".to_vec(),
+            "round {round}"
+        );
+    }
+
+    // Two pipelined batches, the second's statements prepared by sluice
+    // on whichever server it gets.
+    let mut batch = msg::parse("a", "select 1");
+    batch.extend(msg::parse("b", "select 2"));
+    batch.extend(msg::sync());
+    raw.send(&batch).await.expect("send");
+    assert_eq!(tags_until_ready(&mut raw, 1).await, b"11Z".to_vec());
+    for round in 0..3 {
+        let mut batch = msg::bind("a");
+        batch.extend(msg::execute());
+        batch.extend(msg::sync());
+        batch.extend(msg::bind("b"));
+        batch.extend(msg::execute());
+        batch.extend(msg::sync());
+        raw.send(&batch).await.expect("send");
+        let tags = tags_until_ready(&mut raw, 2).await;
+        assert_eq!(
+            tags.iter().filter(|t| **t == b'D').count(),
+            2,
+            "round {round}: {:?}",
+            String::from_utf8_lossy(&tags)
+        );
+    }
+
+    // A notification to the client itself, which the tracked relay drops
+    // before the ReadyForQuery (LISTEN follows the client, not the server).
+    raw.send(&msg::query("listen ch; notify ch, 'x'"))
+        .await
+        .expect("send");
+    let tags = tags_until_ready(&mut raw, 1).await;
+    assert_eq!(tags.last(), Some(&b'Z'), "{tags:?}");
+    // (and the notification itself comes through the pool's hub)
+    if !tags.contains(&b'A') {
+        match raw.read_message(std::time::Duration::from_secs(2)).await {
+            RawReply::Message(b'A', _) => {}
+            other => panic!("no notification: {other:?}"),
+        }
+    }
+}

@@ -821,8 +821,15 @@ impl Pool {
                 notice();
             }
         };
+        // The first round's clock is the acquire's; a later round (after
+        // a failed open) reads its own, so that a server it finds idle is
+        // stamped lent now, not when the client began to wait.
+        let mut round = started;
         loop {
-            match self.acquire_from(started, may_open, &mut notice_once).await {
+            match self
+                .acquire_from(started, round, may_open, &mut notice_once)
+                .await
+            {
                 Err(e) if out_of_descriptors(&e) => {
                     if may_open {
                         tracing::warn!(
@@ -839,6 +846,7 @@ impl Pool {
                         return Err(AcquireError::WaitTimeout);
                     }
                     tokio::time::sleep(DESCRIPTOR_RETRY).await;
+                    round = Instant::now();
                 }
                 other => return other,
             }
@@ -848,11 +856,16 @@ impl Pool {
     async fn acquire_from(
         self: &Arc<Self>,
         started: Instant,
+        round: Instant,
         may_open: bool,
         notice: &mut impl FnMut(),
     ) -> Result<Lease, AcquireError> {
-        let (rx, waiter_id, settings, retired) = match self.first_look(may_open, started) {
-            FirstLook::Leased(l) => return Ok(*l),
+        let (rx, waiter_id, settings, retired) = match self.first_look(may_open, round) {
+            FirstLook::Leased(mut l) => {
+                // Zero on the first round (no clock read for it).
+                l.stats.waited = round.saturating_duration_since(started);
+                return Ok(*l);
+            }
             // Boxed: opening a server is rare and its future is large.
             FirstLook::Open => return Box::pin(self.open_on_slot()).await,
             FirstLook::Failing(code, msg) => return Err(AcquireError::RecentFailure(code, msg)),
@@ -873,7 +886,7 @@ impl Pool {
         let mut notice_at =
             (!settings.query_wait_notify.is_zero()).then(|| started + settings.query_wait_notify);
         let mut first_round = true;
-        // The first round's clock is the acquire's: one read fewer a wait.
+        // The first look's clock is this round's: one read fewer a wait.
         let mut fresh = true;
         loop {
             if shared_limit {
@@ -883,7 +896,7 @@ impl Pool {
             // Wake up only for something that can change the answer: the
             // reserve opening, the deadline, or a shared limit to re-check.
             let now = if std::mem::take(&mut fresh) {
-                started
+                round
             } else {
                 Instant::now()
             };
@@ -1210,7 +1223,8 @@ impl Pool {
             server.last_used = Instant::now();
         }
         let mut st = self.lock();
-        st.last_used = server.last_used;
+        // (a relay's end read before another's release: never backwards)
+        st.last_used = st.last_used.max(server.last_used);
         st.stats.add(stats);
         forget_lent(&mut st, server.id);
         st.active = st.active.saturating_sub(1);

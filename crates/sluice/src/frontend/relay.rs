@@ -470,12 +470,25 @@ pub async fn run(client: &mut Client, cbuf: &mut BytesMut, mut lease: Lease) -> 
             && tracking
                 .as_deref()
                 .is_none_or(|t| t.pinned.is_none() && t.expected.is_empty() && t.out.is_empty()));
+        let read_client = !cycle.client_terminated && !cycle.capped();
+        // While replies are owed and both sides are read as usual, a write
+        // changes nothing decided above (the end needs no reply owed; the
+        // timers follow the replies, the scan, or buffers under the limit
+        // that a write only shortens): the poll may go on waiting after
+        // one.
+        let writes_wake = !(cycle.req.outstanding > 0
+            && read_client
+            && read_server
+            && tracking.as_deref().is_none_or(|t| {
+                t.pinned.is_none()
+                    && t.out.len() < super::relay_io::BUFFER_LIMIT
+                    && t.extra.len() < super::relay_io::BUFFER_LIMIT
+            }));
         let server = lease.server();
         let (server_out, client_extra) = match tracking.as_deref_mut() {
             Some(t) => (Some(&mut t.out), Some(&mut t.extra)),
             None => (None, None),
         };
-        let read_client = !cycle.client_terminated && !cycle.capped();
         let mut sides = Sides {
             client: &mut client.stream,
             server: &mut server.stream,
@@ -485,6 +498,7 @@ pub async fn run(client: &mut Client, cbuf: &mut BytesMut, mut lease: Lease) -> 
             to_client: &mut cycle.to_client,
             read_client,
             read_server,
+            writes_wake,
             idle_timer: idle_timer.as_mut().map(|(_, t)| t.as_mut()),
             xact_timer: xact_timer.as_mut().map(|t| t.as_mut()),
             written: &mut cycle.written,

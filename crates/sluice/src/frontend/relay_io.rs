@@ -36,6 +36,21 @@ pub enum IoEvent {
     TransactionTimeout,
 }
 
+/// What one pass over the directions did.
+enum Pass {
+    /// Bytes moved; `read`: some were read (from either side),
+    /// `client_read`: from the client; `client_flushed`: a write to the
+    /// client took the last server bytes due to it (a message held until
+    /// then, or sluice's own replies due after them, can go now: the
+    /// relay must scan again).
+    Moved {
+        read: bool,
+        client_read: bool,
+        client_flushed: bool,
+    },
+    End(IoEvent),
+}
+
 /// Directions found blocked (Pending) since the task was last woken. The
 /// relay loops within one poll of its task while bytes move, and a
 /// socket's readiness cannot change before the task yields: polling a
@@ -67,6 +82,14 @@ pub struct Sides<'a> {
     /// False when only the flush to the client remains before the server
     /// goes back (see `relay::run`).
     pub read_server: bool,
+    /// Whether bytes written (none read) may change what the relay decides
+    /// next (its end, its timers). False while replies are owed and the
+    /// client is read as usual: the poll then goes on waiting after a
+    /// write instead of returning, which saves the relay a turn of its loop
+    /// (about 600 instructions) in every transaction. A write that takes
+    /// the last bytes due to the client returns all the same (the scan
+    /// holds a message back until then).
+    pub writes_wake: bool,
     pub idle_timer: Option<Pin<&'a mut Sleep>>,
     /// transaction_timeout's deadline for the transaction under way.
     pub xact_timer: Option<Pin<&'a mut Sleep>>,
@@ -101,10 +124,49 @@ fn reserve(buf: &mut BytesMut, wanted: usize) {
 }
 
 impl Sides<'_> {
-    /// Polls every enabled direction once.
+    /// Polls every enabled direction: returns when something was read (or
+    /// written, with `writes_wake`), when a side ends or fails, or when a
+    /// timer fires.
     pub fn poll(&mut self, cx: &mut Context<'_>) -> Poll<IoEvent> {
+        loop {
+            match self.poll_once(cx) {
+                Poll::Ready(Pass::Moved {
+                    read: false,
+                    client_flushed: false,
+                    ..
+                }) if !self.writes_wake => {
+                    // Writes only: what was cut short (a partial write) is
+                    // polled again, and a direction found blocked is not.
+                    continue;
+                }
+                Poll::Ready(Pass::Moved { client_read, .. }) => {
+                    return Poll::Ready(IoEvent::Progress { client_read });
+                }
+                Poll::Ready(Pass::End(e)) => return Poll::Ready(e),
+                Poll::Pending => break,
+            }
+        }
+        if let Some(t) = self.idle_timer.as_mut()
+            && t.as_mut().poll(cx).is_ready()
+        {
+            return Poll::Ready(IoEvent::IdleTimeout);
+        }
+        if let Some(t) = self.xact_timer.as_mut()
+            && t.as_mut().poll(cx).is_ready()
+        {
+            return Poll::Ready(IoEvent::TransactionTimeout);
+        }
+        // The next poll follows a wake: every direction is looked at again.
+        *self.blocked = Blocked::default();
+        Poll::Pending
+    }
+
+    /// One pass over the enabled directions; `Pending`: nothing moved.
+    fn poll_once(&mut self, cx: &mut Context<'_>) -> Poll<Pass> {
         let mut moved = false;
         let mut client_read = false;
+        let mut server_read = false;
+        let mut client_flushed = false;
         if *self.to_server > 0 && !self.blocked.server_write {
             let (source, due) = match self.server_out.as_deref_mut() {
                 Some(out) => (out, usize::MAX),
@@ -118,7 +180,7 @@ impl Sides<'_> {
                     self.written.0 += n as u64;
                     moved = true;
                 }
-                Poll::Ready(Err(e)) => return Poll::Ready(IoEvent::ServerFailed(e)),
+                Poll::Ready(Err(e)) => return Poll::Ready(Pass::End(IoEvent::ServerFailed(e))),
                 Poll::Pending => self.blocked.server_write = true,
             }
         }
@@ -133,7 +195,7 @@ impl Sides<'_> {
                     self.written.1 += n as u64;
                     moved = true;
                 }
-                Poll::Ready(Err(_)) => return Poll::Ready(IoEvent::ClientGone),
+                Poll::Ready(Err(_)) => return Poll::Ready(Pass::End(IoEvent::ClientGone)),
                 Poll::Pending => self.blocked.client_extra = true,
             }
         }
@@ -147,8 +209,9 @@ impl Sides<'_> {
                     *self.to_client -= n;
                     self.written.1 += n as u64;
                     moved = true;
+                    client_flushed = *self.to_client == 0;
                 }
-                Poll::Ready(Err(_)) => return Poll::Ready(IoEvent::ClientGone),
+                Poll::Ready(Err(_)) => return Poll::Ready(Pass::End(IoEvent::ClientGone)),
                 Poll::Pending => self.blocked.client_write = true,
             }
         }
@@ -158,9 +221,12 @@ impl Sides<'_> {
         {
             reserve(self.sbuf, self.sbuf_wanted);
             match poll_read_buf(Pin::new(&mut *self.server), cx, self.sbuf) {
-                Poll::Ready(Ok(0)) => return Poll::Ready(IoEvent::ServerClosed),
-                Poll::Ready(Ok(_)) => moved = true,
-                Poll::Ready(Err(e)) => return Poll::Ready(IoEvent::ServerFailed(e)),
+                Poll::Ready(Ok(0)) => return Poll::Ready(Pass::End(IoEvent::ServerClosed)),
+                Poll::Ready(Ok(_)) => {
+                    moved = true;
+                    server_read = true;
+                }
+                Poll::Ready(Err(e)) => return Poll::Ready(Pass::End(IoEvent::ServerFailed(e))),
                 Poll::Pending => self.blocked.server_read = true,
             }
         }
@@ -184,7 +250,7 @@ impl Sides<'_> {
             reserve(self.cbuf, self.cbuf_wanted);
             match poll_read_buf(Pin::new(&mut *self.client), cx, self.cbuf) {
                 Poll::Ready(Ok(0)) | Poll::Ready(Err(_)) => {
-                    return Poll::Ready(IoEvent::ClientGone);
+                    return Poll::Ready(Pass::End(IoEvent::ClientGone));
                 }
                 Poll::Ready(Ok(_)) => {
                     moved = true;
@@ -194,20 +260,12 @@ impl Sides<'_> {
             }
         }
         if moved {
-            return Poll::Ready(IoEvent::Progress { client_read });
+            return Poll::Ready(Pass::Moved {
+                read: client_read || server_read,
+                client_read,
+                client_flushed,
+            });
         }
-        if let Some(t) = self.idle_timer.as_mut()
-            && t.as_mut().poll(cx).is_ready()
-        {
-            return Poll::Ready(IoEvent::IdleTimeout);
-        }
-        if let Some(t) = self.xact_timer.as_mut()
-            && t.as_mut().poll(cx).is_ready()
-        {
-            return Poll::Ready(IoEvent::TransactionTimeout);
-        }
-        // The next poll follows a wake: every direction is looked at again.
-        *self.blocked = Blocked::default();
         Poll::Pending
     }
 }
