@@ -46,8 +46,8 @@ clients over six sluices sharing one port (so_reuseport), and 10,000 active pgbe
 
 --profile measures what one transaction costs each proxy instead of the pgbench matrix (see
 the section of that name below): pgbench -S -n, --modes (default simple,prepared) x --clients
-(default 50) on a pool of 20, through --targets (sluice, pgbouncer, pgbouncer125; default all
-three).  User-space instructions per transaction: the proxy runs under valgrind --tool=callgrind
+(default 50) on a pool of 20, through --targets (sluice, sluice-base, sluice-epoll, pgbouncer,
+pgbouncer125; default sluice,pgbouncer,pgbouncer125).  User-space instructions per transaction: the proxy runs under valgrind --tool=callgrind
 with instrumentation switched on (callgrind_control -i on) for the measured pgbench run only,
 Ir/tx = the run's instructions / pgbench's transactions; counted, not timed, so a busy machine
 does not change them.  Syscalls per transaction: the proxy runs normally and strace -c -f is
@@ -873,7 +873,7 @@ def print_report(result, a, targets):
     # the anchor: sluice's cpu/tx over PgBouncer 1.25's, one line per script and mode
     for script in a.scripts:
         for mode in a.modes:
-            for mine in ("sluice", "sluice-epoll"):
+            for mine in ("sluice", "sluice-base", "sluice-epoll"):
                 each = [f"c={c} {x['cpu_ratio_vs_pgbouncer125']:.2f}" for c in a.clients
                         if (x := by.get((script, mode, c, mine)))
                         and x.get("cpu_ratio_vs_pgbouncer125")]
@@ -1452,7 +1452,7 @@ def print_scale_report(r: dict, a) -> None:
 #    --vgdb-prefix in the lab's directory and callgrind_control is given it and the pid,
 #    and runs as the proxy's user (postgres for PgBouncer, which refuses to run as root).
 
-PROFILE_TARGETS = ("sluice", "sluice-epoll", "pgbouncer", "pgbouncer125")
+PROFILE_TARGETS = ("sluice", "sluice-base", "sluice-epoll", "pgbouncer", "pgbouncer125")
 PROFILE_TOOLS = ("callgrind", "strace")
 PROFILE_WARMUP = 2          # seconds of pgbench before each measured run, not counted
 PROFILE_SYSCALLS = ("sendto", "recvfrom", "epoll_wait", "epoll_ctl")  # always a column
@@ -1470,7 +1470,7 @@ def profile_args(ap, a):
                  if t.strip()]
     a.profile_tools = [x.strip() for x in a.profile_tools.split(",") if x.strip()]
     check_choices(ap, a.targets, PROFILE_TARGETS, "--profile target",
-                  " (sluice, pgbouncer, pgbouncer125)")
+                  " (sluice, sluice-base, sluice-epoll, pgbouncer, pgbouncer125)")
     check_choices(ap, a.modes, MODES, "mode")
     check_choices(ap, a.profile_tools, PROFILE_TOOLS, "--profile-tools entry",
                   " (callgrind, strace)")
@@ -1530,6 +1530,11 @@ def profile_main(a) -> int:
                 why = (None if Path(b).exists() or shutil.which(b) else
                        f"{b} not found: build it (cargo build --release -p sluice) or set "
                        "SLUICE_BIN")
+            elif kind == "sluice-base":
+                b = os.environ.get("SLUICE_BASE_BIN") or ""
+                why = (None if b and Path(b).exists() else
+                       f"SLUICE_BASE_BIN={b} not found" if b else
+                       "SLUICE_BASE_BIN is not set (path of the sluice to compare with)")
             elif kind == "pgbouncer":
                 b = pglab.pgbouncer_bin()
                 why = None if b else "pgbouncer not found (install it or set PGBOUNCER_BIN)"
