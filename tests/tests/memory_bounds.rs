@@ -865,3 +865,77 @@ async fn trickled_parse_of_a_hundred_megabytes() {
     assert_served(SCENARIO, &quiet, &loaded);
     assert_still_serving(SCENARIO, port).await;
 }
+
+/// A Parse just under the 64 MiB sluice holds whole, behind 5 KB of
+/// Flush messages that arrive in the same reads: accepted (sluice once
+/// measured the Parse from before the Flushes it had already forwarded,
+/// and refused it with 54000).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_parse_near_the_limit_behind_forwarded_messages_is_accepted() {
+    let _serial = ONE_AT_A_TIME.lock().await;
+    let (_cluster, sluice) = start();
+    let mut wire = Wire::login(sluice.port(), "postgres").await.expect("login");
+    // Inside a transaction block: the Parse goes to the server, so it is
+    // held whole.
+    wire.stream
+        .write_all(&query("begin"))
+        .await
+        .expect("send begin");
+    loop {
+        match wire.next(WAIT).await {
+            Got::Message(b'Z', _) => break,
+            Got::Message(_, _) => {}
+            other => panic!("no answer to begin: {other:?}"),
+        }
+    }
+    const TOTAL: usize = (64 << 20) - 2000;
+    let mut body = Vec::with_capacity(TOTAL);
+    cstr(&mut body, "");
+    body.extend_from_slice(b"select 1 -- ");
+    // name, text, its NUL, the parameter count, and the 5-byte header
+    body.resize(TOTAL - 5 - 3, b'x');
+    body.push(0);
+    body.extend_from_slice(&0i16.to_be_bytes());
+    let parse = message(b'P', &body);
+    assert_eq!(parse.len(), TOTAL);
+    drop(body);
+    let mut bytes = flush().repeat(1000);
+    bytes.extend_from_slice(&parse);
+    drop(parse);
+    bytes.extend_from_slice(&sync());
+    let (mut read_half, mut write_half) = tokio::io::split(&mut wire.stream);
+    let send = async {
+        tokio::time::timeout(WAIT, write_half.write_all(&bytes))
+            .await
+            .expect("sluice stopped reading")
+            .expect("send");
+    };
+    // Read meanwhile (the Flushes are answered with nothing, but read
+    // anyway so that neither side waits on the other).
+    let mut got = Vec::new();
+    let read = async {
+        let mut buf = vec![0u8; 64 << 10];
+        loop {
+            let n = tokio::time::timeout(WAIT, read_half.read(&mut buf))
+                .await
+                .expect("no reply to the Parse")
+                .expect("read");
+            assert!(
+                n > 0,
+                "sluice closed the connection: {:?}",
+                String::from_utf8_lossy(&got)
+            );
+            got.extend_from_slice(&buf[..n]);
+            if got.len() >= 6 && got[got.len() - 6] == b'Z' {
+                return;
+            }
+        }
+    };
+    tokio::join!(send, read);
+    assert_eq!(
+        got.first(),
+        Some(&b'1'),
+        "a Parse under the limit must get ParseComplete, got {:?}",
+        String::from_utf8_lossy(&got[..got.len().min(200)])
+    );
+}

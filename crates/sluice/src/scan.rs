@@ -47,6 +47,12 @@ impl Scanner {
         self.wanted
     }
 
+    /// The buffer's first `n` bytes were taken out after the last scan:
+    /// `wanted` counts from the new start.
+    pub fn consumed(&mut self, n: usize) {
+        self.wanted = self.wanted.saturating_sub(n);
+    }
+
     /// Scans `buf[start..]`. `needs_body(tag)` says which messages must be
     /// complete before they are visited (and get their body); others are
     /// visited with an empty body as soon as their header is there.
@@ -112,6 +118,23 @@ impl Scanner {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn wanted_follows_bytes_taken_from_the_front() {
+        let mut s = Scanner::default();
+        // A whole Flush ('H', 4 bytes of length: 5 bytes), then the first
+        // 6 bytes of a Parse announcing 100 bytes.
+        let mut buf = b"H\0\0\0\x04P\0\0\0\x64x".to_vec();
+        let e = s
+            .scan(&buf, 0, 1000, |t| t == b'P', |_, _| Visit::Forward)
+            .unwrap();
+        assert_eq!(e.forward_to, 5);
+        assert_eq!(s.wanted(), 5 + 101);
+        buf.drain(..e.forward_to);
+        s.consumed(e.forward_to);
+        // The Parse is whole when the buffer (from its new start) holds it.
+        assert_eq!(s.wanted(), 101);
+    }
 
     #[test]
     fn passes_partial_messages_and_waits_for_bodies() {

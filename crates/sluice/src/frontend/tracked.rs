@@ -189,6 +189,9 @@ pub(super) fn rewrite_client(
             })?;
         t.out.extend_from_slice(&cbuf[..end.forward_to]);
         cbuf.advance(end.forward_to);
+        // (a message the scan waits for is measured from the new start:
+        // else one near the size limit behind forwarded bytes is refused)
+        cycle.client_scan.consumed(end.forward_to);
         if terminated {
             cycle.client_terminated = true;
         }
