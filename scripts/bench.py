@@ -35,7 +35,9 @@ pgbouncer125-tls are sluice and the PgBouncers with client_tls_sslmode=require a
 certificate made with the openssl CLI, pgbench connecting with PGSSLMODE=require (the ratio
 columns of sluice-tls compare it with pgbouncer-tls and pgbouncer125-tls).  --connect adds
 pgbench -C (a new connection, so a new TLS handshake, per transaction): the per-connection
-cost.
+cost.  --server-socket: the proxies (sluice and the PgBouncers; not direct, not sluice-routed)
+reach PostgreSQL over its Unix socket instead of 127.0.0.1 (also with --profile); the JSON
+says which in "server_host".
 
 --scale-clients runs the many-clients measurements instead of the pgbench matrix (issue 13,
 "100,000 clients"; see the section of that name below and docs/scale.md): 19,000 idle clients
@@ -143,6 +145,9 @@ def parse_args(argv=None):
                     help="pgbench -C: a new connection per transaction (login and TLS "
                          "handshake cost)")
     ap.add_argument("--skip-idle", action="store_true", help="skip the 10,000 idle clients test")
+    ap.add_argument("--server-socket", action="store_true",
+                    help="the proxies reach PostgreSQL over its Unix socket instead of TCP "
+                         "(sluice and the PgBouncers alike; direct and sluice-routed stay on TCP)")
     sc = ap.add_argument_group("--scale-clients (issue 13: many clients; replaces the matrix)")
     sc.add_argument("--scale-clients", action="store_true",
                     help="run the many-clients measurements instead of the pgbench matrix")
@@ -229,6 +234,19 @@ def bench_cluster(lab, result: dict, replica: bool):
     auth_file = lab.write("userlist.txt", pglab.userlist({user: password or user}))
     log(f"PostgreSQL on 127.0.0.1:{pg_port}")
     return cluster, pg_port, user, password, auth_file
+
+
+def server_host_for(a, cluster: dict, result: dict) -> str:
+    """Where the proxies reach PostgreSQL: 127.0.0.1, or its socket directory with
+    --server-socket (recorded in the result)."""
+    host = "127.0.0.1"
+    if getattr(a, "server_socket", False):
+        host = cluster.get("socket_dir") or ""
+        if not host:
+            raise LabError("--server-socket: the cluster reports no socket directory")
+        log(f"the proxies reach PostgreSQL over its Unix socket in {host}")
+    result["server_host"] = host
+    return host
 
 
 def check_choices(ap, values, allowed, what: str, hint: str = "") -> None:
@@ -414,6 +432,7 @@ def main(argv=None) -> int:
     with Lab(prefix="sluice-bench-") as lab:
         cluster, pg_port, user, password, auth_file = bench_cluster(
             lab, result, replica="sluice-routed" in a.targets)
+        server_host = server_host_for(a, cluster, result)
 
         endpoints = {}
         if "direct" in a.targets:
@@ -461,7 +480,8 @@ def main(argv=None) -> int:
                 text = pglab.pooler_ini(pg_port=pg_port, listen_port=port, logfile=logfile,
                                         auth_file=auth_file, default_pool_size=POOL_SIZE,
                                         max_client_conn=12000, admin_users=user,
-                                        databases=databases, extra=extra or None)
+                                        databases=databases, extra=extra or None,
+                                        pg_host=server_host)
                 if metrics_port:
                     text += f"\n[sluice]\nmetrics_addr = 127.0.0.1:{metrics_port}\n"
                 if kind == "sluice-epoll":
@@ -1517,7 +1537,8 @@ def profile_main(a) -> int:
         "targets": {}, "runs": [], "summary": [],
     }
     with Lab(prefix="sluice-profile-") as lab:
-        _, pg_port, user, password, auth_file = bench_cluster(lab, result, replica=False)
+        cluster, pg_port, user, password, auth_file = bench_cluster(lab, result, replica=False)
+        server_host = server_host_for(a, cluster, result)
         # callgrind writes its file as the proxy's user: postgres for PgBouncer
         cg_dir = lab.tmp / "callgrind"
         cg_dir.mkdir()
@@ -1556,7 +1577,8 @@ def profile_main(a) -> int:
             def ini(port, logfile):
                 text = pglab.pooler_ini(pg_port=pg_port, listen_port=port, logfile=logfile,
                                         auth_file=auth_file, default_pool_size=POOL_SIZE,
-                                        max_client_conn=12000, admin_users=user, extra=extra)
+                                        max_client_conn=12000, admin_users=user, extra=extra,
+                                        pg_host=server_host)
                 if kind == "sluice-epoll":
                     text += "\n[sluice]\nio_backend = epoll\n"
                 return text
