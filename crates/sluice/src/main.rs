@@ -21,6 +21,8 @@ mod scan;
 mod sd_notify;
 mod session_vars;
 mod stats;
+#[cfg(test)]
+mod test_support;
 mod tls;
 mod uring;
 mod workers;

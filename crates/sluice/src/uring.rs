@@ -897,10 +897,7 @@ mod tests {
     fn runtime() -> tokio::runtime::Runtime {
         BACKEND.store(2, Ordering::Relaxed);
         worker_thread();
-        tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .expect("runtime")
+        crate::test_support::runtime()
     }
 
     fn pair() -> (Stream, UnixStream) {
@@ -919,10 +916,7 @@ mod tests {
     }
 
     async fn settle() {
-        for _ in 0..20 {
-            tokio::task::yield_now().await;
-            tokio::time::sleep(Duration::from_millis(2)).await;
-        }
+        crate::test_support::let_tasks_run(Duration::from_millis(2)).await;
     }
 
     /// Writes of all sizes, some joining a queued send, arrive whole and

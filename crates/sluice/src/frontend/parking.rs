@@ -577,12 +577,7 @@ mod tests {
         }
     }
 
-    fn runtime() -> tokio::runtime::Runtime {
-        tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .expect("runtime")
-    }
+    use crate::test_support::runtime;
 
     #[test]
     fn a_lasting_wait_is_asked_to_park_and_leaves_the_board() {
@@ -663,10 +658,7 @@ mod tests {
     }
 
     async fn settle() {
-        for _ in 0..20 {
-            tokio::task::yield_now().await;
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
+        crate::test_support::let_tasks_run(Duration::from_millis(5)).await;
     }
 
     #[test]
