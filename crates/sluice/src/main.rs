@@ -8,6 +8,7 @@ mod app;
 mod auth;
 mod backend;
 mod cli;
+mod clock;
 mod codec;
 mod control;
 mod daemon;

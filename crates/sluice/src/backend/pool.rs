@@ -8,7 +8,9 @@
 
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use crate::clock::Mono;
 
 use sluice_config::PoolMode;
 use tokio::sync::oneshot;
@@ -141,7 +143,7 @@ enum Grant {
 struct Waiter {
     id: u64,
     tx: oneshot::Sender<Grant>,
-    since: Instant,
+    since: Mono,
 }
 
 struct PoolState {
@@ -156,7 +158,7 @@ struct PoolState {
     active: u32,
     next_waiter_id: u64,
     welcome: Option<Arc<Welcome>>,
-    last_login_failure: Option<(Instant, String, String)>,
+    last_login_failure: Option<(Mono, String, String)>,
     /// Bumped by a reconnect: older servers are closed when released.
     generation: u64,
     /// Out of use (its cluster was replaced): every server closes when
@@ -166,7 +168,7 @@ struct PoolState {
     clients: u32,
     /// When the pool was last in use: made, a client left, a server came
     /// back (autodb_idle_timeout).
-    last_used: Instant,
+    last_used: Mono,
     /// Servers lent now (SHOW SERVERS).
     lent: Vec<ServerRow>,
     stats: PoolStats,
@@ -392,7 +394,7 @@ fn expire_waiters(st: &mut PoolState) {
     if wait.is_zero() {
         return;
     }
-    let now = Instant::now();
+    let now = Mono::now();
     while st
         .waiters
         .front()
@@ -441,7 +443,7 @@ impl Drop for WaitGuard<'_> {
             Some(Grant::Server(server)) => {
                 // Counted lent by the releaser: lent, then released, as a
                 // lease would be.
-                let lease = self.pool.lease(&mut st, server, Instant::now());
+                let lease = self.pool.lease(&mut st, server, Mono::now());
                 drop(st);
                 lease.release();
             }
@@ -545,7 +547,7 @@ impl Pool {
                 generation: 0,
                 retired: false,
                 clients: 0,
-                last_used: Instant::now(),
+                last_used: Mono::now(),
                 lent: Vec::new(),
                 stats: PoolStats::default(),
             }),
@@ -658,13 +660,13 @@ impl Pool {
 
     /// Marks the pool used now (a login is on its way to it).
     pub fn touch(&self) {
-        self.lock().last_used = Instant::now();
+        self.lock().last_used = Mono::now();
     }
 
     pub fn client_left(&self) {
         let mut st = self.lock();
         st.clients = st.clients.saturating_sub(1);
-        st.last_used = Instant::now();
+        st.last_used = Mono::now();
     }
 
     /// Retires the pool if it has had no client, no lent server, no server
@@ -773,7 +775,7 @@ impl Pool {
 
     /// First look: an idle server, a free slot, a recent login failure, or
     /// a place in line.
-    fn first_look(self: &Arc<Self>, may_open: bool, now: Instant) -> FirstLook {
+    fn first_look(self: &Arc<Self>, may_open: bool, now: Mono) -> FirstLook {
         let mut st = self.lock();
         if let Some(lease) = self.take_idle(&mut st, now) {
             return FirstLook::Leased(Box::new(lease));
@@ -812,7 +814,7 @@ impl Pool {
         self: &Arc<Self>,
         mut notice: impl FnMut(),
     ) -> Result<Lease, AcquireError> {
-        let started = Instant::now();
+        let started = Mono::now();
         let mut may_open = true;
         // Told once per acquire, however many rounds it takes.
         let mut noticed = false;
@@ -846,7 +848,7 @@ impl Pool {
                         return Err(AcquireError::WaitTimeout);
                     }
                     tokio::time::sleep(DESCRIPTOR_RETRY).await;
-                    round = Instant::now();
+                    round = Mono::now();
                 }
                 other => return other,
             }
@@ -855,8 +857,8 @@ impl Pool {
 
     async fn acquire_from(
         self: &Arc<Self>,
-        started: Instant,
-        round: Instant,
+        started: Mono,
+        round: Mono,
         may_open: bool,
         notice: &mut impl FnMut(),
     ) -> Result<Lease, AcquireError> {
@@ -898,7 +900,7 @@ impl Pool {
             let now = if std::mem::take(&mut fresh) {
                 round
             } else {
-                Instant::now()
+                Mono::now()
             };
             let mut next_check = now + Duration::from_secs(3600);
             if shared_limit {
@@ -936,7 +938,7 @@ impl Pool {
                 return Err(AcquireError::Closed);
             };
             let waited = if timed {
-                tokio::time::timeout_at(next_check.into(), &mut *rx).await
+                tokio::time::timeout_at(next_check.to_tokio(), &mut *rx).await
             } else {
                 Ok((&mut *rx).await)
             };
@@ -981,7 +983,7 @@ impl Pool {
             waiting.rx = None;
             let mut lease = match grant {
                 Grant::Server(s) => {
-                    let now = Instant::now();
+                    let now = Mono::now();
                     let mut st = self.lock();
                     // The releaser counted it active and removed it from
                     // `lent`; it is lent again here.
@@ -1000,11 +1002,11 @@ impl Pool {
     fn recheck(
         &self,
         waiter_id: u64,
-        reserve_at: Option<Instant>,
-        wait_deadline: Option<Instant>,
+        reserve_at: Option<Mono>,
+        wait_deadline: Option<Mono>,
     ) -> Recheck {
         let mut st = self.lock();
-        let now = Instant::now();
+        let now = Mono::now();
         let use_reserve = reserve_at.is_some_and(|r| now >= r);
         let first = st.waiters.front().map(|w| w.id) == Some(waiter_id);
         if (first || use_reserve) && self.take_slot(&mut st, use_reserve) {
@@ -1042,7 +1044,7 @@ impl Pool {
         self: &Arc<Self>,
         st: &mut PoolState,
         mut server: Box<ServerConn>,
-        now: Instant,
+        now: Mono,
     ) -> Lease {
         // In the server, not the lease: a lease moves often, and every
         // byte more of it is copied each time.
@@ -1059,7 +1061,7 @@ impl Pool {
         }
     }
 
-    fn take_idle(self: &Arc<Self>, st: &mut PoolState, now: Instant) -> Option<Lease> {
+    fn take_idle(self: &Arc<Self>, st: &mut PoolState, now: Mono) -> Option<Lease> {
         let worker = current_worker();
         let round_robin = st.settings.server_round_robin;
         while let Some(server) = if round_robin {
@@ -1105,7 +1107,7 @@ impl Pool {
             pool: self,
             armed: true,
         };
-        let started = Instant::now();
+        let started = Mono::now();
         let mut retargeted = 0;
         loop {
             let (target, credential, retry) = {
@@ -1172,7 +1174,7 @@ impl Pool {
                     if !out_of_descriptors(&e) {
                         tracing::warn!(db = %self.database, user = %self.user, "server login failed: {e}");
                         self.lock().last_login_failure =
-                            Some((Instant::now(), e.sqlstate().to_owned(), e.to_string()));
+                            Some((Mono::now(), e.sqlstate().to_owned(), e.to_string()));
                     }
                     return Err(e);
                 }
@@ -1200,7 +1202,7 @@ impl Pool {
             }));
         }
         st.active += 1;
-        Some(self.lease(&mut st, server, Instant::now()))
+        Some(self.lease(&mut st, server, Mono::now()))
     }
 
     /// Returns a server from a lease: to the first waiter, else to the idle
@@ -1220,7 +1222,7 @@ impl Pool {
         }
         // The relay sets it as it ends (its own clock read); else now.
         if server.last_used <= server.lent_at {
-            server.last_used = Instant::now();
+            server.last_used = Mono::now();
         }
         let mut st = self.lock();
         // (a relay's end read before another's release: never backwards)

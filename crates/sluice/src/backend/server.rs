@@ -1,9 +1,9 @@
 //! One open, logged-in connection to PostgreSQL and what sluice knows of it:
 //! its key for cancels, its current tracked parameters, and its age.
 
+use crate::clock::Mono;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::Instant;
 
 use bytes::BytesMut;
 use sluice_wire::BackendKeyData;
@@ -24,11 +24,11 @@ pub struct ServerConn {
     pub key: BackendKeyData,
     /// Current values of the tracked parameters on this server.
     pub params: Arc<ParamSet>,
-    pub created: Instant,
+    pub created: Mono,
     /// When it last went back to its pool (or was made).
-    pub last_used: Instant,
+    pub last_used: Mono,
     /// When it was last lent (the clock read of that acquire).
-    pub lent_at: Instant,
+    pub lent_at: Mono,
     /// The worker whose event loop this server's socket is registered with.
     pub home_worker: usize,
     /// Wall-clock connect time and local address (SHOW SERVERS).
@@ -50,7 +50,7 @@ pub struct ServerConn {
 
 impl ServerConn {
     pub fn new(stream: Stream, key: BackendKeyData, params: ParamSet) -> Self {
-        let now = Instant::now();
+        let now = Mono::now();
         let local_addr = stream.local_addr();
         let tls = stream.tls_description().map(Arc::from);
         Self {

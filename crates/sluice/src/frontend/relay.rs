@@ -573,7 +573,7 @@ pub async fn run(client: &mut Client, cbuf: &mut BytesMut, mut lease: Lease) -> 
     lease.stats.queries = cycle.cycles_done;
     lease.stats.received = cycle.written.0;
     lease.stats.sent = cycle.written.1;
-    let done_at = std::time::Instant::now();
+    let done_at = crate::clock::Mono::now();
     lease.stats.linked = done_at.saturating_duration_since(linked_at);
     // Its last use, for the release (one clock read for both).
     lease.server().last_used = done_at;
