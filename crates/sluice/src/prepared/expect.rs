@@ -179,6 +179,15 @@ impl Expected {
         }
     }
 
+    /// A DataRow now would be forwarded with nothing to account: the
+    /// `verdict` is Forward and `consume` leaves the queue as it is (no
+    /// reply ends with a row). False while an error's ignored entries wait
+    /// to be skipped, or sluice's own reply goes first: the caller then
+    /// takes the general path. Rows are most of a result's messages.
+    pub fn passes_rows(&self) -> bool {
+        !self.skipping && !matches!(self.queue.front(), Some(Expect::Local(_)))
+    }
+
     /// Accounts for a server message that was forwarded or dropped; `body`
     /// is needed for ErrorResponse only.
     #[inline]
@@ -376,6 +385,61 @@ mod tests {
         let mut buf = BytesMut::new();
         ErrorFields::new(Severity::Error, code, "boom").encode(&mut buf);
         buf[5..].to_vec()
+    }
+
+    /// Wherever `passes_rows` says so, the general path would forward a
+    /// DataRow and change nothing.
+    #[test]
+    fn passes_rows_agrees_with_verdict_and_consume() {
+        let heads = [
+            None,
+            Some(Expect::Pass {
+                reply: Reply::Execute,
+                statement: None,
+            }),
+            Some(Expect::Pass {
+                reply: Reply::Query,
+                statement: Some(3),
+            }),
+            Some(Expect::Pass {
+                reply: Reply::DescribePortal,
+                statement: None,
+            }),
+            Some(Expect::Prepare {
+                id: 7,
+                client_name: None,
+            }),
+            Some(Expect::Unprepare { id: 7 }),
+            Some(Expect::Local(Local::ParseComplete(None))),
+        ];
+        for head in heads {
+            for skipping in [false, true] {
+                let mut server = ServerStatements::default();
+                let mut e = Expected::default();
+                if let Some(h) = head.clone() {
+                    e.push(h);
+                }
+                e.skipping = skipping;
+                if !e.passes_rows() {
+                    continue;
+                }
+                let before = format!("{:?}", e.queue);
+                assert_eq!(
+                    e.verdict(tags::backend::DATA_ROW, &mut server),
+                    Verdict::Forward
+                );
+                e.consume(tags::backend::DATA_ROW, &[], &mut server);
+                assert_eq!(format!("{:?}", e.queue), before, "{head:?}");
+                assert!(!e.skipping);
+            }
+        }
+        assert!(Expected::default().passes_rows());
+        let mut e = Expected::default();
+        e.push(Expect::Local(Local::ParseComplete(None)));
+        assert!(!e.passes_rows());
+        let mut e = Expected::default();
+        e.skipping = true;
+        assert!(!e.passes_rows());
     }
 
     #[test]
