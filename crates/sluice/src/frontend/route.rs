@@ -182,13 +182,19 @@ pub fn lost_retry_safe(buf: &[u8], read: bool) -> Option<usize> {
             sluice_router::hint(text).is_none() && BUILT_IN.classify(text) == Route::Replica;
         return proven.then_some(len);
     }
-    let text = text.trim_ascii();
+    let text = text.trim_ascii_start();
     // The first word first: most queries are not a BEGIN, and this runs
-    // on every transaction.
-    let first = text.get(..5)?;
-    if !first.eq_ignore_ascii_case(b"begin") && !first.eq_ignore_ascii_case(b"start") {
+    // on every transaction. Five bytes, each `| 0x20`, equal a lower-case
+    // word exactly when they spell it in any case (its bytes are letters).
+    let first: [u8; 5] = text.get(..5)?.try_into().ok()?;
+    let [a, b, c, d, e] = first;
+    let folded = u64::from_le_bytes([a, b, c, d, e, 0, 0, 0]) | 0x20_2020_2020;
+    const BEGIN: u64 = u64::from_le_bytes(*b"begin\0\0\0");
+    const START: u64 = u64::from_le_bytes(*b"start\0\0\0");
+    if folded != BEGIN && folded != START {
         return None;
     }
+    let text = text.trim_ascii_end();
     let text = text.strip_suffix(b";").unwrap_or(text).trim_ascii_end();
     // Plain words only: no second statement, string, comment or quote
     // that could hide one.
@@ -363,6 +369,10 @@ mod tests {
         assert!(lost_retry_safe(&query("start"), false).is_none());
         assert!(lost_retry_safe(&query("delete from t"), false).is_none());
         assert!(lost_retry_safe(&query("select 1"), false).is_none());
+        assert!(lost_retry_safe(&query("BeGiN"), false).is_some());
+        assert!(lost_retry_safe(&query("StArT TrAnSaCtIoN"), false).is_some());
+        assert!(lost_retry_safe(&query("begi\u{6e}x"), false).is_none());
+        assert!(lost_retry_safe(&query("BEGI\u{e}"), false).is_none());
         assert!(lost_retry_safe(&query("select 1"), true).is_some());
         // Hints and a database's own functions are not proof.
         assert!(lost_retry_safe(&query("/* sluice: replica */ delete from t"), true).is_none());
