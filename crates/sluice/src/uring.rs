@@ -643,6 +643,11 @@ impl Sending {
             if !ring.owns(key) {
                 return true;
             }
+            // Most often the flusher reaped the send long ago (the
+            // server has answered it since): its slot is free.
+            if ring.slot(key, fd).is_none() {
+                return false;
+            }
             ring.reap();
             ring.kick();
             ring.slot(key, fd).is_some()
