@@ -437,8 +437,10 @@ mod tests {
         let mut e = Expected::default();
         e.push(Expect::Local(Local::ParseComplete(None)));
         assert!(!e.passes_rows());
-        let mut e = Expected::default();
-        e.skipping = true;
+        let e = Expected {
+            skipping: true,
+            ..Expected::default()
+        };
         assert!(!e.passes_rows());
     }
 
