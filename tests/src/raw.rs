@@ -42,6 +42,19 @@ impl RawClient {
         RawClient { stream }
     }
 
+    /// Connects to 127.0.0.1:`port` with a receive buffer of `bytes` (the
+    /// kernel may round it): a client that reads slowly fills it soon.
+    pub async fn connect_with_recv_buffer(port: u16, bytes: u32) -> RawClient {
+        let socket = tokio::net::TcpSocket::new_v4().expect("socket");
+        socket.set_recv_buffer_size(bytes).expect("SO_RCVBUF");
+        let addr = std::net::SocketAddr::from(([127, 0, 0, 1], port));
+        let stream = tokio::time::timeout(Duration::from_secs(10), socket.connect(addr))
+            .await
+            .expect("TCP connect to sluice timed out")
+            .expect("TCP connect to sluice");
+        RawClient { stream }
+    }
+
     /// The client side's port.
     pub fn local_port(&self) -> u16 {
         self.stream.local_addr().map_or(0, |a| a.port())

@@ -409,3 +409,79 @@ async fn replies_held_back_until_the_client_has_the_rest_come_at_once() {
         }
     }
 }
+
+/// A client that writes without reading — a COPY of 20 MB pipelined
+/// behind a reply it has not read yet, as a blocking client does — is
+/// read while that reply waits for it: the COPY goes to the server, the
+/// client's writes finish, and both replies come. (A relay that stopped
+/// reading the client while it flushed the last replies left both sides
+/// waiting for the other, the server leased for good.)
+#[tokio::test]
+async fn a_client_writing_a_copy_behind_an_unread_reply_is_read_meanwhile() {
+    let cluster = app_cluster(ServerAuth::Trust);
+    grant_create(&cluster);
+    let setup = superuser_connect(&cluster, "postgres").await;
+    setup
+        .batch_execute(&format!(
+            "create table pipelined_copy(x text); grant all on pipelined_copy to {APP_USER}"
+        ))
+        .await
+        .expect("create table");
+    for (backend, reply) in [
+        ("io_uring", 200_000),
+        ("io_uring", 300_000),
+        ("epoll", 200_000),
+        ("epoll", 300_000),
+    ] {
+        let sluice = ConfigBuilder::for_cluster(&cluster)
+            .set("pool_mode", "transaction")
+            .set("default_pool_size", "2")
+            .set("tcp_socket_buffer", "65536")
+            .sluice("io_backend", backend)
+            .start();
+        let mut raw = RawClient::connect_with_recv_buffer(sluice.port(), 4096).await;
+        raw.startup(APP_USER, "postgres").await;
+        raw.read_until_ready(std::time::Duration::from_secs(10))
+            .await;
+        raw.send(&msg::query(&format!("select repeat('x', {reply})")))
+            .await
+            .expect("send");
+        // The reply's tail is with sluice now, waiting for the client.
+        tokio::time::sleep(std::time::Duration::from_millis(700)).await;
+        let line = [b"y".repeat(999), b"\n".to_vec()].concat();
+        let mut copy = msg::query("copy pipelined_copy from stdin");
+        for _ in 0..20_000 {
+            copy.extend(msg::copy_data(&line));
+        }
+        copy.extend(msg::copy_done());
+        let sent = tokio::time::timeout(std::time::Duration::from_secs(30), raw.send(&copy)).await;
+        assert!(
+            matches!(sent, Ok(Ok(()))),
+            "{backend}, reply of {reply} bytes: the client's 20 MB did not go in 30 s: {sent:?}"
+        );
+        let mut completions = Vec::new();
+        let mut ready = 0;
+        while ready < 2 {
+            match raw.read_message(std::time::Duration::from_secs(30)).await {
+                RawReply::Message(b'C', body) => {
+                    completions.push(
+                        String::from_utf8_lossy(&body)
+                            .trim_end_matches('\0')
+                            .to_owned(),
+                    );
+                }
+                RawReply::Message(b'Z', _) => ready += 1,
+                RawReply::Message(b'E', body) => panic!("error: {:?}", error_fields(&body)),
+                RawReply::Message(..) => {}
+                other => {
+                    panic!("{backend}, reply of {reply} bytes: {other:?} after {completions:?}")
+                }
+            }
+        }
+        assert_eq!(
+            completions,
+            ["SELECT 1", "COPY 20000"],
+            "{backend}, reply of {reply} bytes"
+        );
+    }
+}

@@ -230,10 +230,16 @@ pub async fn run(client: &mut Client, cbuf: &mut BytesMut, mut lease: Lease) -> 
     let mut tracking = release_each.map(|_| Tracking::take());
     let app = client.app.clone();
     let mut blocked = Blocked::default();
+    // The last poll only flushed the last replies, whole, and nothing is
+    // left in either buffer: the scans below would find nothing new (about
+    // 250 instructions a transaction, this turn being its last).
+    let mut quiet = false;
 
     let end = loop {
         let server = lease.server();
+        let skip_scans = std::mem::take(&mut quiet);
         let scanned = match tracking.as_deref_mut() {
+            _ if skip_scans => Ok(()),
             None => scan_client(&mut cycle, cbuf, limit),
             Some(t) => tracked::rewrite_client(
                 &mut cycle,
@@ -267,11 +273,12 @@ pub async fn run(client: &mut Client, cbuf: &mut BytesMut, mut lease: Lease) -> 
                 // relay's future.
                 Box::pin(client.follow_listen(statement)).await;
             }
-            blocked = Blocked::default();
+            blocked.clear();
         }
         let server = lease.server();
         let refuse = release_each == Some(true);
         let scanned = match tracking.as_deref_mut() {
+            _ if skip_scans => Ok(false),
             None => scan_server(&mut cycle, &server.buf, &mut client.params, refuse),
             Some(t) => loop {
                 match tracked::scan_server(
@@ -374,7 +381,7 @@ pub async fn run(client: &mut Client, cbuf: &mut BytesMut, mut lease: Lease) -> 
             match tracking.as_deref_mut() {
                 Some(t) if t.needs_after() => {
                     // It waits, and uses the server's socket itself.
-                    blocked = Blocked::default();
+                    blocked.clear();
                     match Box::pin(tracked::after_transaction(&mut lease, client, t)).await {
                         AfterTx::Release => break Ok(Outcome::Release),
                         AfterTx::Close => break Ok(Outcome::Close),
@@ -510,6 +517,14 @@ pub async fn run(client: &mut Client, cbuf: &mut BytesMut, mut lease: Lease) -> 
         };
         match std::future::poll_fn(|cx| sides.poll(cx)).await {
             IoEvent::Progress { client_read } => {
+                quiet = !read_server
+                    && !client_read
+                    && cycle.to_client == 0
+                    && cbuf.is_empty()
+                    && lease.server().buf.is_empty()
+                    && tracking
+                        .as_deref()
+                        .is_some_and(|t| t.out.is_empty() && t.extra.is_empty());
                 if client_read
                     && idle_timer
                         .as_ref()

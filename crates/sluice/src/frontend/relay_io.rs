@@ -66,6 +66,20 @@ pub struct Blocked {
     client_write: bool,
     server_read: bool,
     client_read: bool,
+    /// The last pass that could read the client did not (see
+    /// `Sides::poll_once`). Survives `clear`: the next such pass reads.
+    client_skipped: bool,
+}
+
+impl Blocked {
+    /// Every direction may be polled again (after a wake, or another
+    /// await); a skipped client read stays owed.
+    pub fn clear(&mut self) {
+        *self = Blocked {
+            client_skipped: self.client_skipped,
+            ..Blocked::default()
+        };
+    }
 }
 
 /// The two sockets and their pending bytes.
@@ -157,7 +171,7 @@ impl Sides<'_> {
             return Poll::Ready(IoEvent::TransactionTimeout);
         }
         // The next poll follows a wake: every direction is looked at again.
-        *self.blocked = Blocked::default();
+        self.blocked.clear();
         Poll::Pending
     }
 
@@ -167,6 +181,9 @@ impl Sides<'_> {
         let mut client_read = false;
         let mut server_read = false;
         let mut client_flushed = false;
+        // Only the flush of the last replies remains (see `read_server`).
+        let flush_only = !self.read_server
+            && (*self.to_client > 0 || self.client_extra.as_deref().is_some_and(|e| !e.is_empty()));
         if *self.to_server > 0 && !self.blocked.server_write {
             let (source, due) = match self.server_out.as_deref_mut() {
                 Some(out) => (out, usize::MAX),
@@ -241,12 +258,31 @@ impl Sides<'_> {
         // read only while it is short, or a message held whole needs it.
         let unrewritten_full =
             self.server_out.is_some() && self.cbuf.len() >= BUFFER_LIMIT.max(self.cbuf_wanted);
-        if self.read_client
+        // A pass that read the server, or one that only flushes the last
+        // replies (`flush_only`) and is not stalled, does not read the
+        // client: the
+        // relay scans first, and most often ends, and the session reads
+        // the client next. The pass after a skip that read the server
+        // reads the client, so it is never left unread while the relay
+        // waits on anything else. This saves a readiness check that comes
+        // back Pending (tokio's registration, about 200 instructions) in
+        // every transaction; the client's registration from the earlier
+        // pass still stands, and data it brought stays ready for the read.
+        let may_read_client = self.read_client
             && waiting_for_server < BUFFER_LIMIT
             && unread_replies < BUFFER_LIMIT
             && !unrewritten_full
-            && !self.blocked.client_read
-        {
+            && !self.blocked.client_read;
+        // A flush that stalls (the client does not read) reads the client
+        // again: a client that writes without reading (a large COPY
+        // pipelined behind a large reply) must not block on a sluice that
+        // waits for it to read, and its Terminate or close is seen.
+        let flush_skips = flush_only && !self.blocked.client_write && !self.blocked.client_extra;
+        let skip_client = flush_skips || (server_read && !self.blocked.client_skipped);
+        if may_read_client {
+            self.blocked.client_skipped = skip_client;
+        }
+        if may_read_client && !skip_client {
             reserve(self.cbuf, self.cbuf_wanted);
             match poll_read_buf(Pin::new(&mut *self.client), cx, self.cbuf) {
                 Poll::Ready(Ok(0)) | Poll::Ready(Err(_)) => {
