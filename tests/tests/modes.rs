@@ -485,3 +485,79 @@ async fn a_client_writing_a_copy_behind_an_unread_reply_is_read_meanwhile() {
         );
     }
 }
+
+/// PostgreSQL ignores everything after an error in an extended-protocol
+/// batch up to its Sync, a simple Query too: no ReadyForQuery comes for
+/// that Query. A client sending Parse (failing), Bind, Execute, Query,
+/// Sync must not keep its server as if a reply were still owed: the only
+/// server goes back to the pool and the next client gets it. Without the
+/// Sync, the server ignores all until one comes: it stays with the client,
+/// and idle_transaction_timeout applies.
+#[tokio::test]
+async fn a_query_ignored_after_an_extended_error_owes_nothing() {
+    let cluster = app_cluster(ServerAuth::Trust);
+    let sluice = ConfigBuilder::for_cluster(&cluster)
+        .set("pool_mode", "transaction")
+        .set("default_pool_size", "1")
+        .set("idle_transaction_timeout", "2")
+        .set("query_wait_timeout", "20")
+        .start();
+    let mut raw = RawClient::connect(sluice.port()).await;
+    raw.startup(APP_USER, "postgres").await;
+    raw.read_until_ready(std::time::Duration::from_secs(10))
+        .await;
+    let mut batch = msg::parse("", "selec 1");
+    batch.extend(msg::bind(""));
+    batch.extend(msg::execute());
+    batch.extend(msg::query("select 1"));
+    batch.extend(msg::sync());
+    raw.send(&batch).await.expect("send");
+    assert_eq!(tags_until_ready(&mut raw, 1).await, b"EZ".to_vec());
+    // The only server is free: another client runs at once.
+    let other = connect_as(sluice.port(), APP_USER, "postgres").await;
+    let answered = tokio::time::timeout(
+        std::time::Duration::from_secs(1),
+        scalar_text(&other, "select 'free'"),
+    )
+    .await;
+    assert_eq!(
+        answered.ok().as_deref(),
+        Some("free"),
+        "the server stayed leased"
+    );
+    // And the first client goes on normally.
+    assert_eq!(
+        raw.simple_query("select 2", std::time::Duration::from_secs(5))
+            .await,
+        vec![Some("2".to_owned())]
+    );
+
+    // No Sync yet: the server still ignores what comes; it is not shared,
+    // and the idle transaction's timeout ends it.
+    let mut batch = msg::parse("", "selec 1");
+    batch.extend(msg::bind(""));
+    batch.extend(msg::execute());
+    batch.extend(msg::query("select 1"));
+    raw.send(&batch).await.expect("send");
+    match raw.read_message(std::time::Duration::from_secs(5)).await {
+        RawReply::Message(b'E', _) => {}
+        other => panic!("expected the Parse's error: {other:?}"),
+    }
+    let started = std::time::Instant::now();
+    let waited = tokio::time::timeout(
+        std::time::Duration::from_secs(15),
+        scalar_text(&other, "select 'after'"),
+    )
+    .await;
+    assert_eq!(waited.ok().as_deref(), Some("after"));
+    assert!(
+        started.elapsed() >= std::time::Duration::from_millis(1500),
+        "the server was shared while it ignored messages ({:?})",
+        started.elapsed()
+    );
+    let told = raw
+        .expect_error_or_close(std::time::Duration::from_secs(5))
+        .await
+        .expect("told why before the close");
+    assert_eq!(error_field(&told, b'C'), Some("25P03"), "{told:?}");
+}

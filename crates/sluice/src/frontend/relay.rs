@@ -307,7 +307,7 @@ pub async fn run(client: &mut Client, cbuf: &mut BytesMut, mut lease: Lease) -> 
                     }
                     Ok((changed, None)) => {
                         tracked::forget_failed_parses(t, client.statements_if_any());
-                        tracked::settle(&cycle, t, &mut server.statements);
+                        tracked::settle(&mut cycle, t, &mut server.statements);
                         break Ok(changed);
                     }
                     Err(e) => break Err(e),

@@ -240,6 +240,20 @@ impl Requests {
         }
     }
 
+    /// PostgreSQL ignored `n` Queries or FunctionCalls: they followed an
+    /// error in an extended-protocol batch, before its Sync. No
+    /// ReadyForQuery comes for them. `batch_open`: no Sync follows them
+    /// yet, so the server ignores all until one comes: it is not at rest
+    /// (a Query sent meanwhile did not close the batch, as it seemed to).
+    pub(super) fn requests_ignored(&mut self, n: u32, batch_open: bool) {
+        self.outstanding = self.outstanding.saturating_sub(n);
+        self.seen += u64::from(n);
+        if batch_open {
+            self.unsynced = true;
+        }
+        self.drop_stale_claims();
+    }
+
     /// The server sent ReadyForQuery.
     pub(super) fn server_ready(&mut self) {
         self.executed = false;
@@ -316,6 +330,27 @@ mod tests {
             }
         }
         ignored
+    }
+
+    #[test]
+    fn queries_ignored_after_an_extended_error_are_not_owed() {
+        // Parse (fails), Bind, Execute, Query, Sync: PostgreSQL answers the
+        // error and the Sync's ReadyForQuery; the Query is ignored.
+        let mut r = Requests::default();
+        send(&mut r, &[f::PARSE, f::BIND, f::EXECUTE, f::QUERY, f::SYNC]);
+        assert_eq!(r.outstanding, 2);
+        r.requests_ignored(1, false);
+        r.server_ready();
+        assert!(r.at_rest());
+        // Without the Sync yet: the server still ignores until one comes.
+        let mut r = Requests::default();
+        send(&mut r, &[f::PARSE, f::BIND, f::EXECUTE, f::QUERY]);
+        r.requests_ignored(1, true);
+        assert_eq!(r.outstanding, 0);
+        assert!(!r.at_rest(), "the batch is open until a Sync");
+        send(&mut r, &[f::SYNC]);
+        r.server_ready();
+        assert!(r.at_rest());
     }
 
     #[test]

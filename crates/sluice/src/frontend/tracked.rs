@@ -537,6 +537,9 @@ pub(super) fn scan_server(
             } else {
                 expected.verdict(tag, server)
             };
+            if let Some((n, open)) = expected.take_ignored_requests() {
+                cycle.req.requests_ignored(n, open);
+            }
             match verdict {
                 Verdict::Forward => {}
                 Verdict::Drop => {
@@ -563,6 +566,10 @@ pub(super) fn scan_server(
                 expected.forget_ignored_syncs(std::mem::take(&mut seen.ignored_syncs));
             }
             expected.consume(tag, body, server);
+            // (an error skips the rest of its batch at once)
+            if let Some((n, open)) = expected.take_ignored_requests() {
+                cycle.req.requests_ignored(n, open);
+            }
             Visit::Forward
         },
     )?;
@@ -595,7 +602,12 @@ pub(super) fn release_held(
             t.expected.consume(tag, &[], server);
             sbuf.advance(len);
         }
-        Held::LocalFirst => t.expected.settle(&mut t.extra, cycle.status, server),
+        Held::LocalFirst => {
+            t.expected.settle(&mut t.extra, cycle.status, server);
+            if let Some((n, open)) = t.expected.take_ignored_requests() {
+                cycle.req.requests_ignored(n, open);
+            }
+        }
         Held::Retry(RetryStep::Emit, _, _) => {
             t.extra
                 .extend_from_slice(&std::mem::take(&mut cycle.retry_kept));
@@ -675,9 +687,12 @@ pub(super) fn forget_failed_parses(t: &mut Tracking, names: Option<&mut ClientNa
 }
 
 /// Writes sluice's own replies that are due now that the server's are out.
-pub(super) fn settle(cycle: &Cycle, t: &mut Tracking, server: &mut ServerStatements) {
+pub(super) fn settle(cycle: &mut Cycle, t: &mut Tracking, server: &mut ServerStatements) {
     if cycle.to_client == 0 && cycle.server_scan.at_boundary() {
         t.expected.settle(&mut t.extra, cycle.status, server);
+        if let Some((n, open)) = t.expected.take_ignored_requests() {
+            cycle.req.requests_ignored(n, open);
+        }
     }
 }
 

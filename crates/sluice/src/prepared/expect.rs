@@ -93,6 +93,10 @@ pub struct Expected {
     /// Client statement names whose Parse failed or was skipped: they do
     /// not exist, as on PostgreSQL (name, shared statement id).
     failed_parses: Vec<NameUndo>,
+    /// Queries and function calls skipped with the rest of a failed
+    /// extended-protocol batch (PostgreSQL ignores everything up to the
+    /// Sync, a Query too), not yet told to the request count.
+    ignored_requests: u32,
 }
 
 /// A change to a client's names that PostgreSQL did not make (its Parse
@@ -319,11 +323,29 @@ impl Expected {
                         self.failed_parses.push(NameUndo::Parsed(named.0, named.1));
                     }
                 }
+                Some(Expect::Pass {
+                    reply: Reply::Query,
+                    ..
+                }) => {
+                    self.ignored_requests = self.ignored_requests.saturating_add(1);
+                    self.queue.pop_front();
+                }
                 Some(Expect::Pass { .. } | Expect::Local(_)) => {
                     self.queue.pop_front();
                 }
             }
         }
+    }
+
+    /// Queries and function calls PostgreSQL ignored since last asked
+    /// (they came after an error in an extended-protocol batch, before its
+    /// Sync): no ReadyForQuery answers them. With it, whether the server
+    /// still ignores what comes (no Sync sent yet to end the batch).
+    pub fn take_ignored_requests(&mut self) -> Option<(u32, bool)> {
+        if self.ignored_requests == 0 {
+            return None;
+        }
+        Some((std::mem::take(&mut self.ignored_requests), self.skipping))
     }
 }
 
