@@ -549,3 +549,92 @@ async fn commit_elsewhere(client: &tokio_postgres::Client, pid: i32) {
     assert_ne!(now, pid, "the transaction runs on another server");
     client.simple_query("commit").await.expect("COMMIT");
 }
+
+/// A server terminated just after its last reply: its FATAL error comes in
+/// the same read as the ReadyForQuery (made so here by stopping sluice
+/// while the reply and the error arrive). It answers nothing the client
+/// asked: the client does not see it and goes on, and the dead server is
+/// closed instead of going back to the pool.
+#[tokio::test]
+async fn a_fatal_error_right_after_the_last_reply_is_not_the_clients() {
+    let cluster = app_cluster(ServerAuth::Trust);
+    let admin = superuser_connect(&cluster, "postgres").await;
+    for backend in ["io_uring", "epoll"] {
+        let sluice = ConfigBuilder::for_cluster(&cluster)
+            .set("pool_mode", "transaction")
+            .set("default_pool_size", "1")
+            .sluice("io_backend", backend)
+            .start();
+        fatal_after_the_last_reply(&sluice, &admin).await;
+    }
+}
+
+async fn fatal_after_the_last_reply(sluice: &SluiceProcess, admin: &Client) {
+    let mut raw = RawClient::connect(sluice.port()).await;
+    raw.startup(APP_USER, "postgres").await;
+    raw.read_until_ready(Duration::from_secs(10)).await;
+    let pid = raw
+        .simple_query("select pg_backend_pid()", Duration::from_secs(5))
+        .await
+        .pop()
+        .flatten()
+        .expect("pid");
+
+    raw.send(&msg::query("select pg_sleep(0.5)"))
+        .await
+        .expect("send");
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let sluice_pid = i32::try_from(sluice.pid()).expect("pid");
+    // SAFETY: kill(2) on the sluice this test started.
+    assert_eq!(unsafe { libc::kill(sluice_pid, libc::SIGSTOP) }, 0);
+    // The reply comes while sluice is stopped, then the FATAL error.
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    admin
+        .simple_query(&format!("select pg_terminate_backend({pid})"))
+        .await
+        .expect("terminate");
+    let gone = eventually(Duration::from_secs(10), || async {
+        let n = scalar_text(
+            admin,
+            &format!("select count(*) from pg_stat_activity where pid = {pid}"),
+        )
+        .await;
+        (n == "0").then_some(())
+    })
+    .await;
+    // SAFETY: as above.
+    assert_eq!(unsafe { libc::kill(sluice_pid, libc::SIGCONT) }, 0);
+    assert!(gone.is_some(), "the backend did not end");
+
+    let mut tags = Vec::new();
+    loop {
+        match raw.read_message(Duration::from_secs(5)).await {
+            RawReply::Message(tag, body) => {
+                assert_ne!(tag, b'E', "{:?}", error_fields(&body));
+                tags.push(tag);
+                if tag == b'Z' {
+                    break;
+                }
+            }
+            other => panic!("no reply to the query: {other:?} after {tags:?}"),
+        }
+    }
+    match raw.read_message(Duration::from_millis(500)).await {
+        RawReply::TimedOut => {}
+        RawReply::Message(b'E', body) => {
+            panic!(
+                "the server's FATAL reached the client: {:?}",
+                error_fields(&body)
+            )
+        }
+        other => panic!("after the reply: {other:?}"),
+    }
+    // The client goes on, on another server.
+    let again = raw
+        .simple_query("select pg_backend_pid()", Duration::from_secs(5))
+        .await
+        .pop()
+        .flatten()
+        .expect("pid");
+    assert_ne!(again, pid, "the dead server was given out again");
+}

@@ -360,6 +360,12 @@ pub async fn run(client: &mut Client, cbuf: &mut BytesMut, mut lease: Lease) -> 
         if at_end && cycle.retry == Retry::Done {
             break Ok(Outcome::Retry);
         }
+        if at_end && cycle.after_farewell {
+            // Its FATAL error came after the last reply (kept from the
+            // client, who lost nothing): the server closes, the client goes
+            // on with another.
+            break Ok(Outcome::Close);
+        }
         if cycle.retry == Retry::Done
             && cycle.req.outstanding == 0
             && cycle.status != TransactionStatus::Idle
@@ -593,7 +599,12 @@ pub async fn run(client: &mut Client, cbuf: &mut BytesMut, mut lease: Lease) -> 
     // Its last use, for the release (one clock read for both).
     lease.server().last_used = done_at;
     lease.stats.error_classes = std::mem::take(&mut cycle.error_classes);
-    let server_drained = lease.server().buf.is_empty();
+    // (a FATAL error held back between transactions counts as drained: it
+    // answers nothing the client asked; see `tracked::scan_server`)
+    let server_drained = {
+        let buf = &lease.server().buf;
+        buf.is_empty() || tracked::is_lone_fatal(buf)
+    };
     let ended = match end {
         Ok(Outcome::Retry) => {
             lease.release();

@@ -353,6 +353,21 @@ fn is_read_only_refusal(body: &[u8]) -> bool {
 
 /// An ErrorResponse body of severity FATAL or PANIC: the server closes
 /// the connection after it.
+/// Nothing owed and no transaction open: what the server sends now answers
+/// nothing the client asked.
+fn between_transactions(cycle: &Cycle) -> bool {
+    cycle.req.at_rest() && cycle.status == TransactionStatus::Idle
+}
+
+/// `buf` holds one whole ErrorResponse of severity FATAL (or PANIC) and
+/// nothing else.
+pub(super) fn is_lone_fatal(buf: &[u8]) -> bool {
+    matches!(split_frame(buf, SERVER_MESSAGE_LIMIT), Ok(Some(h))
+        if h.tag == tags::backend::ERROR_RESPONSE
+            && h.total_len == buf.len()
+            && is_fatal(&buf[sluice_wire::HEADER_LEN..]))
+}
+
 fn is_fatal(body: &[u8]) -> bool {
     sluice_wire::ErrorFields::decode(body).is_ok_and(|f| matches!(f.severity, "FATAL" | "PANIC"))
 }
@@ -477,6 +492,17 @@ pub(super) fn scan_server(
                 _ if asynchronous => None,
                 // A primary's farewell: kept (see `Cycle::keep_farewell`).
                 _ if cycle.keep_farewell && tag == b::ERROR_RESPONSE && is_fatal(body) => {
+                    Some(RetryStep::Swallow)
+                }
+                // A FATAL error with nothing owed, between transactions (the
+                // server was terminated just after its last reply): not an
+                // answer to the client, who lost nothing; the server
+                // closes instead of going back (`Cycle::after_farewell`).
+                _ if tag == b::ERROR_RESPONSE
+                    && cycle.req.at_rest()
+                    && cycle.status == TransactionStatus::Idle
+                    && is_fatal(body) =>
+                {
                     Some(RetryStep::Swallow)
                 }
                 // The rewriter's own Parse (the statement was not on this
@@ -628,12 +654,13 @@ pub(super) fn release_held(
             }
             t.expected.consume(tag, &body, server);
             let fatal = tag == tags::backend::ERROR_RESPONSE && is_fatal(&body);
+            let between = fatal && between_transactions(cycle);
             if cycle.keep_farewell && fatal {
                 cycle.farewell = Some(body.clone());
             }
             let retrying = matches!(cycle.retry, Retry::Lost | Retry::Armed);
             let farewell = is_farewell(tag, &body);
-            if (fatal && cycle.keep_farewell) || (farewell && retrying) {
+            if (fatal && (cycle.keep_farewell || between)) || (farewell && retrying) {
                 // A farewell: only the end of the connection may follow;
                 // a shutdown's keeps the request's chance to run elsewhere.
                 cycle.after_farewell = true;
