@@ -573,12 +573,7 @@ async fn fatal_after_the_last_reply(sluice: &SluiceProcess, admin: &Client) {
     let mut raw = RawClient::connect(sluice.port()).await;
     raw.startup(APP_USER, "postgres").await;
     raw.read_until_ready(Duration::from_secs(10)).await;
-    let pid = raw
-        .simple_query("select pg_backend_pid()", Duration::from_secs(5))
-        .await
-        .pop()
-        .flatten()
-        .expect("pid");
+    let pid = raw_backend_pid(&mut raw).await;
 
     raw.send(&msg::query("select pg_sleep(0.5)"))
         .await
@@ -630,11 +625,15 @@ async fn fatal_after_the_last_reply(sluice: &SluiceProcess, admin: &Client) {
         other => panic!("after the reply: {other:?}"),
     }
     // The client goes on, on another server.
-    let again = raw
-        .simple_query("select pg_backend_pid()", Duration::from_secs(5))
+    let again = raw_backend_pid(&mut raw).await;
+    assert_ne!(again, pid, "the dead server was given out again");
+}
+
+/// The pid of the backend a raw client's next simple query runs on.
+async fn raw_backend_pid(raw: &mut RawClient) -> String {
+    raw.simple_query("select pg_backend_pid()", Duration::from_secs(5))
         .await
         .pop()
         .flatten()
-        .expect("pid");
-    assert_ne!(again, pid, "the dead server was given out again");
+        .expect("pid")
 }

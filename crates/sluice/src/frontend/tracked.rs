@@ -13,7 +13,7 @@ use super::relay::{
     server_needs_body,
 };
 use super::relay_io::BUFFER_LIMIT;
-use super::requests::Counted;
+use super::requests::{Counted, Requests};
 use crate::prepared::client_names::ClientNames;
 use crate::prepared::expect::{Expect, Expected, NameUndo, Reply, Verdict};
 use crate::prepared::registry::Registry;
@@ -355,8 +355,16 @@ fn is_read_only_refusal(body: &[u8]) -> bool {
 /// the connection after it.
 /// Nothing owed and no transaction open: what the server sends now answers
 /// nothing the client asked.
-fn between_transactions(cycle: &Cycle) -> bool {
-    cycle.req.at_rest() && cycle.status == TransactionStatus::Idle
+fn between_transactions(req: &Requests, status: TransactionStatus) -> bool {
+    req.at_rest() && status == TransactionStatus::Idle
+}
+
+/// Tells the request count of the Queries the expected replies skipped
+/// with a failed extended batch (see `Expected::take_ignored_requests`).
+fn forget_ignored_requests(expected: &mut Expected, req: &mut Requests) {
+    if let Some((n, open)) = expected.take_ignored_requests() {
+        req.requests_ignored(n, open);
+    }
 }
 
 /// `buf` holds one whole ErrorResponse of severity FATAL (or PANIC) and
@@ -499,8 +507,7 @@ pub(super) fn scan_server(
                 // answer to the client, who lost nothing; the server
                 // closes instead of going back (`Cycle::after_farewell`).
                 _ if tag == b::ERROR_RESPONSE
-                    && cycle.req.at_rest()
-                    && cycle.status == TransactionStatus::Idle
+                    && between_transactions(&cycle.req, cycle.status)
                     && is_fatal(body) =>
                 {
                     Some(RetryStep::Swallow)
@@ -563,9 +570,7 @@ pub(super) fn scan_server(
             } else {
                 expected.verdict(tag, server)
             };
-            if let Some((n, open)) = expected.take_ignored_requests() {
-                cycle.req.requests_ignored(n, open);
-            }
+            forget_ignored_requests(expected, &mut cycle.req);
             match verdict {
                 Verdict::Forward => {}
                 Verdict::Drop => {
@@ -593,9 +598,7 @@ pub(super) fn scan_server(
             }
             expected.consume(tag, body, server);
             // (an error skips the rest of its batch at once)
-            if let Some((n, open)) = expected.take_ignored_requests() {
-                cycle.req.requests_ignored(n, open);
-            }
+            forget_ignored_requests(expected, &mut cycle.req);
             Visit::Forward
         },
     )?;
@@ -630,9 +633,7 @@ pub(super) fn release_held(
         }
         Held::LocalFirst => {
             t.expected.settle(&mut t.extra, cycle.status, server);
-            if let Some((n, open)) = t.expected.take_ignored_requests() {
-                cycle.req.requests_ignored(n, open);
-            }
+            forget_ignored_requests(&mut t.expected, &mut cycle.req);
         }
         Held::Retry(RetryStep::Emit, _, _) => {
             t.extra
@@ -654,7 +655,7 @@ pub(super) fn release_held(
             }
             t.expected.consume(tag, &body, server);
             let fatal = tag == tags::backend::ERROR_RESPONSE && is_fatal(&body);
-            let between = fatal && between_transactions(cycle);
+            let between = fatal && between_transactions(&cycle.req, cycle.status);
             if cycle.keep_farewell && fatal {
                 cycle.farewell = Some(body.clone());
             }
@@ -717,9 +718,7 @@ pub(super) fn forget_failed_parses(t: &mut Tracking, names: Option<&mut ClientNa
 pub(super) fn settle(cycle: &mut Cycle, t: &mut Tracking, server: &mut ServerStatements) {
     if cycle.to_client == 0 && cycle.server_scan.at_boundary() {
         t.expected.settle(&mut t.extra, cycle.status, server);
-        if let Some((n, open)) = t.expected.take_ignored_requests() {
-            cycle.req.requests_ignored(n, open);
-        }
+        forget_ignored_requests(&mut t.expected, &mut cycle.req);
     }
 }
 
