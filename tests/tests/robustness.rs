@@ -565,14 +565,24 @@ async fn a_fatal_error_right_after_the_last_reply_is_not_the_clients() {
             .set("default_pool_size", "1")
             .sluice("io_backend", backend)
             .start();
-        fatal_after_the_last_reply(&sluice, &admin).await;
+        fatal_after_the_last_reply(&sluice, &admin, false).await;
+        // A client pinned to its server (a temp table) loses something
+        // with it: it is told, not silently moved.
+        fatal_after_the_last_reply(&sluice, &admin, true).await;
     }
 }
 
-async fn fatal_after_the_last_reply(sluice: &SluiceProcess, admin: &Client) {
+async fn fatal_after_the_last_reply(sluice: &SluiceProcess, admin: &Client, pinned: bool) {
     let mut raw = RawClient::connect(sluice.port()).await;
     raw.startup(APP_USER, "postgres").await;
     raw.read_until_ready(Duration::from_secs(10)).await;
+    if pinned {
+        raw.simple_query(
+            "create temp table pinned_here(x int)",
+            Duration::from_secs(5),
+        )
+        .await;
+    }
     let pid = raw_backend_pid(&mut raw).await;
 
     raw.send(&msg::query("select pg_sleep(0.5)"))
@@ -606,6 +616,13 @@ async fn fatal_after_the_last_reply(sluice: &SluiceProcess, admin: &Client) {
         match raw.read_message(Duration::from_secs(5)).await {
             RawReply::Message(tag, body) => {
                 assert_ne!(tag, b'E', "{:?}", error_fields(&body));
+                if pinned && tag == b'Z' {
+                    // Its session objects died with the server: the
+                    // server's FATAL (or sluice's word for it) comes.
+                    let told = raw.expect_error_or_close(Duration::from_secs(5)).await;
+                    assert!(told.is_some(), "a pinned client was not told");
+                    return;
+                }
                 tags.push(tag);
                 if tag == b'Z' {
                     break;

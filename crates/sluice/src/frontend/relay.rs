@@ -360,7 +360,7 @@ pub async fn run(client: &mut Client, cbuf: &mut BytesMut, mut lease: Lease) -> 
         if at_end && cycle.retry == Retry::Done {
             break Ok(Outcome::Retry);
         }
-        if at_end && cycle.after_farewell {
+        if at_end && cycle.after_farewell && tracking.as_deref().is_some_and(Tracking::plain) {
             // Its FATAL error came after the last reply (kept from the
             // client, who lost nothing): the server closes, the client goes
             // on with another.

@@ -351,12 +351,32 @@ fn is_read_only_refusal(body: &[u8]) -> bool {
     sluice_wire::ErrorFields::decode(body).is_ok_and(|f| f.code == "25006")
 }
 
-/// An ErrorResponse body of severity FATAL or PANIC: the server closes
-/// the connection after it.
-/// Nothing owed and no transaction open: what the server sends now answers
-/// nothing the client asked.
-fn between_transactions(req: &Requests, status: TransactionStatus) -> bool {
-    req.at_rest() && status == TransactionStatus::Idle
+/// Nothing owed, no transaction open, no safety net on, and nothing the
+/// client keeps on its server (`plain`: not pinned, no after-transaction
+/// check due): a FATAL error the server sends now answers nothing the
+/// client asked, and the client loses nothing if the server closes and it
+/// goes on with another. (A pinned client, or one whose settings are still
+/// to be captured, gets the error as before; so does a routed read whose
+/// retry is decided.)
+fn between_transactions(
+    req: &Requests,
+    status: TransactionStatus,
+    retry: Retry,
+    plain: bool,
+) -> bool {
+    plain
+        && retry == Retry::Off
+        && req.at_rest()
+        && !req.unsure()
+        && status == TransactionStatus::Idle
+}
+
+impl Tracking {
+    /// Nothing of the client's stays on its server or is due after its
+    /// transaction (see `between_transactions`).
+    pub(super) fn plain(&self) -> bool {
+        self.pinned.is_none() && !self.needs_after()
+    }
 }
 
 /// Tells the request count of the Queries the expected replies skipped
@@ -376,6 +396,8 @@ pub(super) fn is_lone_fatal(buf: &[u8]) -> bool {
             && is_fatal(&buf[sluice_wire::HEADER_LEN..]))
 }
 
+/// An ErrorResponse body of severity FATAL or PANIC: the server closes
+/// the connection after it.
 fn is_fatal(body: &[u8]) -> bool {
     sluice_wire::ErrorFields::decode(body).is_ok_and(|f| matches!(f.severity, "FATAL" | "PANIC"))
 }
@@ -453,6 +475,7 @@ pub(super) fn scan_server(
     use tags::backend as b;
     let mut seen = ServerSeen::default();
     let mut held = None;
+    let plain = t.plain();
     let expected = &mut t.expected;
     let swallowing = cycle.retry == Retry::Swallowing;
     let armed = cycle.retry == Retry::Armed;
@@ -507,7 +530,7 @@ pub(super) fn scan_server(
                 // answer to the client, who lost nothing; the server
                 // closes instead of going back (`Cycle::after_farewell`).
                 _ if tag == b::ERROR_RESPONSE
-                    && between_transactions(&cycle.req, cycle.status)
+                    && between_transactions(&cycle.req, cycle.status, cycle.retry, plain)
                     && is_fatal(body) =>
                 {
                     Some(RetryStep::Swallow)
@@ -641,6 +664,8 @@ pub(super) fn release_held(
             cycle.retry = Retry::Off;
         }
         Held::Retry(step, tag, body) => {
+            // (decided before the message is accounted, as the scan did)
+            let between = between_transactions(&cycle.req, cycle.status, cycle.retry, t.plain());
             let mut seen = ServerSeen::default();
             on_server_message(
                 &mut seen,
@@ -655,7 +680,7 @@ pub(super) fn release_held(
             }
             t.expected.consume(tag, &body, server);
             let fatal = tag == tags::backend::ERROR_RESPONSE && is_fatal(&body);
-            let between = fatal && between_transactions(&cycle.req, cycle.status);
+            let between = fatal && between;
             if cycle.keep_farewell && fatal {
                 cycle.farewell = Some(body.clone());
             }
