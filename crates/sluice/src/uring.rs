@@ -57,9 +57,10 @@ const ENTRIES: u32 = 1024;
 const CQ_ENTRIES: u32 = 8192;
 /// Bytes one write hands over at most (the rest is written next time).
 const MAX_SEND: usize = 64 * 1024;
-/// Spare buffers kept per worker, and the largest kept.
-const SPARE: usize = 64;
-const SPARE_CAPACITY: usize = 16 * 1024;
+/// Slots that keep their buffer between sends (the first ones, which
+/// are taken first), and the largest buffer kept: 1 MiB a worker at most.
+const KEEP_SLOTS: usize = 64;
+const KEEP_CAPACITY: usize = 16 * 1024;
 /// Set in the `user_data` of what is not a send (the poll that waits for
 /// room before a send, a cancel): its completion is not a send's.
 const NOT_A_SEND: u64 = 1 << 63;
@@ -144,30 +145,24 @@ pub enum Held {
     Unix(UnixStream),
 }
 
-enum Slot {
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum State {
     Free,
     /// Bytes waiting for the next flush (no entry in the kernel yet).
-    Queued(Send),
+    Queued,
     /// In the kernel.
-    Sending(Send),
-    /// Failed; kept until the socket's stream looks (or is dropped).
-    Failed {
-        fd: RawFd,
-        error: io::Error,
-    },
+    Sending,
+    /// Failed (`error`); kept until the socket's stream looks (or is
+    /// dropped).
+    Failed,
 }
 
-impl Slot {
-    fn fd(&self) -> Option<RawFd> {
-        match self {
-            Slot::Free => None,
-            Slot::Queued(s) | Slot::Sending(s) => Some(s.fd),
-            Slot::Failed { fd, .. } => Some(*fd),
-        }
-    }
-}
-
-struct Send {
+/// One send. A slot changes state in place: nothing moves when a send
+/// is queued, submitted or done, and its buffer stays for the next send
+/// (in the first `KEEP_SLOTS` slots).
+struct Slot {
+    state: State,
+    /// The generation of the slot's current (or last) use.
     generation: u32,
     fd: RawFd,
     buf: Vec<u8>,
@@ -176,6 +171,22 @@ struct Send {
     waker: Option<Waker>,
     /// The socket, once its stream was dropped: closed after the send.
     held: Option<Held>,
+    error: Option<io::Error>,
+}
+
+impl Slot {
+    fn new() -> Self {
+        Slot {
+            state: State::Free,
+            generation: 0,
+            fd: -1,
+            buf: Vec::new(),
+            sent: 0,
+            waker: None,
+            held: None,
+            error: None,
+        }
+    }
 }
 
 struct Ring {
@@ -186,9 +197,10 @@ struct Ring {
     completions: AsyncFd<RawFdRef>,
     uring: IoUring,
     slots: Vec<Slot>,
-    /// The generation of each slot's current use.
-    generations: Vec<u32>,
+    /// Free slots below `KEEP_SLOTS` (taken first: they have a buffer),
+    /// and the others.
     free: Vec<u32>,
+    free_high: Vec<u32>,
     /// Slots with bytes queued since the last flush.
     queued: Vec<u32>,
     /// Sends the submission queue had no room for: pushed at the next
@@ -200,7 +212,6 @@ struct Ring {
     /// Sends of dropped streams put in the submission queue since the
     /// last submit: those still in the kernel after it are cancelled.
     held_pushed: Vec<u64>,
-    spare: Vec<Vec<u8>>,
     flusher: Option<Waker>,
 }
 
@@ -321,13 +332,12 @@ fn make_ring() -> Option<Box<Ring>> {
         uring,
         completions,
         slots: Vec::new(),
-        generations: Vec::new(),
         free: Vec::new(),
+        free_high: Vec::new(),
         queued: Vec::new(),
         retry: Vec::new(),
         cancels: Vec::new(),
         held_pushed: Vec::new(),
-        spare: Vec::new(),
         flusher: None,
     }))
 }
@@ -337,68 +347,79 @@ impl Ring {
     /// current and it is the send of socket `fd`.
     fn slot(&mut self, key: u64, fd: RawFd) -> Option<&mut Slot> {
         let (ring, i, generation) = split(key);
-        if ring != self.id || self.generations.get(i) != Some(&generation) {
+        if ring != self.id {
             return None;
         }
-        self.slots.get_mut(i).filter(|s| s.fd() == Some(fd))
+        self.slots
+            .get_mut(i)
+            .filter(|s| s.generation == generation && s.state != State::Free && s.fd == fd)
+    }
+
+    /// The slot of a send the ring submitted, by its key alone.
+    fn sending(&mut self, key: u64) -> Option<&mut Slot> {
+        let (ring, i, generation) = split(key);
+        if ring != self.id {
+            return None;
+        }
+        self.slots
+            .get_mut(i)
+            .filter(|s| s.generation == generation && s.state == State::Sending)
     }
 
     fn owns(&self, key: u64) -> bool {
         split(key).0 == self.id
     }
 
+    /// Frees the slot (a held socket closes here).
     fn release(&mut self, i: usize) {
-        if let Some(slot) = self.slots.get_mut(i) {
-            let old = std::mem::replace(slot, Slot::Free);
-            if let Slot::Queued(s) | Slot::Sending(s) = old {
-                self.give_back(s.buf);
-            }
+        let Some(s) = self.slots.get_mut(i) else {
+            return;
+        };
+        if s.state == State::Free {
+            return;
+        }
+        s.state = State::Free;
+        s.sent = 0;
+        s.waker = None;
+        s.held = None;
+        s.error = None;
+        if i < KEEP_SLOTS && s.buf.capacity() <= KEEP_CAPACITY {
+            s.buf.clear();
+        } else {
+            s.buf = Vec::new();
+        }
+        if i < KEEP_SLOTS {
             self.free.push(i as u32);
+        } else {
+            self.free_high.push(i as u32);
         }
     }
 
     /// A Failed slot's error, the slot freed.
     fn take_error(&mut self, i: usize) -> io::Error {
-        let old = std::mem::replace(&mut self.slots[i], Slot::Free);
-        self.free.push(i as u32);
-        match old {
-            Slot::Failed { error, .. } => error,
-            _ => io::Error::other("send failed"),
-        }
-    }
-
-    fn give_back(&mut self, mut buf: Vec<u8>) {
-        if self.spare.len() < SPARE && buf.capacity() <= SPARE_CAPACITY {
-            buf.clear();
-            self.spare.push(buf);
-        }
+        let error = self.slots.get_mut(i).and_then(|s| s.error.take());
+        self.release(i);
+        error.unwrap_or_else(|| io::Error::other("send failed"))
     }
 
     fn new_slot(&mut self, fd: RawFd, data: &[u8]) -> Option<u64> {
-        let i = match self.free.pop() {
+        let i = match self.free.pop().or_else(|| self.free_high.pop()) {
             Some(i) => i as usize,
             None => {
                 let i = self.slots.len();
                 if i > SLOT_MASK as usize {
                     return None;
                 }
-                self.slots.push(Slot::Free);
-                self.generations.push(0);
+                self.slots.push(Slot::new());
                 i
             }
         };
-        let generation = (self.generations[i].wrapping_add(1) & SLOT_MASK).max(1);
-        self.generations[i] = generation;
-        let mut buf = self.spare.pop().unwrap_or_default();
-        buf.extend_from_slice(data);
-        self.slots[i] = Slot::Queued(Send {
-            generation,
-            fd,
-            buf,
-            sent: 0,
-            waker: None,
-            held: None,
-        });
+        let s = &mut self.slots[i];
+        let generation = (s.generation.wrapping_add(1) & SLOT_MASK).max(1);
+        s.generation = generation;
+        s.state = State::Queued;
+        s.fd = fd;
+        s.buf.extend_from_slice(data);
         self.queued.push(i as u32);
         if self.queued.len() == 1
             && let Some(w) = self.flusher.take()
@@ -413,7 +434,7 @@ impl Ring {
     /// waits for the next flush.
     fn push(&mut self, i: usize, wait_for_room: bool) {
         let id = self.id;
-        let Some(Slot::Sending(s)) = self.slots.get_mut(i) else {
+        let Some(s) = self.slots.get_mut(i).filter(|s| s.state == State::Sending) else {
             return;
         };
         let rest = &s.buf[s.sent..];
@@ -474,11 +495,10 @@ impl Ring {
             let mut queued = std::mem::take(&mut self.queued);
             for &i in &queued {
                 let i = i as usize;
-                if let Some(slot) = self.slots.get_mut(i)
-                    && let Slot::Queued(_) = slot
-                    && let Slot::Queued(s) = std::mem::replace(slot, Slot::Free)
+                if let Some(s) = self.slots.get_mut(i)
+                    && s.state == State::Queued
                 {
-                    *slot = Slot::Sending(s);
+                    s.state = State::Sending;
                     self.push(i, false);
                 }
             }
@@ -493,10 +513,7 @@ impl Ring {
             // A dropped stream's send still in the kernel after its
             // submit waits for a peer that takes nothing: cut it short.
             for key in std::mem::take(&mut self.held_pushed) {
-                let (_, i, generation) = split(key);
-                if self.generations.get(i) == Some(&generation)
-                    && matches!(self.slots.get(i), Some(Slot::Sending(_)))
-                {
+                if self.sending(key).is_some() {
                     self.cancel(key);
                 }
             }
@@ -542,11 +559,8 @@ impl Ring {
     }
 
     fn complete(&mut self, data: u64, result: i32) {
-        let (ring, i, generation) = split(data);
-        if ring != self.id || self.generations.get(i) != Some(&generation) {
-            return;
-        }
-        let Some(Slot::Sending(s)) = self.slots.get_mut(i) else {
+        let i = split(data).1;
+        let Some(s) = self.sending(data) else {
             return;
         };
         let again = result == -libc::EAGAIN || result == -libc::ECANCELED || result == -libc::EINTR;
@@ -586,17 +600,20 @@ impl Ring {
     /// Ends the slot's send with `error`, kept for its stream (or the
     /// held socket is closed).
     fn fail(&mut self, i: usize, error: io::Error) {
-        let Some(Slot::Sending(s) | Slot::Queued(s)) = self.slots.get_mut(i) else {
+        let Some(s) = self
+            .slots
+            .get_mut(i)
+            .filter(|s| matches!(s.state, State::Sending | State::Queued))
+        else {
             return;
         };
         let waker = s.waker.take();
         if s.held.is_some() {
             self.release(i);
         } else {
-            let fd = s.fd;
-            let buf = std::mem::take(&mut s.buf);
-            self.slots[i] = Slot::Failed { fd, error };
-            self.give_back(buf);
+            s.state = State::Failed;
+            s.error = Some(error);
+            s.buf.clear();
         }
         if let Some(w) = waker {
             w.wake();
@@ -609,10 +626,18 @@ impl Drop for Ring {
         // The thread ends. Sends the kernel still holds read buffers
         // freed here: leak those instead.
         for slot in std::mem::take(&mut self.slots) {
-            if let Slot::Sending(s) = slot {
-                std::mem::forget(s);
+            if slot.state == State::Sending {
+                std::mem::forget(slot);
             }
         }
+    }
+}
+
+/// Keeps the waker of the task that polls, cloning only when it changed.
+fn set_waker(slot: &mut Option<Waker>, cx: &Context<'_>) {
+    match slot {
+        Some(w) if w.will_wake(cx.waker()) => {}
+        _ => *slot = Some(cx.waker().clone()),
     }
 }
 
@@ -676,25 +701,25 @@ impl Sending {
                     return Poll::Ready(Err(moved()));
                 }
                 match ring.slot(key, fd) {
-                    Some(Slot::Queued(s)) => {
+                    Some(s) if s.state == State::Queued => {
                         // Not in the kernel yet: the bytes join the queue.
                         let n = data.len().min(MAX_SEND.saturating_sub(s.buf.len()));
                         if n == 0 {
-                            s.waker = Some(cx.waker().clone());
+                            set_waker(&mut s.waker, cx);
                             return Poll::Pending;
                         }
                         s.buf.extend_from_slice(&data[..n]);
                         return Poll::Ready(Ok(n));
                     }
-                    Some(Slot::Sending(s)) => {
-                        s.waker = Some(cx.waker().clone());
+                    Some(s) if s.state == State::Sending => {
+                        set_waker(&mut s.waker, cx);
                         return Poll::Pending;
                     }
-                    Some(Slot::Failed { .. }) => {
+                    Some(_) => {
                         self.0 = 0;
                         return Poll::Ready(Err(ring.take_error(split(key).1)));
                     }
-                    Some(Slot::Free) | None => self.0 = 0,
+                    None => self.0 = 0,
                 }
             }
             let n = data.len().min(MAX_SEND);
@@ -728,15 +753,13 @@ impl Sending {
                 return Some(Err(moved()));
             }
             match ring.slot(key, fd) {
-                Some(Slot::Queued(s)) if s.buf.len() + data.len() <= MAX_SEND => {
+                Some(s) if s.state == State::Queued && s.buf.len() + data.len() <= MAX_SEND => {
                     s.buf.extend_from_slice(data);
                     Some(Ok(data.len()))
                 }
-                Some(Slot::Queued(_) | Slot::Sending(_)) => {
-                    Some(Err(io::ErrorKind::WouldBlock.into()))
-                }
-                Some(Slot::Failed { .. }) => Some(Err(ring.take_error(split(key).1))),
-                Some(Slot::Free) | None => None,
+                Some(s) if s.state != State::Failed => Some(Err(io::ErrorKind::WouldBlock.into())),
+                Some(_) => Some(Err(ring.take_error(split(key).1))),
+                None => None,
             }
         });
         match outcome {
@@ -765,12 +788,12 @@ impl Sending {
                 return None;
             }
             Some(match ring.slot(key, fd) {
-                Some(Slot::Queued(s) | Slot::Sending(s)) => {
-                    s.waker = Some(cx.waker().clone());
+                Some(s) if s.state != State::Failed => {
+                    set_waker(&mut s.waker, cx);
                     Poll::Pending
                 }
-                Some(Slot::Failed { .. }) => Poll::Ready(Err(ring.take_error(split(key).1))),
-                Some(Slot::Free) | None => Poll::Ready(Ok(())),
+                Some(_) => Poll::Ready(Err(ring.take_error(split(key).1))),
+                None => Poll::Ready(Ok(())),
             })
         })
         .flatten();
@@ -802,13 +825,13 @@ impl Sending {
             }
             let i = split(key).1;
             match ring.slot(key, fd) {
-                Some(Slot::Queued(s)) => {
+                Some(s) if s.state == State::Queued => {
                     // Sent at the next flush (and cut short there if it
                     // does not go at once).
                     s.held = socket.take();
                     Some(true)
                 }
-                Some(Slot::Sending(s)) => {
+                Some(s) if s.state == State::Sending => {
                     // In the kernel: it waits for room (a send with room
                     // is done within its submit). Its peer is not taking
                     // it: cut short, as closing the socket would.
@@ -817,11 +840,11 @@ impl Sending {
                     ring.kick();
                     Some(true)
                 }
-                Some(Slot::Failed { .. }) => {
+                Some(_) => {
                     ring.release(i);
                     Some(false)
                 }
-                Some(Slot::Free) | None => Some(false),
+                None => Some(false),
             }
         })
         .flatten();
@@ -911,13 +934,8 @@ mod tests {
     }
 
     fn busy_slots() -> usize {
-        with_existing(|ring| {
-            ring.slots
-                .iter()
-                .filter(|s| !matches!(s, Slot::Free))
-                .count()
-        })
-        .unwrap_or(0)
+        with_existing(|ring| ring.slots.iter().filter(|s| s.state != State::Free).count())
+            .unwrap_or(0)
     }
 
     async fn settle() {
@@ -1020,10 +1038,7 @@ mod tests {
             let (_, slot_a, gen_a) = split(old);
             assert_eq!(slot_a, slot_b, "the slot was reused");
             with_existing(|ring| {
-                ring.generations[slot_b] = gen_a;
-                if let Slot::Queued(s) = &mut ring.slots[slot_b] {
-                    s.generation = gen_a;
-                }
+                ring.slots[slot_b].generation = gen_a;
             });
             a.write_all(b"A2;").await.expect("write");
             a.flush().await.expect("flush");

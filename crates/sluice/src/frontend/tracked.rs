@@ -715,10 +715,16 @@ pub(super) fn release_held(
 
 /// Forgets the client's names whose Parse failed or was skipped by the
 /// server: on PostgreSQL those statements do not exist.
+/// (The check is inlined into the relay's loop; the work is not.)
+#[inline]
 pub(super) fn forget_failed_parses(t: &mut Tracking, names: Option<&mut ClientNames>) {
-    if !t.expected.has_failed_parses() {
-        return;
+    if t.expected.has_failed_parses() {
+        undo_failed_parses(t, names);
     }
+}
+
+#[inline(never)]
+fn undo_failed_parses(t: &mut Tracking, names: Option<&mut ClientNames>) {
     let undo = t.expected.take_failed_parses();
     if let Some(names) = names {
         // Latest first: each undo finds the names as its change left them.
@@ -740,6 +746,7 @@ pub(super) fn forget_failed_parses(t: &mut Tracking, names: Option<&mut ClientNa
 }
 
 /// Writes sluice's own replies that are due now that the server's are out.
+#[inline]
 pub(super) fn settle(cycle: &mut Cycle, t: &mut Tracking, server: &mut ServerStatements) {
     if cycle.to_client == 0 && cycle.server_scan.at_boundary() {
         t.expected.settle(&mut t.extra, cycle.status, server);
