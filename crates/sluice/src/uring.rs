@@ -1053,6 +1053,53 @@ mod tests {
         });
     }
 
+    /// A burst of sends on many sockets at once takes many slots; after
+    /// it, only the first `KEEP_SLOTS` keep a buffer (what a worker keeps
+    /// stays bounded), and the next send takes one of those.
+    #[test]
+    fn a_burst_leaves_a_bounded_keep() {
+        runtime().block_on(async {
+            let mut pairs: Vec<_> = (0..KEEP_SLOTS * 3).map(|_| pair()).collect();
+            // One turn (no yield): every send is queued at once.
+            for (i, (ours, _)) in pairs.iter_mut().enumerate() {
+                ours.write_all(&vec![i as u8; 1000 + i])
+                    .await
+                    .expect("write");
+            }
+            for (i, (ours, theirs)) in pairs.iter_mut().enumerate() {
+                ours.flush().await.expect("flush");
+                let mut got = vec![0u8; 1000 + i];
+                theirs.read_exact(&mut got).await.expect("read");
+                assert!(got.iter().all(|&b| b == i as u8), "socket {i}'s own bytes");
+            }
+            settle().await;
+            assert_eq!(busy_slots(), 0);
+            let (slots, kept, high) = with_existing(|ring| {
+                (
+                    ring.slots.len(),
+                    ring.slots.iter().map(|s| s.buf.capacity()).sum::<usize>(),
+                    ring.slots[KEEP_SLOTS..]
+                        .iter()
+                        .map(|s| s.buf.capacity())
+                        .sum::<usize>(),
+                )
+            })
+            .expect("a ring");
+            assert!(slots >= KEEP_SLOTS * 3, "the burst took a slot a socket");
+            assert_eq!(high, 0, "slots past KEEP_SLOTS keep no buffer");
+            assert!(kept <= KEEP_SLOTS * KEEP_CAPACITY);
+            let (mut a, mut a_peer) = pair();
+            a.write_all(b"after;").await.expect("write");
+            let Stream::Unix(pa) = &a else { unreachable!() };
+            assert!(split(pa.sending_key()).1 < KEEP_SLOTS, "a low slot first");
+            a.flush().await.expect("flush");
+            drop(a);
+            let mut got = Vec::new();
+            a_peer.read_to_end(&mut got).await.expect("read");
+            assert_eq!(got, b"after;");
+        });
+    }
+
     /// A write that must not wait goes straight to the socket when
     /// nothing is pending, joins a queued send whole, and is refused
     /// (not cut) when it does not fit.
