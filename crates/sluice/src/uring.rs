@@ -187,6 +187,16 @@ impl Slot {
             error: None,
         }
     }
+
+    /// Empties slot `i`'s buffer, keeping its allocation only in the first
+    /// `KEEP_SLOTS` slots and up to `KEEP_CAPACITY`.
+    fn empty_buffer(&mut self, i: usize) {
+        if i < KEEP_SLOTS && self.buf.capacity() <= KEEP_CAPACITY {
+            self.buf.clear();
+        } else {
+            self.buf = Vec::new();
+        }
+    }
 }
 
 struct Ring {
@@ -383,11 +393,7 @@ impl Ring {
         s.waker = None;
         s.held = None;
         s.error = None;
-        if i < KEEP_SLOTS && s.buf.capacity() <= KEEP_CAPACITY {
-            s.buf.clear();
-        } else {
-            s.buf = Vec::new();
-        }
+        s.empty_buffer(i);
         if i < KEEP_SLOTS {
             self.free.push(i as u32);
         } else {
@@ -613,7 +619,7 @@ impl Ring {
         } else {
             s.state = State::Failed;
             s.error = Some(error);
-            s.buf.clear();
+            s.empty_buffer(i);
         }
         if let Some(w) = waker {
             w.wake();
