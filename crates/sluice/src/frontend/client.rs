@@ -39,7 +39,7 @@ pub struct Client {
     pub(super) want_commit_lsn: bool,
     pub(super) commit_lsn: Option<u64>,
     /// A read routed to a replica, kept to run again on the primary if the
-    /// replica refuses it (see `relay::Retry`).
+    /// replica refuses it (see `cycle::Retry`).
     pub(super) retry_query: Option<bytes::Bytes>,
     /// The next request goes to the primary (its retry).
     pub(super) force_primary: bool,

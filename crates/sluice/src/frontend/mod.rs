@@ -5,6 +5,7 @@
 pub mod auth;
 mod auth_query;
 pub mod client;
+mod cycle;
 pub mod error;
 pub mod listener;
 pub mod login;

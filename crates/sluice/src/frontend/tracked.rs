@@ -8,7 +8,8 @@
 use bytes::{Buf, BytesMut};
 use sluice_wire::{TransactionStatus, WireError, split_frame, tags};
 
-use super::relay::{
+use super::client::CLEANUP_TIMEOUT;
+use super::cycle::{
     Cycle, CycleView, Retry, SERVER_MESSAGE_LIMIT, ServerSeen, cycle_view, on_server_message,
     server_needs_body,
 };
@@ -341,7 +342,7 @@ pub(super) enum Held {
     Drop { tag: u8, len: usize },
     /// Write sluice's own replies first.
     LocalFirst,
-    /// A step of the read-on-a-replica safety net (`relay::Retry`) for this
+    /// A step of the read-on-a-replica safety net (`cycle::Retry`) for this
     /// message (type, body), taken once everything before it is written.
     Retry(RetryStep, u8, Vec<u8>),
 }
@@ -910,7 +911,7 @@ pub(super) async fn after_transaction(
             reason = PinReason::default();
         }
     }
-    if !cleanup.is_empty() && !super::relay::reset(lease, &cleanup).await {
+    if !cleanup.is_empty() && !reset(lease, &cleanup).await {
         return AfterTx::Close;
     }
     if statements_gone {
@@ -964,4 +965,16 @@ async fn capture_settings(
     lease.server().session = vars.clone();
     client.set_session(vars);
     true
+}
+
+/// Runs the reset query; false when the server is not clean after it.
+pub(super) async fn reset(lease: &mut crate::backend::pool::Lease, sql: &str) -> bool {
+    matches!(
+        tokio::time::timeout(
+            CLEANUP_TIMEOUT,
+            crate::backend::login::run_query(lease.server(), sql),
+        )
+        .await,
+        Ok(Ok(()))
+    )
 }

@@ -1,0 +1,203 @@
+//! The bookkeeping of one linked period (a client holding a server), which
+//! the relay and its tracked scans (`tracked`) both keep: the requests
+//! owed, the transaction status, the scanners' positions, the safety net's
+//! state, and what one server message changes in them. Apart from the
+//! relay's loop, so that the scans depend on it and not on the relay.
+
+use std::sync::Arc;
+
+use bytes::BytesMut;
+use sluice_wire::{ParameterStatus, TransactionStatus, tags};
+
+use super::requests::Requests;
+use crate::params::{tracked_name, update_shared};
+use crate::scan::Scanner;
+
+/// Request-cycle bookkeeping of one linked period.
+pub(super) struct Cycle {
+    /// ReadyForQuery messages owed, counted from the server's replies.
+    pub(super) req: Requests,
+    pub(super) status: TransactionStatus,
+    pub(super) client_scan: Scanner,
+    pub(super) server_scan: Scanner,
+    /// Client bytes scanned and not yet written to the server.
+    pub(super) to_server: usize,
+    /// Server bytes scanned and not yet written to the client.
+    pub(super) to_client: usize,
+    pub(super) client_terminated: bool,
+    /// `disable_pqexec`: a simple Query ends the client (PgBouncer's
+    /// "PQexec disallowed"); set when one is seen, nothing of it sent.
+    pub(super) no_pqexec: bool,
+    pub(super) pqexec_seen: bool,
+    /// Statement mode saw a transaction block open.
+    pub(super) refused_transaction: bool,
+    /// ReadyForQuery messages seen, and those with status 'I'.
+    pub(super) cycles_done: u64,
+    pub(super) xacts_done: u64,
+    /// Bytes written to the server and to the client.
+    pub(super) written: (u64, u64),
+    /// SQLSTATE classes of server errors.
+    pub(super) error_classes: Vec<([u8; 2], u64)>,
+    /// On a replica, only the request routed there is sent: client
+    /// messages stop being taken once this many requests (Query, Sync) have
+    /// been sent, and the rest waits for the next lease, routed afresh
+    /// (lifted when the request leaves a READ ONLY transaction open).
+    pub(super) cap: Option<u64>,
+    /// The read-on-a-replica safety net (see `Retry`).
+    pub(super) retry: Retry,
+    /// A RowDescription kept from the client while `retry` is armed.
+    pub(super) retry_kept: Vec<u8>,
+    /// On the primary of a database that routes reads: a server's FATAL
+    /// error is kept from the client, which gets it with what it means
+    /// for the pool (a failover may be under way) when the server's
+    /// connection ends right after it.
+    pub(super) keep_farewell: bool,
+    pub(super) farewell: Option<Vec<u8>>,
+    /// A FATAL error was kept from the client: the server must end now;
+    /// anything more it sends is a broken server.
+    pub(super) after_farewell: bool,
+}
+
+/// A simple-Query read routed to a replica: if the replica's first answer
+/// is a 25006 error ("cannot execute … in a read-only transaction"), the
+/// reply is kept from the client and the query runs again on the primary.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Retry {
+    Off,
+    /// Waiting for the replica's first answer.
+    Armed,
+    /// A request on the primary that may run again on another server if
+    /// this one turns out dead before answering: its first answer is a
+    /// shutdown's FATAL error (swallowed) or the end of the connection.
+    /// Nothing after the request is sent until the first answer (the
+    /// cycle is capped at one request), so a retry loses nothing.
+    Lost,
+    /// Refused: the rest of the reply is swallowed.
+    Swallowing,
+    /// The refused reply is over: give the server back and retry.
+    Done,
+}
+
+impl Cycle {
+    /// No more client messages may be sent on this server (see `cap`).
+    pub(super) fn capped(&self) -> bool {
+        self.cap.is_some_and(|c| self.req.sent() >= c)
+    }
+
+    pub(super) fn clean(&self) -> bool {
+        self.req.at_rest()
+            && self.status == TransactionStatus::Idle
+            && self.client_scan.at_boundary()
+            && self.server_scan.at_boundary()
+    }
+
+    pub(super) fn flushed(&self, server_buf: &BytesMut) -> bool {
+        self.to_server == 0 && self.to_client == 0 && server_buf.is_empty()
+    }
+}
+
+/// The bookkeeping fields of a `Cycle` for `on_server_message`, borrowed
+/// apart from its scanners (one of which is busy scanning).
+macro_rules! cycle_view {
+    ($cycle:expr) => {
+        CycleView {
+            req: &mut $cycle.req,
+            status: &mut $cycle.status,
+            cycles_done: &mut $cycle.cycles_done,
+            xacts_done: &mut $cycle.xacts_done,
+            refused_transaction: &mut $cycle.refused_transaction,
+            error_classes: &mut $cycle.error_classes,
+        }
+    };
+}
+pub(super) use cycle_view;
+
+/// Largest server message: PostgreSQL's own limit is 1 GB per field.
+pub(super) const SERVER_MESSAGE_LIMIT: usize = i32::MAX as usize;
+
+/// Server messages whose bodies the relay reads.
+pub(super) fn server_needs_body(tag: u8) -> bool {
+    use tags::backend as b;
+    tag == b::READY_FOR_QUERY || tag == b::PARAMETER_STATUS || tag == b::ERROR_RESPONSE
+}
+
+/// What the server scan learnt beyond bookkeeping.
+#[derive(Default)]
+pub(super) struct ServerSeen {
+    pub(super) bad: Option<sluice_wire::WireError>,
+    pub(super) params_changed: bool,
+    /// A CopyInResponse (or the error that ended a COPY) showed that this
+    /// many Syncs were ignored.
+    pub(super) ignored_syncs: u32,
+    /// The server reported a new session_authorization or is_superuser:
+    /// something (a function, perhaps) changed the role.
+    pub(super) role_changed: bool,
+}
+
+/// The parts of a `Cycle` a server message updates (borrowed apart from
+/// its scanner, which is busy scanning).
+pub(super) struct CycleView<'a> {
+    pub(super) req: &'a mut Requests,
+    pub(super) status: &'a mut TransactionStatus,
+    pub(super) cycles_done: &'a mut u64,
+    pub(super) xacts_done: &'a mut u64,
+    pub(super) refused_transaction: &'a mut bool,
+    pub(super) error_classes: &'a mut Vec<([u8; 2], u64)>,
+}
+
+/// Bookkeeping for one server message passed to the client:
+/// ReadyForQuery ends a request, ErrorResponse is counted by class, a
+/// ParameterStatus of a tracked parameter updates the client's view.
+pub(super) fn on_server_message(
+    seen: &mut ServerSeen,
+    cycle: CycleView<'_>,
+    tag: u8,
+    body: &[u8],
+    client_params: &mut Arc<crate::params::ParamSet>,
+    refuse_transactions: bool,
+) {
+    use tags::backend as b;
+    match tag {
+        b::READY_FOR_QUERY => match TransactionStatus::decode(body) {
+            Ok(s) => {
+                cycle.req.server_ready();
+                *cycle.status = s;
+                *cycle.cycles_done += 1;
+                if s == TransactionStatus::Idle {
+                    *cycle.xacts_done += 1;
+                }
+                if refuse_transactions && s != TransactionStatus::Idle {
+                    *cycle.refused_transaction = true;
+                }
+            }
+            Err(e) => seen.bad = Some(e),
+        },
+        b::COPY_IN_RESPONSE => seen.ignored_syncs += cycle.req.server_copy_in(),
+        b::COMMAND_COMPLETE => seen.ignored_syncs += cycle.req.server_done(false),
+        b::ERROR_RESPONSE => {
+            seen.ignored_syncs += cycle.req.server_done(true);
+            if let Ok(f) = sluice_wire::ErrorFields::decode(body)
+                && let [a, b, ..] = f.code.as_bytes()
+            {
+                let class = [*a, *b];
+                match cycle.error_classes.iter_mut().find(|(c, _)| *c == class) {
+                    Some((_, n)) => *n += 1,
+                    None => cycle.error_classes.push((class, 1)),
+                }
+            }
+        }
+        b::PARAMETER_STATUS => match ParameterStatus::decode(body) {
+            Ok(p) => {
+                if p.name == "session_authorization" || p.name == "is_superuser" {
+                    seen.role_changed = true;
+                }
+                if let Some(name) = tracked_name(p.name) {
+                    update_shared(client_params, name, p.value);
+                    seen.params_changed = true;
+                }
+            }
+            Err(e) => seen.bad = Some(e),
+        },
+        _ => {}
+    }
+}
