@@ -18,6 +18,7 @@ mod net;
 mod operator;
 mod params;
 mod prepared;
+mod reload;
 mod scan;
 mod sd_notify;
 mod session_vars;

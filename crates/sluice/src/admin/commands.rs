@@ -45,7 +45,7 @@ pub async fn run(app: &App, role: Role, sql: &str, out: &mut BytesMut) {
     match verb.as_str() {
         "SHOW" => show_command(app, &rest, sql, out),
         "RELOAD" => {
-            for said in crate::control::reload(app) {
+            for said in crate::reload::reload(app) {
                 sluice_wire::ErrorFields::new(sluice_wire::Severity::Warning, "01000", &said)
                     .encode(out);
             }
@@ -212,7 +212,7 @@ fn set(app: &App, args: &str, sql: &str, out: &mut BytesMut) {
     }
     // The same checks and steps as RELOAD (a value refused at startup is
     // refused here; TLS, hba, syslog… follow).
-    let said = crate::control::apply(app, config);
+    let said = crate::reload::apply(app, config);
     if let Some(failed) = said.iter().find(|s| s.starts_with("reload failed")) {
         error(out, "22023", failed);
         return;

@@ -368,7 +368,7 @@ fn change_managed(
     sluice_config::parse_str(&text, &path)
         .map_err(|e| Response::error("400 Bad Request", &e.to_string()))?;
     replace_file(&path, &text).map_err(fail)?;
-    let said = crate::control::reload(app);
+    let said = crate::reload::reload(app);
     if let Some(failed) = said.iter().find(|s| s.starts_with("reload failed")) {
         let restored = replace_file(&path, &old);
         return Err(fail(format!(
