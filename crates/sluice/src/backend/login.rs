@@ -168,10 +168,11 @@ async fn start_tls(
     let mut answer = [0u8; 1];
     tcp.read_exact(&mut answer).await?;
     match answer[0] {
-        b'S' => tls
-            .connect(tcp, host)
-            .await
-            .map_err(|e| LoginError::Tls(format!("TLS handshake with server {host} failed: {e}"))),
+        b'S' => {
+            tls.connect(tcp, host).await.map(Stream::Tls).map_err(|e| {
+                LoginError::Tls(format!("TLS handshake with server {host} failed: {e}"))
+            })
+        }
         b'N' if !tls.required() => Ok(Stream::plain_tcp(tcp)),
         b'N' => Err(LoginError::Tls(format!(
             "server {host} does not support TLS, and server_tls_sslmode requires it"

@@ -123,7 +123,7 @@ async fn upgrade(tls: &crate::tls::ClientTls, stream: Stream, direct: bool) -> O
         return None;
     };
     match tls.accept(tcp, direct).await {
-        Ok(s) => Some(s),
+        Ok(s) => Some(Stream::Tls(s)),
         Err(e) => {
             tracing::warn!(peer = %peer, "TLS handshake error: {e}");
             None

@@ -16,7 +16,6 @@ use tokio::net::TcpStream;
 
 use super::settings::{Mode, TlsError, load_certs, load_key, load_roots, provider, versions};
 use super::stream::{TlsConn, TlsSocket};
-use crate::net::Stream;
 
 /// A client's handshake gets this long, even where client_login_timeout
 /// is 0 (no bound): a stalled ClientHello holds up to 64 KiB in rustls.
@@ -176,7 +175,7 @@ impl ClientTls {
     /// Runs the handshake on `tcp`. `direct`: the client started with a
     /// ClientHello instead of SSLRequest, and must have chosen ALPN
     /// `postgresql`.
-    pub async fn accept(&self, tcp: TcpStream, direct: bool) -> std::io::Result<Stream> {
+    pub async fn accept(&self, tcp: TcpStream, direct: bool) -> std::io::Result<Box<TlsConn>> {
         let Some(acceptor) = &self.acceptor else {
             return Err(std::io::Error::other("TLS is not configured"));
         };
@@ -191,6 +190,6 @@ impl ClientTls {
                 "direct TLS connection without ALPN protocol \"postgresql\"",
             ));
         }
-        Ok(Stream::Tls(Box::new(conn)))
+        Ok(Box::new(conn))
     }
 }

@@ -21,7 +21,6 @@ use tokio::net::TcpStream;
 
 use super::settings::{Mode, TlsError, load_certs, load_key, load_roots, provider, versions};
 use super::stream::{TlsConn, TlsSocket};
-use crate::net::Stream;
 
 /// What sluice does about TLS with its servers.
 #[derive(Default)]
@@ -222,7 +221,7 @@ impl ServerTls {
 
     /// The handshake with the server at `host` (its name, for verify-full
     /// and SNI), after it answered `S`.
-    pub async fn connect(&self, tcp: TcpStream, host: &str) -> Result<Stream, String> {
+    pub async fn connect(&self, tcp: TcpStream, host: &str) -> Result<Box<TlsConn>, String> {
         let Some(connector) = &self.connector else {
             return Err("TLS is not configured".into());
         };
@@ -232,9 +231,9 @@ impl ServerTls {
             .connect(name, TlsSocket::new(tcp))
             .await
             .map_err(|e| e.to_string())?;
-        Ok(Stream::Tls(Box::new(TlsConn::new(
+        Ok(Box::new(TlsConn::new(
             tokio_rustls::TlsStream::Client(tls),
             None,
-        ))))
+        )))
     }
 }
