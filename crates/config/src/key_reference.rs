@@ -4,23 +4,8 @@
 
 use std::sync::OnceLock;
 
+use crate::key_info::KeyInfo;
 use crate::settings::Settings;
-
-/// What is known about one `[pgbouncer]` or `[sluice]` key.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct KeyInfo {
-    /// The key, lower case, as written in the ini file.
-    pub key: &'static str,
-    /// The default, formatted as SHOW CONFIG shows it.
-    pub default: &'static str,
-    /// Whether RELOAD or SET may change it while running (PgBouncer's
-    /// SHOW CONFIG `changeable` column); otherwise a restart is needed.
-    pub changeable: bool,
-    /// `"pgbouncer"` or `"sluice"`: the ini section it belongs in.
-    pub section: &'static str,
-    /// One-line description; `(seconds)` marks time values.
-    pub doc: &'static str,
-}
 
 /// Keys that are other names for a field, with the field they mean.
 const ALIASES: &[(&str, KeyInfo)] = &[(

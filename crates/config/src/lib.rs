@@ -18,6 +18,7 @@ mod database;
 mod entry_source;
 mod error;
 mod ini_reader;
+mod key_info;
 mod key_reference;
 mod peer_entry;
 mod reference_markdown;
@@ -36,7 +37,8 @@ pub use choices::{
 pub use config::Config;
 pub use database::{Database, HostPort};
 pub use error::{ConfigError, MAX_INCLUDE_DEPTH, Warning};
-pub use key_reference::{KeyInfo, key_info, known_keys};
+pub use key_info::KeyInfo;
+pub use key_reference::{key_info, known_keys};
 pub use peer_entry::{MAX_PEER_ID, PeerEntry};
 pub use reference_markdown::reference_markdown;
 pub use settings::{DEFAULT_AUTH_QUERY, Settings};

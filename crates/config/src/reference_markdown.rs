@@ -4,7 +4,8 @@
 use std::fmt::Write as _;
 
 use crate::database::DATABASE_PARAMETERS;
-use crate::key_reference::{KeyInfo, known_keys};
+use crate::key_info::KeyInfo;
+use crate::key_reference::known_keys;
 use crate::peer_entry::PEER_PARAMETERS;
 use crate::user_entry::USER_PARAMETERS;
 

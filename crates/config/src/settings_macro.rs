@@ -42,9 +42,9 @@ macro_rules! define_settings {
 
         impl Settings {
             /// One reference entry per field, in table order.
-            pub(crate) const FIELD_INFO: &'static [$crate::key_reference::KeyInfo] = &[
+            pub(crate) const FIELD_INFO: &'static [$crate::key_info::KeyInfo] = &[
                 $($(
-                    $crate::key_reference::KeyInfo {
+                    $crate::key_info::KeyInfo {
                         key: stringify!($field),
                         default: $shown,
                         changeable: $crate::settings_macro::changeable!($change),
