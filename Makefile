@@ -27,6 +27,7 @@ test: deps
 lint:
 	$(CARGO) fmt --all -- --check
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
+	python3 scripts/import_cycles.py crates/sluice/src crates/wire/src crates/config/src crates/router/src
 
 # The Debian package: target/package/sluice_VERSION_ARCH.deb (docs/packaging.md).
 # BIN=path packages that binary instead of building the release one.
