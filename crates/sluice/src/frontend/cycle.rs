@@ -10,6 +10,7 @@ use bytes::BytesMut;
 use sluice_wire::{ParameterStatus, TransactionStatus, tags};
 
 use super::requests::Requests;
+use crate::backend::stats::TxStats;
 use crate::params::{tracked_name, update_shared};
 use crate::scan::Scanner;
 
@@ -79,6 +80,56 @@ pub(super) enum Retry {
 }
 
 impl Cycle {
+    /// A linked period's bookkeeping at its start. `host`: the server's
+    /// host (0: the primary); `retry_query`: the client's request may run
+    /// again elsewhere (`Client::retry_query`); `routed_primary`: on the
+    /// primary of a database that routes reads.
+    pub(super) fn new(
+        no_pqexec: bool,
+        host: u32,
+        session_mode: bool,
+        retry_query: bool,
+        routed_primary: bool,
+    ) -> Self {
+        Cycle {
+            req: Requests::default(),
+            status: TransactionStatus::Idle,
+            client_scan: Scanner::default(),
+            server_scan: Scanner::default(),
+            to_server: 0,
+            to_client: 0,
+            client_terminated: false,
+            no_pqexec,
+            pqexec_seen: false,
+            refused_transaction: false,
+            cycles_done: 0,
+            xacts_done: 0,
+            written: (0, 0),
+            error_classes: Vec::new(),
+            // (a session-mode session on a standby keeps it)
+            cap: ((host != 0 && !session_mode) || (host == 0 && retry_query)).then_some(1),
+            retry: match (host, retry_query) {
+                (_, false) => Retry::Off,
+                (0, true) => Retry::Lost,
+                (_, true) => Retry::Armed,
+            },
+            retry_kept: Vec::new(),
+            keep_farewell: routed_primary && host == 0,
+            farewell: None,
+            after_farewell: false,
+        }
+    }
+
+    /// What the period did, for the pool's statistics (the time linked is
+    /// the relay's).
+    pub(super) fn fill_stats(&mut self, stats: &mut TxStats) {
+        stats.xacts = self.xacts_done;
+        stats.queries = self.cycles_done;
+        stats.received = self.written.0;
+        stats.sent = self.written.1;
+        stats.error_classes = std::mem::take(&mut self.error_classes);
+    }
+
     /// No more client messages may be sent on this server (see `cap`).
     pub(super) fn capped(&self) -> bool {
         self.cap.is_some_and(|c| self.req.sent() >= c)

@@ -22,11 +22,11 @@ use super::cycle::{
 };
 use super::error::ClientError;
 use super::relay_io::{Blocked, IoEvent, Sides};
-use super::requests::{Counted, Requests};
+use super::requests::Counted;
 use super::tracked::{self, AfterTx, Tracking, reset};
 use crate::backend::login::{run_query, run_query_rows};
 use crate::backend::pool::Lease;
-use crate::scan::{Scanner, Visit};
+use crate::scan::Visit;
 
 /// How a linked period ended.
 pub enum RelayEnd {
@@ -56,78 +56,20 @@ pub async fn run(client: &mut Client, cbuf: &mut BytesMut, mut lease: Lease) -> 
         };
         client.app.cancels.link(client.cancel, server.key, host);
         server.statements.scope = client.pool.scope;
-        if !Arc::ptr_eq(&server.params, &client.params) {
-            if let Some(sql) = client.params.diff_sql(&server.params)
-                && let Err(e) = Box::pin(run_query(server, &sql)).await
-            {
-                client.app.cancels.unlink(client.cancel);
-                lease.close();
-                if server_gone(&e)
-                    && let Some(n) = unsent_retry(client, cbuf)
-                {
-                    // Nothing of the request was sent: it may go elsewhere.
-                    bytes::Buf::advance(cbuf, n);
-                    return RelayEnd::Retry;
-                }
-                return RelayEnd::Error(ClientError::new(e.sqlstate(), e.to_string()));
-            }
-            server.params = client.params.clone();
-        }
-        if !crate::session_vars::same(&server.session, client.session()) {
-            if let Some(sql) = crate::session_vars::apply_sql(
-                server.session.as_deref(),
-                client.session().as_deref(),
-            ) && let Err(e) = Box::pin(run_query(server, &sql)).await
-            {
-                client.app.cancels.unlink(client.cancel);
-                if server_gone(&e)
-                    && let Some(n) = unsent_retry(client, cbuf)
-                {
-                    lease.close();
-                    bytes::Buf::advance(cbuf, n);
-                    return RelayEnd::Retry;
-                }
-                let error = ClientError::new(e.sqlstate(), e.to_string());
-                // A rejected SET rolls back whole: the server is as it was.
-                if matches!(e, crate::backend::login::LoginError::Rejected { .. }) {
-                    lease.release();
-                } else {
-                    lease.close();
-                }
-                return RelayEnd::Error(error);
-            }
-            server.session = client.session().clone();
+    }
+    if needs_sync(client, lease.server()) {
+        match Box::pin(sync_session(client, cbuf, lease)).await {
+            Ok(l) => lease = l,
+            Err(end) => return end,
         }
     }
-    let mut cycle = Cycle {
-        req: Requests::default(),
-        status: TransactionStatus::Idle,
-        client_scan: Scanner::default(),
-        server_scan: Scanner::default(),
-        to_server: 0,
-        to_client: 0,
-        client_terminated: false,
-        no_pqexec: settings.disable_pqexec,
-        pqexec_seen: false,
-        refused_transaction: false,
-        cycles_done: 0,
-        xacts_done: 0,
-        written: (0, 0),
-        error_classes: Vec::new(),
-        // (a session-mode session on a standby keeps it)
-        cap: ((lease.host() != 0 && settings.mode != PoolMode::Session)
-            || (lease.host() == 0 && client.retry_query.is_some()))
-        .then_some(1),
-        retry: match (lease.host(), &client.retry_query) {
-            (_, None) => Retry::Off,
-            (0, Some(_)) => Retry::Lost,
-            (_, Some(_)) => Retry::Armed,
-        },
-        retry_kept: Vec::new(),
-        keep_farewell: client.on_routed_primary && lease.host() == 0,
-        farewell: None,
-        after_farewell: false,
-    };
+    let mut cycle = Cycle::new(
+        settings.disable_pqexec,
+        lease.host(),
+        settings.mode == PoolMode::Session,
+        client.retry_query.is_some(),
+        client.on_routed_primary,
+    );
     // Lent when the acquire read the clock: no read of its own here.
     let linked_at = lease.server().lent_at;
     let release_each = match settings.mode {
@@ -510,15 +452,11 @@ pub async fn run(client: &mut Client, cbuf: &mut BytesMut, mut lease: Lease) -> 
         }
     };
     client.app.cancels.unlink(client.cancel);
-    lease.stats.xacts = cycle.xacts_done;
-    lease.stats.queries = cycle.cycles_done;
-    lease.stats.received = cycle.written.0;
-    lease.stats.sent = cycle.written.1;
+    cycle.fill_stats(&mut lease.stats);
     let done_at = crate::clock::Mono::now();
     lease.stats.linked = done_at.saturating_duration_since(linked_at);
     // Its last use, for the release (one clock read for both).
     lease.server().last_used = done_at;
-    lease.stats.error_classes = std::mem::take(&mut cycle.error_classes);
     // (a FATAL error held back between transactions counts as drained: it
     // answers nothing the client asked; see `tracked::scan_server`)
     let server_drained = {
@@ -655,6 +593,70 @@ pub async fn run(client: &mut Client, cbuf: &mut BytesMut, mut lease: Lease) -> 
         t.give_back();
     }
     ended
+}
+
+/// The server made to match the client's parameters and session settings
+/// (`needs_sync`): SQL run only for what differs. `Err` ends the relay
+/// before anything of the client's is sent. Boxed by its caller: rare, and
+/// its state would otherwise sit in every relay's future.
+async fn sync_session(
+    client: &mut Client,
+    cbuf: &mut BytesMut,
+    mut lease: Lease,
+) -> Result<Lease, RelayEnd> {
+    let server = lease.server();
+    if !Arc::ptr_eq(&server.params, &client.params) {
+        if let Some(sql) = client.params.diff_sql(&server.params)
+            && let Err(e) = Box::pin(run_query(server, &sql)).await
+        {
+            client.app.cancels.unlink(client.cancel);
+            lease.close();
+            if server_gone(&e)
+                && let Some(n) = unsent_retry(client, cbuf)
+            {
+                // Nothing of the request was sent: it may go elsewhere.
+                bytes::Buf::advance(cbuf, n);
+                return Err(RelayEnd::Retry);
+            }
+            return Err(RelayEnd::Error(ClientError::new(
+                e.sqlstate(),
+                e.to_string(),
+            )));
+        }
+        server.params = client.params.clone();
+    }
+    if !crate::session_vars::same(&server.session, client.session()) {
+        if let Some(sql) =
+            crate::session_vars::apply_sql(server.session.as_deref(), client.session().as_deref())
+            && let Err(e) = Box::pin(run_query(server, &sql)).await
+        {
+            client.app.cancels.unlink(client.cancel);
+            if server_gone(&e)
+                && let Some(n) = unsent_retry(client, cbuf)
+            {
+                lease.close();
+                bytes::Buf::advance(cbuf, n);
+                return Err(RelayEnd::Retry);
+            }
+            let error = ClientError::new(e.sqlstate(), e.to_string());
+            // A rejected SET rolls back whole: the server is as it was.
+            if matches!(e, crate::backend::login::LoginError::Rejected { .. }) {
+                lease.release();
+            } else {
+                lease.close();
+            }
+            return Err(RelayEnd::Error(error));
+        }
+        server.session = client.session().clone();
+    }
+    Ok(lease)
+}
+
+/// Whether the server's parameters or session settings differ from the
+/// client's (a pointer compare when they are the same).
+fn needs_sync(client: &Client, server: &crate::backend::server::ServerConn) -> bool {
+    !Arc::ptr_eq(&server.params, &client.params)
+        || !crate::session_vars::same(&server.session, client.session())
 }
 
 /// Whether a query sluice ran itself on a leased server failed because the
