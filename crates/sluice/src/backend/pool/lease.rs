@@ -118,6 +118,11 @@ impl Lease {
         }
     }
 
+    #[cfg(test)]
+    pub(super) fn server_id(&self) -> u64 {
+        self.server.as_ref().map_or(0, |s| s.id)
+    }
+
     pub fn server(&mut self) -> &mut ServerConn {
         self.server
             .as_mut()

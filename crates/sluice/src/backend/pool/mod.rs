@@ -34,6 +34,9 @@ mod opening;
 mod upkeep;
 mod waiting;
 
+#[cfg(test)]
+mod tests;
+
 pub use lease::{Lease, ServerRow};
 use waiting::{Grant, Waiter, expire_waiters, out_of_descriptors};
 

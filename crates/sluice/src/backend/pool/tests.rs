@@ -1,0 +1,235 @@
+//! The pool's accounting, on servers made for the test: a socket pair each,
+//! lent as a login would lend it, with no PostgreSQL behind (no login, no
+//! query). Who waits, who is served and in what order, what is counted,
+//! what comes back to the idle list and what is closed.
+
+use std::time::Duration;
+
+use tokio::io::AsyncReadExt;
+use tokio::net::UnixStream;
+
+use super::*;
+use crate::backend::target::ServerAddr;
+use crate::net::Stream;
+use crate::test_support::runtime;
+
+fn addr() -> ServerAddr {
+    ServerAddr::Tcp {
+        host: "127.0.0.1".into(),
+        port: 1,
+    }
+}
+
+fn pool(pool_size: u32, query_wait_timeout: Duration) -> Arc<Pool> {
+    let secs = Duration::from_secs;
+    Arc::new(Pool::new(
+        "db".into(),
+        "u".into(),
+        ServerTarget {
+            addr: addr(),
+            dbname: "db".into(),
+            user: "u".into(),
+            startup_params: Vec::new(),
+            connect_query: None,
+            connect_timeout: secs(1),
+            keepalive: Default::default(),
+            dns: Default::default(),
+            tls: Default::default(),
+            alternates: Default::default(),
+        },
+        ServerCredential::default(),
+        PoolSettings {
+            mode: PoolMode::Transaction,
+            pool_size,
+            min_pool_size: 0,
+            reserve_pool_size: 0,
+            reserve_pool_timeout: secs(1),
+            query_wait_timeout,
+            server_idle_timeout: secs(600),
+            server_lifetime: secs(3600),
+            server_login_retry: secs(1),
+            server_reset_query: String::new(),
+            server_reset_query_always: false,
+            server_check_delay: secs(30),
+            server_check_query: String::new(),
+            idle_transaction_timeout: secs(1),
+            transaction_timeout: Duration::ZERO,
+            client_idle_timeout: secs(1),
+            query_timeout: Duration::ZERO,
+            max_packet_size: 1 << 20,
+            max_prepared_statements: 0,
+            session_objects: sluice_config::SessionObjects::Pin,
+            standby: Standby::default(),
+            disable_pqexec: false,
+            log_connections: false,
+            server_round_robin: false,
+            cancel_wait_timeout: Duration::ZERO,
+            query_wait_notify: Duration::ZERO,
+            server_fast_close: false,
+        },
+        Arc::new(ConnLimit::new(0)),
+        Arc::new(ConnLimit::new(0)),
+    ))
+}
+
+/// A server for the test, lent at once on a slot of the pool's; its peer
+/// (the "PostgreSQL" end) is kept in `peers`, so the server stays open.
+fn open(pool: &Arc<Pool>, peers: &mut Vec<UnixStream>) -> Lease {
+    let (ours, theirs) = UnixStream::pair().expect("socket pair");
+    peers.push(theirs);
+    let server = Box::new(ServerConn::new(
+        Stream::plain_unix(ours),
+        sluice_wire::BackendKeyData {
+            process_id: 1,
+            secret_key: 2,
+        },
+        ParamSet::default(),
+    ));
+    assert!(pool.take_slot(&mut pool.lock(), false), "a free slot");
+    pool.opened(server, Reported::new(), &addr()).expect("lent")
+}
+
+async fn let_run() {
+    for _ in 0..5 {
+        tokio::task::yield_now().await;
+    }
+}
+
+fn counts(pool: &Pool) -> (u32, u32, u32, u32) {
+    let c = pool.counts();
+    (c.waiting, c.active, c.idle, c.total)
+}
+
+/// Clients that find no server wait in line and are served first in,
+/// first out, each with the server the one before gave back; the counts
+/// follow (waiting, active, idle, total).
+#[test]
+fn waiters_are_served_in_order() {
+    runtime().block_on(async {
+        let pool = pool(1, Duration::from_secs(60));
+        let mut peers = Vec::new();
+        let first = open(&pool, &mut peers);
+        let id = first.server_id();
+        let a = tokio::spawn({
+            let pool = pool.clone();
+            async move { pool.acquire().await.map(|l| (l.server_id(), l)) }
+        });
+        let_run().await;
+        let b = tokio::spawn({
+            let pool = pool.clone();
+            async move { pool.acquire().await.map(|l| (l.server_id(), l)) }
+        });
+        let_run().await;
+        assert_eq!(counts(&pool), (2, 1, 0, 1), "two in line, one lent");
+        first.release();
+        let (got, lease) = a.await.expect("task").expect("a is served first");
+        assert_eq!(got, id, "the same server, handed over");
+        let_run().await;
+        assert!(!b.is_finished(), "b waits while a holds the only server");
+        assert_eq!(counts(&pool), (1, 1, 0, 1));
+        lease.release();
+        let (got, lease) = b.await.expect("task").expect("b is served next");
+        assert_eq!(got, id);
+        lease.release();
+        assert_eq!(counts(&pool), (0, 0, 1, 1), "back idle");
+    });
+}
+
+/// A client that gives up after a server was handed to it (its future is
+/// dropped before it looked) does not take the server with it: it goes
+/// back idle, and the line is empty.
+#[test]
+fn a_waiter_that_gives_up_gives_its_server_back() {
+    runtime().block_on(async {
+        let pool = pool(1, Duration::from_secs(60));
+        let mut peers = Vec::new();
+        let first = open(&pool, &mut peers);
+        let a = tokio::spawn({
+            let pool = pool.clone();
+            async move { pool.acquire().await.map(|l| l.server_id()) }
+        });
+        let_run().await;
+        assert_eq!(counts(&pool), (1, 1, 0, 1));
+        // Handed over, then the waiter is cancelled before it runs.
+        first.release();
+        a.abort();
+        assert!(a.await.is_err(), "cancelled");
+        assert_eq!(counts(&pool), (0, 0, 1, 1), "the server is idle again");
+        // And it serves the next client.
+        let next = pool.acquire().await.expect("the idle server");
+        assert_eq!(counts(&pool), (0, 1, 0, 1));
+        next.release();
+    });
+}
+
+/// Idle servers are reused last in, first out (the warmest first).
+#[test]
+fn idle_servers_go_out_last_in_first_out() {
+    runtime().block_on(async {
+        let pool = pool(2, Duration::from_secs(60));
+        let mut peers = Vec::new();
+        let one = open(&pool, &mut peers);
+        let two = open(&pool, &mut peers);
+        let (id_one, id_two) = (one.server_id(), two.server_id());
+        one.release();
+        two.release();
+        assert_eq!(counts(&pool), (0, 0, 2, 2));
+        let next = pool.acquire().await.expect("idle");
+        assert_eq!(next.server_id(), id_two, "the last one back");
+        let after = pool.acquire().await.expect("idle");
+        assert_eq!(after.server_id(), id_one);
+        next.release();
+        after.release();
+    });
+}
+
+/// After a RECONNECT, a server lent before it closes when it comes back
+/// instead of going idle; a lease dropped without release closes its
+/// server too. Either way the server is told (Terminate) and its
+/// connection ends, and the slot is freed.
+#[test]
+fn servers_that_cannot_be_trusted_close_and_free_their_slot() {
+    runtime().block_on(async {
+        let pool = pool(2, Duration::from_secs(60));
+        let mut peers = Vec::new();
+        let old = open(&pool, &mut peers);
+        pool.reconnect();
+        old.release();
+        assert_eq!(counts(&pool), (0, 0, 0, 0), "closed, not idle");
+        let dropped = open(&pool, &mut peers);
+        drop(dropped);
+        assert_eq!(counts(&pool), (0, 0, 0, 0), "closed, slot freed");
+        for peer in &mut peers {
+            let mut got = Vec::new();
+            tokio::time::timeout(Duration::from_secs(5), peer.read_to_end(&mut got))
+                .await
+                .expect("the end arrives")
+                .expect("read");
+            assert_eq!(got, [b'X', 0, 0, 0, 4], "a Terminate, then the end");
+        }
+    });
+}
+
+/// A client in line past `query_wait_timeout` is told so by the janitor's
+/// look (`expire_waiters`), and leaves the line.
+#[test]
+fn a_waiter_past_query_wait_timeout_is_told_and_leaves_the_line() {
+    runtime().block_on(async {
+        let pool = pool(1, Duration::from_millis(50));
+        let mut peers = Vec::new();
+        let held = open(&pool, &mut peers);
+        let a = tokio::spawn({
+            let pool = pool.clone();
+            async move { pool.acquire().await.map(|l| l.server_id()) }
+        });
+        let_run().await;
+        assert_eq!(counts(&pool), (1, 1, 0, 1));
+        tokio::time::sleep(Duration::from_millis(80)).await;
+        pool.expire_waiters();
+        let got = a.await.expect("task");
+        assert!(matches!(got, Err(AcquireError::WaitTimeout)), "timed out");
+        assert_eq!(counts(&pool), (0, 1, 0, 1), "out of the line");
+        held.release();
+        assert_eq!(counts(&pool), (0, 0, 1, 1));
+    });
+}
