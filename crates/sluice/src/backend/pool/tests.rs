@@ -89,6 +89,13 @@ fn open(pool: &Arc<Pool>, peers: &mut Vec<UnixStream>) -> Lease {
     pool.opened(server, Reported::new(), &addr()).expect("lent")
 }
 
+/// `f`'s output, or a failed test after 5 s (never a hung one).
+async fn within<T>(f: impl std::future::Future<Output = T>) -> T {
+    tokio::time::timeout(Duration::from_secs(5), f)
+        .await
+        .expect("in time")
+}
+
 async fn let_run() {
     for _ in 0..5 {
         tokio::task::yield_now().await;
@@ -122,13 +129,13 @@ fn waiters_are_served_in_order() {
         let_run().await;
         assert_eq!(counts(&pool), (2, 1, 0, 1), "two in line, one lent");
         first.release();
-        let (got, lease) = a.await.expect("task").expect("a is served first");
+        let (got, lease) = within(a).await.expect("task").expect("a is served first");
         assert_eq!(got, id, "the same server, handed over");
         let_run().await;
         assert!(!b.is_finished(), "b waits while a holds the only server");
         assert_eq!(counts(&pool), (1, 1, 0, 1));
         lease.release();
-        let (got, lease) = b.await.expect("task").expect("b is served next");
+        let (got, lease) = within(b).await.expect("task").expect("b is served next");
         assert_eq!(got, id);
         lease.release();
         assert_eq!(counts(&pool), (0, 0, 1, 1), "back idle");
@@ -153,10 +160,10 @@ fn a_waiter_that_gives_up_gives_its_server_back() {
         // Handed over, then the waiter is cancelled before it runs.
         first.release();
         a.abort();
-        assert!(a.await.is_err(), "cancelled");
+        assert!(within(a).await.is_err(), "cancelled");
         assert_eq!(counts(&pool), (0, 0, 1, 1), "the server is idle again");
         // And it serves the next client.
-        let next = pool.acquire().await.expect("the idle server");
+        let next = within(pool.acquire()).await.expect("the idle server");
         assert_eq!(counts(&pool), (0, 1, 0, 1));
         next.release();
     });
@@ -174,9 +181,9 @@ fn idle_servers_go_out_last_in_first_out() {
         one.release();
         two.release();
         assert_eq!(counts(&pool), (0, 0, 2, 2));
-        let next = pool.acquire().await.expect("idle");
+        let next = within(pool.acquire()).await.expect("idle");
         assert_eq!(next.server_id(), id_two, "the last one back");
-        let after = pool.acquire().await.expect("idle");
+        let after = within(pool.acquire()).await.expect("idle");
         assert_eq!(after.server_id(), id_one);
         next.release();
         after.release();
@@ -201,10 +208,7 @@ fn servers_that_cannot_be_trusted_close_and_free_their_slot() {
         assert_eq!(counts(&pool), (0, 0, 0, 0), "closed, slot freed");
         for peer in &mut peers {
             let mut got = Vec::new();
-            tokio::time::timeout(Duration::from_secs(5), peer.read_to_end(&mut got))
-                .await
-                .expect("the end arrives")
-                .expect("read");
+            within(peer.read_to_end(&mut got)).await.expect("read");
             assert_eq!(got, [b'X', 0, 0, 0, 4], "a Terminate, then the end");
         }
     });
@@ -226,7 +230,7 @@ fn a_waiter_past_query_wait_timeout_is_told_and_leaves_the_line() {
         assert_eq!(counts(&pool), (1, 1, 0, 1));
         tokio::time::sleep(Duration::from_millis(80)).await;
         pool.expire_waiters();
-        let got = a.await.expect("task");
+        let got = within(a).await.expect("task");
         assert!(matches!(got, Err(AcquireError::WaitTimeout)), "timed out");
         assert_eq!(counts(&pool), (0, 1, 0, 1), "out of the line");
         held.release();
