@@ -94,9 +94,6 @@ mod tests {
     use std::time::Duration;
 
     use super::*;
-    use crate::backend::limits::ConnLimit;
-    use crate::backend::pool::{PoolSettings, Standby};
-    use crate::backend::target::{ServerCredential, ServerTarget};
 
     fn tcp(port: u16) -> ServerAddr {
         ServerAddr::Tcp {
@@ -107,54 +104,10 @@ mod tests {
 
     /// A pool that never opens a server (none is asked for).
     fn pool(addr: ServerAddr) -> Option<Pool> {
-        let secs = Duration::from_secs;
-        Some(Pool::new(
-            "db".into(),
-            "u".into(),
-            ServerTarget {
-                addr,
-                dbname: "db".into(),
-                user: "u".into(),
-                startup_params: Vec::new(),
-                connect_query: None,
-                connect_timeout: secs(1),
-                keepalive: Default::default(),
-                dns: Default::default(),
-                tls: Default::default(),
-                alternates: Default::default(),
-            },
-            ServerCredential::default(),
-            PoolSettings {
-                mode: sluice_config::PoolMode::Transaction,
-                pool_size: 1,
-                min_pool_size: 0,
-                reserve_pool_size: 0,
-                reserve_pool_timeout: secs(1),
-                query_wait_timeout: secs(1),
-                server_idle_timeout: secs(1),
-                server_lifetime: secs(1),
-                server_login_retry: secs(1),
-                server_reset_query: String::new(),
-                server_reset_query_always: false,
-                server_check_delay: secs(30),
-                server_check_query: String::new(),
-                idle_transaction_timeout: secs(1),
-                transaction_timeout: Duration::ZERO,
-                client_idle_timeout: secs(1),
-                query_timeout: Duration::ZERO,
-                max_packet_size: 1 << 20,
-                max_prepared_statements: 0,
-                session_objects: sluice_config::SessionObjects::Pin,
-                standby: Standby::default(),
-                disable_pqexec: false,
-                log_connections: false,
-                server_round_robin: false,
-                cancel_wait_timeout: Duration::ZERO,
-                query_wait_notify: Duration::ZERO,
-                server_fast_close: false,
-            },
-            Arc::new(ConnLimit::new(0)),
-            Arc::new(ConnLimit::new(0)),
+        Some(crate::backend::pool::tests::test_pool(
+            addr,
+            1,
+            Duration::from_secs(1),
         ))
     }
 

@@ -35,7 +35,7 @@ mod upkeep;
 mod waiting;
 
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;
 
 pub use lease::{Lease, ServerRow};
 use waiting::{Grant, Waiter, expire_waiters, out_of_descriptors};

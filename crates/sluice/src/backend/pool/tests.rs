@@ -21,12 +21,19 @@ fn addr() -> ServerAddr {
 }
 
 fn pool(pool_size: u32, query_wait_timeout: Duration) -> Arc<Pool> {
+    Arc::new(test_pool(addr(), pool_size, query_wait_timeout))
+}
+
+/// A pool of database "db", user "u", at `addr`, in transaction mode,
+/// with no shared limit; it opens a server only when asked for one with
+/// no idle server and a free slot (these tests lend their own instead).
+pub(crate) fn test_pool(addr: ServerAddr, pool_size: u32, query_wait_timeout: Duration) -> Pool {
     let secs = Duration::from_secs;
-    Arc::new(Pool::new(
+    Pool::new(
         "db".into(),
         "u".into(),
         ServerTarget {
-            addr: addr(),
+            addr,
             dbname: "db".into(),
             user: "u".into(),
             startup_params: Vec::new(),
@@ -69,7 +76,7 @@ fn pool(pool_size: u32, query_wait_timeout: Duration) -> Arc<Pool> {
         },
         Arc::new(ConnLimit::new(0)),
         Arc::new(ConnLimit::new(0)),
-    ))
+    )
 }
 
 /// A server for the test, lent at once on a slot of the pool's; its peer
@@ -96,6 +103,15 @@ async fn within<T>(f: impl std::future::Future<Output = T>) -> T {
         .expect("in time")
 }
 
+/// An acquire in a task of its own (a client that waits), with the id of
+/// the server it got and the lease.
+fn acquire_in_task(
+    pool: &Arc<Pool>,
+) -> tokio::task::JoinHandle<Result<(u64, Lease), AcquireError>> {
+    let pool = pool.clone();
+    tokio::spawn(async move { pool.acquire().await.map(|l| (l.server_id(), l)) })
+}
+
 async fn let_run() {
     for _ in 0..5 {
         tokio::task::yield_now().await;
@@ -117,15 +133,9 @@ fn waiters_are_served_in_order() {
         let mut peers = Vec::new();
         let first = open(&pool, &mut peers);
         let id = first.server_id();
-        let a = tokio::spawn({
-            let pool = pool.clone();
-            async move { pool.acquire().await.map(|l| (l.server_id(), l)) }
-        });
+        let a = acquire_in_task(&pool);
         let_run().await;
-        let b = tokio::spawn({
-            let pool = pool.clone();
-            async move { pool.acquire().await.map(|l| (l.server_id(), l)) }
-        });
+        let b = acquire_in_task(&pool);
         let_run().await;
         assert_eq!(counts(&pool), (2, 1, 0, 1), "two in line, one lent");
         first.release();
@@ -151,10 +161,7 @@ fn a_waiter_that_gives_up_gives_its_server_back() {
         let pool = pool(1, Duration::from_secs(60));
         let mut peers = Vec::new();
         let first = open(&pool, &mut peers);
-        let a = tokio::spawn({
-            let pool = pool.clone();
-            async move { pool.acquire().await.map(|l| l.server_id()) }
-        });
+        let a = acquire_in_task(&pool);
         let_run().await;
         assert_eq!(counts(&pool), (1, 1, 0, 1));
         // Handed over, then the waiter is cancelled before it runs.
@@ -222,10 +229,7 @@ fn a_waiter_past_query_wait_timeout_is_told_and_leaves_the_line() {
         let pool = pool(1, Duration::from_millis(50));
         let mut peers = Vec::new();
         let held = open(&pool, &mut peers);
-        let a = tokio::spawn({
-            let pool = pool.clone();
-            async move { pool.acquire().await.map(|l| l.server_id()) }
-        });
+        let a = acquire_in_task(&pool);
         let_run().await;
         assert_eq!(counts(&pool), (1, 1, 0, 1));
         tokio::time::sleep(Duration::from_millis(80)).await;
