@@ -93,6 +93,8 @@ pub struct App {
     /// Refused logins by SQLSTATE (for /metrics).
     pub login_failures: Mutex<std::collections::BTreeMap<String, u64>>,
     pub clients: AtomicU32,
+    /// Accept loops whose socket is still open (SIGTERM waits for them).
+    pub listening: AtomicU32,
     phase: AtomicU8,
     pub phase_changed: Notify,
     /// Event loops of the workers, for work started outside a client task
@@ -134,6 +136,7 @@ impl App {
             stats: StatsWindow::default(),
             login_failures: Mutex::default(),
             clients: AtomicU32::new(0),
+            listening: AtomicU32::new(0),
             phase: AtomicU8::new(Phase::Running as u8),
             phase_changed: Notify::new(),
             workers: OnceLock::new(),

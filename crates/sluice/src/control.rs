@@ -168,7 +168,11 @@ impl BusyWatch {
 fn shutdown_done(app: &App) -> bool {
     match app.phase() {
         Phase::Running => false,
-        Phase::WaitForClients => app.clients.load(Ordering::Acquire) == 0,
+        // The listeners first: a client accepted just before one closed
+        // is counted by then.
+        Phase::WaitForClients => {
+            app.listening.load(Ordering::Acquire) == 0 && app.clients.load(Ordering::Acquire) == 0
+        }
         Phase::WaitForServers => app.pools().iter().all(|p| p.counts().active == 0),
         Phase::Immediate => true,
     }

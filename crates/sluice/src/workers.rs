@@ -16,7 +16,7 @@ use sluice_config::RuntimeKind;
 use socket2::Socket;
 
 use crate::app::App;
-use crate::frontend::listener::{self, Listener};
+use crate::frontend::listener::{self, Listener, ListenerGuard};
 
 /// Sockets bound before workers start, so that errors stop startup.
 pub struct BoundSockets {
@@ -89,18 +89,20 @@ impl Workers {
             }
             let std_listener: std::net::TcpListener = socket.into();
             let app = self.app.clone();
+            let open = ListenerGuard::new(&app);
             self.handles[index].spawn(async move {
                 match tokio::net::TcpListener::from_std(std_listener) {
-                    Ok(l) => listener::accept_loop(app, Listener::Tcp(l)).await,
+                    Ok(l) => listener::accept_loop(app, Listener::Tcp(l), open).await,
                     Err(e) => tracing::error!("listener: {e}"),
                 }
             });
         }
         if let Some(u) = unix {
             let app = self.app.clone();
+            let open = ListenerGuard::new(&app);
             self.handles[index].spawn(async move {
                 match tokio::net::UnixListener::from_std(u) {
-                    Ok(l) => listener::accept_loop(app, Listener::Unix(l)).await,
+                    Ok(l) => listener::accept_loop(app, Listener::Unix(l), open).await,
                     Err(e) => tracing::error!("unix listener: {e}"),
                 }
             });

@@ -200,8 +200,16 @@ async fn refuse_one(listener: &Listener, reserve: &mut Option<std::fs::File>, e:
     *reserve = reserve_fd();
 }
 
-/// Accepts clients until shutdown begins.
-pub async fn accept_loop(app: Arc<App>, listener: Listener) {
+/// Accepts clients until shutdown begins. `open` is this listener's place
+/// in [`App::listening`]: it is given up only after the socket is closed,
+/// so that SIGTERM's wait cannot end while a client may still be accepted.
+pub async fn accept_loop(app: Arc<App>, listener: Listener, open: ListenerGuard) {
+    accept_until_shutdown(&app, &listener).await;
+    drop(listener);
+    drop(open);
+}
+
+async fn accept_until_shutdown(app: &Arc<App>, listener: &Listener) {
     let mut reserve = reserve_fd();
     loop {
         let changed = app.phase_changed.notified();
@@ -213,10 +221,13 @@ pub async fn accept_loop(app: Arc<App>, listener: Listener) {
         tokio::select! {
             r = listener.accept() => match r {
                 Ok(stream) => {
-                    tokio::spawn(handle_connection(app.clone(), stream));
+                    // Counted before its task starts: SIGTERM's wait must
+                    // see it even if the task has not run yet.
+                    let (guard, count) = ClientCountGuard::new(app);
+                    tokio::spawn(handle_connection(stream, guard, count));
                 }
                 Err(e) if matches!(e.raw_os_error(), Some(libc::EMFILE | libc::ENFILE)) => {
-                    refuse_one(&listener, &mut reserve, &e).await;
+                    refuse_one(listener, &mut reserve, &e).await;
                     tokio::time::sleep(std::time::Duration::from_millis(10)).await;
                 }
                 Err(e) => {
@@ -230,8 +241,33 @@ pub async fn accept_loop(app: Arc<App>, listener: Listener) {
     }
 }
 
-/// Decrements the client count however the connection ends.
+/// A listening socket's place in [`App::listening`], taken before its
+/// accept loop is spawned and given back when the loop has closed it.
+pub struct ListenerGuard(Arc<App>);
+
+impl ListenerGuard {
+    pub fn new(app: &Arc<App>) -> Self {
+        app.listening.fetch_add(1, Ordering::AcqRel);
+        Self(app.clone())
+    }
+}
+
+impl Drop for ListenerGuard {
+    fn drop(&mut self) {
+        self.0.listening.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// A client's place in the client count, from its accept to its close.
 struct ClientCountGuard(Arc<App>);
+
+impl ClientCountGuard {
+    /// Counts one more client; also returns the count with it.
+    fn new(app: &Arc<App>) -> (Self, u32) {
+        let count = app.clients.fetch_add(1, Ordering::AcqRel) + 1;
+        (Self(app.clone()), count)
+    }
+}
 
 impl Drop for ClientCountGuard {
     fn drop(&mut self) {
@@ -243,9 +279,8 @@ impl Drop for ClientCountGuard {
 /// One client connection from accept to close. This future lives as long
 /// as the client: only small values stay in it, and the login and the
 /// goodbye are boxed.
-pub async fn handle_connection(app: Arc<App>, stream: Stream) {
-    let count = app.clients.fetch_add(1, Ordering::AcqRel) + 1;
-    let guard = ClientCountGuard(app.clone());
+async fn handle_connection(stream: Stream, guard: ClientCountGuard, count: u32) {
+    let app = guard.0.clone();
     let client = match Box::pin(log_in(&app, stream, count)).await {
         Some(Admitted::Client(c)) => c,
         Some(Admitted::Console(stream, role)) => {
