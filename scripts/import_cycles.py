@@ -4,10 +4,14 @@ loop (`make lint`). A cycle ties files that should be read, tested and
 changed apart; the house rule is that dependencies point one way.
 
 A module is a file; it depends on the modules it names through `crate::`,
-`super::` or a child it declares (`mod x;` then `x::`). Test modules at
-the end of a file and comments do not count; a macro's `$crate::` paths
-count as its own file's. `crates/testkit` is left out: its builder and
-the cluster it builds name each other, as builders do.
+`super::` or a child it declares (`mod x;` then `x::`): on the longest
+prefix of the path that is a module (`crate::admin::show::pools` names
+`admin::show`). A file's use of its own ancestors does not count: a module
+split into files (`pool/lease.rs` using `pool/mod.rs`'s types, which
+re-exports them) is one module, not a loop. Test modules at the end of a
+file and comments do not count; a macro's `$crate::` paths count as its
+own file's. `crates/testkit` is left out: its builder and the cluster it
+builds name each other, as builders do.
 
 Usage: import_cycles.py CRATE_SRC_DIR...
 """
@@ -18,7 +22,7 @@ import sys
 
 
 def modules(src):
-    deps = {}
+    named = {}
     for root, _, files in os.walk(src):
         for f in files:
             if not f.endswith(".rs"):
@@ -35,21 +39,38 @@ def modules(src):
                 text = text[:cut]
             # Comments name modules without depending on them.
             text = re.sub(r"//[^\n]*", "", text)
-            found = set()
-            prefix = name + "::" if name else ""
-            for m in re.finditer(r"crate::([a-z_]+)(?:::([a-z_]+))?", text):
-                found.add(m.group(1))
-                if m.group(2):
-                    found.add(f"{m.group(1)}::{m.group(2)}")
-            parent = "::".join(name.split("::")[:-1])
-            for m in re.finditer(r"super::([a-z_]+)", text):
-                found.add((parent + "::" if parent else "") + m.group(1))
+            here = name.split("::") if name else []
+            paths = []
+            for m in re.finditer(r"(?<![a-z_:])crate((?:::[a-z_]+)*)", text):
+                paths.append(m.group(1).split("::")[1:])
+            for m in re.finditer(r"(?<![a-z_:])((?:super::)+)((?:[a-z_]+::)*[a-z_]+)?", text):
+                up = m.group(1).count("super::")
+                base = here[: max(len(here) - up, 0)]
+                paths.append(base + (m.group(2).split("::") if m.group(2) else []))
             kids = set(re.findall(r"^\s*(?:pub(?:\([a-z]+\))? )?mod ([a-z_]+);", text, re.M))
-            for m in re.finditer(r"(?<![a-z_:])([a-z_]+)::", text):
+            for m in re.finditer(r"(?<![a-z_:])([a-z_]+)((?:::[a-z_]+)*)::", text):
                 if m.group(1) in kids:
-                    found.add(prefix + m.group(1))
-            deps[name] = found
-    return {n: {d for d in ds if d in deps and d != n} for n, ds in deps.items()}
+                    paths.append(here + [m.group(1)] + m.group(2).split("::")[1:])
+            named[name] = paths
+    deps = {}
+    for name, paths in named.items():
+        here = name.split("::") if name else []
+        found = set()
+        for segs in paths:
+            # The longest prefix that is a module.
+            for n in range(len(segs), 0, -1):
+                module = "::".join(segs[:n])
+                if module in named:
+                    break
+            else:
+                continue
+            # Its own ancestors: the module this file is a part of.
+            if here[: n] == segs[:n] and n < len(here):
+                continue
+            if module != name:
+                found.add(module)
+        deps[name] = found
+    return deps
 
 
 def cycles(graph):
