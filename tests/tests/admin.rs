@@ -554,3 +554,117 @@ async fn show_servers_counts_prepared_statements() {
     // Two distinct texts: two shared statements on the one server.
     assert_eq!(field(&servers[0], "prepared_statements"), "2");
 }
+
+/// The message of a console command's error, after checking its SQLSTATE.
+async fn refused(admin: &tokio_postgres::Client, command: &str, code: &str) -> String {
+    let e = expect_sqlstate(admin.simple_query(command).await, code);
+    e.as_db_error()
+        .map(|d| d.message().to_owned())
+        .unwrap_or_default()
+}
+
+/// PgBouncer's refusals, text for text: an unknown database, the console's
+/// own, PAUSE while paused, RESUME with nothing paused. Scripts that pause
+/// PgBouncer match on these (code 08P01 for the pause states).
+#[tokio::test]
+async fn the_console_refuses_what_pgbouncer_refuses() {
+    let cluster = app_cluster(ServerAuth::Trust);
+    let sluice = console(&cluster, 5);
+    let p = sluice.port();
+    let admin = connect_as(p, "admin", "pgbouncer").await;
+    for (command, code, message) in [
+        (
+            "PAUSE pgbouncer",
+            "0A000",
+            "cannot pause admin db: pgbouncer",
+        ),
+        ("PAUSE nowhere", "3D000", "no such database: nowhere"),
+        ("KILL sluice", "0A000", "cannot kill admin db: sluice"),
+        ("RECONNECT nowhere", "3D000", "no such database: nowhere"),
+        (
+            "WAIT_CLOSE pgbouncer",
+            "0A000",
+            "cannot wait in admin db: pgbouncer",
+        ),
+        (
+            "DISABLE pgbouncer",
+            "0A000",
+            "cannot disable admin db: pgbouncer",
+        ),
+        ("ENABLE nowhere", "3D000", "no such database: nowhere"),
+        ("RESUME", "08P01", "pooler is not paused/suspended"),
+        (
+            "RESUME postgres",
+            "08P01",
+            "database postgres is not paused",
+        ),
+        ("RESUME nowhere", "3D000", "no such database: nowhere"),
+    ] {
+        assert_eq!(refused(&admin, command, code).await, message, "{command}");
+    }
+    admin.simple_query("PAUSE").await.expect("PAUSE");
+    for command in ["PAUSE", "PAUSE postgres", "KILL postgres", "SUSPEND"] {
+        assert_eq!(
+            refused(&admin, command, "08P01").await,
+            "already suspended/paused",
+            "{command}"
+        );
+    }
+    admin.simple_query("RESUME").await.expect("RESUME");
+    admin
+        .simple_query("PAUSE postgres")
+        .await
+        .expect("PAUSE db");
+    admin
+        .simple_query("RESUME postgres")
+        .await
+        .expect("RESUME db");
+    // A refused command changed nothing: the database still serves.
+    let client = connect(p, APP_USER, APP_PASSWORD, "postgres")
+        .await
+        .unwrap();
+    assert_eq!(scalar_text(&client, "select 1").await, "1");
+    let log = sluice.log();
+    for line in [
+        "PAUSE command issued",
+        "PAUSE 'postgres' command issued",
+        "RESUME 'postgres' command issued",
+        "WAIT_CLOSE 'pgbouncer' command issued",
+    ] {
+        assert!(log.contains(line), "{line} not logged:\n{log}");
+    }
+}
+
+/// KILL pauses what it empties, as PgBouncer's does: a client that comes
+/// back waits until RESUME (so that a database can be dropped or restored
+/// under the pooler), and RESUME lets it go on.
+#[tokio::test]
+async fn kill_pauses_the_database_until_resume() {
+    let cluster = app_cluster(ServerAuth::Trust);
+    let sluice = console(&cluster, 5);
+    let p = sluice.port();
+    let admin = connect_as(p, "admin", "pgbouncer").await;
+    let victim = connect(p, APP_USER, APP_PASSWORD, "postgres")
+        .await
+        .unwrap();
+    assert_eq!(scalar_text(&victim, "select 1").await, "1");
+    admin.simple_query("KILL postgres").await.expect("KILL");
+    assert!(victim.simple_query("select 1").await.is_err());
+    let back = connect(p, APP_USER, APP_PASSWORD, "postgres")
+        .await
+        .unwrap();
+    let query = tokio::spawn(async move { back.simple_query("select 1").await.is_ok() });
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(!query.is_finished(), "a query ran on a killed database");
+    let dbs = show(p, "admin", "SHOW DATABASES").await;
+    let row = dbs.iter().find(|r| field(r, "name") == "postgres").unwrap();
+    assert_eq!(number(row, "paused"), 1);
+    admin
+        .simple_query("RESUME postgres")
+        .await
+        .expect("RESUME after KILL");
+    let done = tokio::time::timeout(T, query)
+        .await
+        .expect("query after RESUME");
+    assert!(done.unwrap());
+}

@@ -176,7 +176,8 @@ async fn idle_clients_park_and_come_back() {
         );
     }
     parked_until(mport, |n| n == 0.0).await;
-    // And the pooler goes on serving.
+    // And the pooler goes on serving once the killed database is resumed.
+    admin.simple_query("RESUME postgres").await.unwrap();
     let fresh = connect(sluice.port(), APP_USER, APP_PASSWORD, "postgres")
         .await
         .unwrap();

@@ -100,6 +100,36 @@ async fn sighup_with_a_broken_config_keeps_the_old_one() {
     assert_eq!(scalar_text(&client, "select 1").await, "1");
 }
 
+/// The console's RELOAD of a broken file: PgBouncer's ERROR F0000, with
+/// sluice's reason in the DETAIL; the old configuration keeps serving.
+#[tokio::test]
+async fn console_reload_of_a_broken_config_is_an_error_f0000() {
+    let cluster = app_cluster(ServerAuth::Trust);
+    let config = ConfigBuilder::for_cluster(&cluster).set("admin_users", "admin");
+    let sluice = config.start();
+    sluice.rewrite_config(&config.clone().set("pool_mode", "sideways").render());
+    let admin = connect_as(sluice.port(), "admin", "pgbouncer").await;
+    let e = expect_sqlstate(admin.simple_query("RELOAD").await, "F0000");
+    let db = e.as_db_error().expect("a server error");
+    assert_eq!(
+        db.message(),
+        "RELOAD failed, see logs for additional details"
+    );
+    let detail = db.detail().unwrap_or_default();
+    assert!(
+        detail.contains("keeping the old configuration") && detail.contains("pool_mode"),
+        "{detail}"
+    );
+    let client = connect_as(sluice.port(), APP_USER, "postgres").await;
+    assert_eq!(scalar_text(&client, "select 1").await, "1");
+    // Fixed, the same RELOAD succeeds.
+    sluice.rewrite_config(&config.render());
+    admin
+        .simple_query("RELOAD")
+        .await
+        .expect("RELOAD of a good file");
+}
+
 #[tokio::test]
 async fn sigterm_waits_for_connected_clients_then_exits_zero() {
     let cluster = app_cluster(ServerAuth::Trust);
@@ -146,6 +176,40 @@ async fn sigint_waits_until_no_server_is_in_use() {
         .await
         .expect("exits once no server is in use, idle clients notwithstanding");
     assert!(status.success(), "exit status {status}");
+}
+
+/// A second SIGTERM (or SIGINT) while a shutdown waits is PgBouncer's
+/// "fast exit": the process leaves at once, clients or not.
+#[tokio::test]
+async fn a_second_sigterm_or_sigint_while_shutting_down_exits_at_once() {
+    let cluster = app_cluster(ServerAuth::Trust);
+    for (first, second) in [("TERM", "TERM"), ("INT", "INT"), ("TERM", "INT")] {
+        let mut sluice = ConfigBuilder::for_cluster(&cluster)
+            .set("pool_mode", "transaction")
+            .start();
+        let client = connect_as(sluice.port(), APP_USER, "postgres").await;
+        client.batch_execute("begin; select 1").await.unwrap();
+        sluice.signal(first);
+        tokio::time::sleep(Duration::from_millis(700)).await;
+        assert!(
+            sluice.is_running(),
+            "SIG{first} alone must wait for the open transaction"
+        );
+        sluice.signal(second);
+        let status = sluice
+            .wait_exit_async(Duration::from_secs(5))
+            .await
+            .unwrap_or_else(|| panic!("SIG{first} then SIG{second} must exit at once"));
+        assert!(status.success(), "exit status {status}");
+        assert!(
+            sluice
+                .log()
+                .contains(&format!("got SIG{second} while shutting down, fast exit")),
+            "{}",
+            sluice.log()
+        );
+        drop(client);
+    }
 }
 
 #[tokio::test]

@@ -35,25 +35,49 @@ pub async fn run(app: Arc<App>, workers: Arc<Workers>) -> std::io::Result<()> {
                 tracing::info!("got SIGHUP, re-reading config");
                 reload(&app);
             }
+            // A second SIGTERM or SIGINT while shutting down exits at once,
+            // as PgBouncer's does: the operator has stopped waiting.
             _ = term.recv() => {
-                tracing::info!("got SIGTERM, shutting down, waiting for all clients disconnect");
-                app.begin_shutdown(Phase::WaitForClients);
+                if app.phase() != Phase::Running {
+                    tracing::info!("got SIGTERM while shutting down, fast exit");
+                    app.begin_shutdown(Phase::Immediate);
+                } else {
+                    tracing::info!("got SIGTERM, shutting down, waiting for all clients disconnect");
+                    app.begin_shutdown(Phase::WaitForClients);
+                }
             }
             _ = int.recv() => {
-                tracing::info!("got SIGINT, shutting down, waiting for all servers connections to be released");
-                app.begin_shutdown(Phase::WaitForServers);
+                if app.phase() != Phase::Running {
+                    tracing::info!("got SIGINT while shutting down, fast exit");
+                    app.begin_shutdown(Phase::Immediate);
+                } else {
+                    tracing::info!("got SIGINT, shutting down, waiting for all servers connections to be released");
+                    app.begin_shutdown(Phase::WaitForServers);
+                }
             }
             _ = quit.recv() => {
                 tracing::info!("got SIGQUIT, fast exit");
                 app.begin_shutdown(Phase::Immediate);
             }
             _ = usr1.recv() => {
-                tracing::info!("got SIGUSR1, pausing all activity");
-                app.control.pause(None);
+                if app.control.all_paused() {
+                    tracing::info!("got SIGUSR1, but already paused/suspended");
+                } else {
+                    tracing::info!("got SIGUSR1, pausing all activity");
+                    app.control.pause(None);
+                }
             }
+            // As PgBouncer's: ends the global pause only; databases paused
+            // by name stay paused (RESUME on the console ends those).
             _ = usr2.recv() => {
-                tracing::info!("got SIGUSR2, continuing from PAUSE");
-                app.control.resume(None);
+                if app.phase() != Phase::Running {
+                    tracing::info!("got SIGUSR2 while shutting down, ignoring");
+                } else if app.control.all_paused() {
+                    tracing::info!("got SIGUSR2, continuing from PAUSE");
+                    app.control.resume_all_only();
+                } else {
+                    tracing::info!("got SIGUSR2, but not paused/suspended");
+                }
             }
             _ = tick.tick() => {
                 for pool in app.pools() {

@@ -31,6 +31,19 @@ impl OperatorSwitches {
                     .contains(database))
     }
 
+    /// Whether everything is paused (PAUSE without a database, SIGUSR1).
+    pub fn all_paused(&self) -> bool {
+        self.all_paused.load(Ordering::Acquire)
+    }
+
+    /// Whether `database` was paused by name (PAUSE <db>, KILL <db>).
+    pub fn paused_by_name(&self, database: &str) -> bool {
+        self.paused
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .contains(database)
+    }
+
     /// Cheap check for the hot path: is anything paused at all?
     pub fn anything_paused(&self) -> bool {
         self.any_paused.load(Ordering::Acquire)
@@ -49,6 +62,8 @@ impl OperatorSwitches {
         }
     }
 
+    /// Ends the pause of `database`, or (None) every pause: the global one
+    /// and those by name.
     pub fn resume(&self, database: Option<&str>) {
         match database {
             None => {
@@ -65,6 +80,18 @@ impl OperatorSwitches {
                     .remove(db);
             }
         }
+        self.after_resume();
+    }
+
+    /// Ends the global pause only (SIGUSR2); pauses by name stay.
+    pub fn resume_all_only(&self) {
+        self.all_paused.store(false, Ordering::Release);
+        self.after_resume();
+    }
+
+    /// After a resume: whether anything is still paused, and the waiting
+    /// transactions woken to look again.
+    fn after_resume(&self) {
         let still = self.all_paused.load(Ordering::Acquire)
             || !self
                 .paused

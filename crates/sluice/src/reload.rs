@@ -12,27 +12,43 @@ use crate::auth::Userlist;
 /// Reloads the configuration file and the auth_file (SIGHUP and the
 /// console's RELOAD), telling systemd around it. Returns what went wrong or
 /// waits for a restart, each already logged, for the console to repeat.
-pub fn reload(app: &App) -> Vec<String> {
+pub fn reload(app: &App) -> Said {
     crate::sd_notify::reloading();
     let mut said = Said::default();
     reload_into(app, &mut said);
     crate::sd_notify::reloaded();
-    said.0
+    said
 }
 
-/// What a reload logged as a warning or an error.
+/// The start of the error of a reload that applied nothing.
+const REFUSED: &str = "reload failed, keeping the old configuration";
+
+/// What a reload logged: errors (something was not applied) and warnings
+/// (a value ignored, a change that waits for a restart).
 #[derive(Default)]
-struct Said(Vec<String>);
+pub struct Said {
+    pub errors: Vec<String>,
+    pub warnings: Vec<String>,
+}
 
 impl Said {
     fn warn(&mut self, message: String) {
         tracing::warn!("{message}");
-        self.0.push(message);
+        self.warnings.push(message);
     }
 
     fn error(&mut self, message: String) {
         tracing::error!("{message}");
-        self.0.push(message);
+        self.errors.push(message);
+    }
+
+    /// The error of a reload that applied nothing (the file unreadable, a
+    /// value refused), if it was one.
+    pub fn refused(&self) -> Option<&str> {
+        self.errors
+            .iter()
+            .find(|e| e.starts_with(REFUSED))
+            .map(String::as_str)
     }
 }
 
@@ -53,7 +69,7 @@ fn reload_into(app: &App, said: &mut Said) {
     let config = match sluice_config::load(&app.config_path) {
         Ok(c) => c,
         Err(e) => {
-            said.error(format!("reload failed, keeping the old configuration: {e}"));
+            said.error(format!("{REFUSED}: {e}"));
             return;
         }
     };
@@ -65,24 +81,24 @@ fn reload_into(app: &App, said: &mut Said) {
 
 /// Applies a configuration changed in memory (the console's SET) through
 /// the same checks and steps as a RELOAD, the auth_file read again.
-pub fn apply(app: &App, config: sluice_config::Config) -> Vec<String> {
+pub fn apply(app: &App, config: sluice_config::Config) -> Said {
     crate::sd_notify::reloading();
     let mut said = Said::default();
     apply_into(app, config, &mut said);
     crate::sd_notify::reloaded();
-    said.0
+    said
 }
 
 fn apply_into(app: &App, config: sluice_config::Config, said: &mut Said) {
     if let Err(e) = crate::daemon::check_supported(&config.settings) {
-        said.error(format!("reload failed, keeping the old configuration: {e}"));
+        said.error(format!("{REFUSED}: {e}"));
         return;
     }
     let userlist = match &config.settings.auth_file {
         Some(path) => match Userlist::load(path) {
             Ok(u) => u,
             Err(e) => {
-                said.error(format!("reload failed, keeping the old configuration: {e}"));
+                said.error(format!("{REFUSED}: {e}"));
                 return;
             }
         },

@@ -369,7 +369,7 @@ fn change_managed(
         .map_err(|e| Response::error("400 Bad Request", &e.to_string()))?;
     replace_file(&path, &text).map_err(fail)?;
     let said = crate::reload::reload(app);
-    if let Some(failed) = said.iter().find(|s| s.starts_with("reload failed")) {
+    if let Some(failed) = said.refused() {
         let restored = replace_file(&path, &old);
         return Err(fail(format!(
             "{failed}; the web console's file {}",
