@@ -28,60 +28,73 @@ fn pool(pool_size: u32, query_wait_timeout: Duration) -> Arc<Pool> {
 /// with no shared limit; it opens a server only when asked for one with
 /// no idle server and a free slot (these tests lend their own instead).
 pub(crate) fn test_pool(addr: ServerAddr, pool_size: u32, query_wait_timeout: Duration) -> Pool {
-    let secs = Duration::from_secs;
     Pool::new(
         "db".into(),
         "u".into(),
-        ServerTarget {
-            addr,
-            dbname: "db".into(),
-            user: "u".into(),
-            startup_params: Vec::new(),
-            connect_query: None,
-            connect_timeout: secs(1),
-            keepalive: Default::default(),
-            dns: Default::default(),
-            tls: Default::default(),
-            alternates: Default::default(),
-        },
+        target(addr),
         ServerCredential::default(),
-        PoolSettings {
-            mode: PoolMode::Transaction,
-            pool_size,
-            min_pool_size: 0,
-            reserve_pool_size: 0,
-            reserve_pool_timeout: secs(1),
-            query_wait_timeout,
-            server_idle_timeout: secs(600),
-            server_lifetime: secs(3600),
-            server_login_retry: secs(1),
-            server_reset_query: String::new(),
-            server_reset_query_always: false,
-            server_check_delay: secs(30),
-            server_check_query: String::new(),
-            idle_transaction_timeout: secs(1),
-            transaction_timeout: Duration::ZERO,
-            client_idle_timeout: secs(1),
-            query_timeout: Duration::ZERO,
-            max_packet_size: 1 << 20,
-            max_prepared_statements: 0,
-            session_objects: sluice_config::SessionObjects::Pin,
-            standby: Standby::default(),
-            disable_pqexec: false,
-            log_connections: false,
-            server_round_robin: false,
-            cancel_wait_timeout: Duration::ZERO,
-            query_wait_notify: Duration::ZERO,
-            server_fast_close: false,
-        },
+        settings(pool_size, query_wait_timeout),
         Arc::new(ConnLimit::new(0)),
         Arc::new(ConnLimit::new(0)),
     )
 }
 
+fn target(addr: ServerAddr) -> ServerTarget {
+    ServerTarget {
+        addr,
+        dbname: "db".into(),
+        user: "u".into(),
+        startup_params: Vec::new(),
+        connect_query: None,
+        connect_timeout: Duration::from_secs(1),
+        keepalive: Default::default(),
+        dns: Default::default(),
+        tls: Default::default(),
+        alternates: Default::default(),
+    }
+}
+
+fn settings(pool_size: u32, query_wait_timeout: Duration) -> PoolSettings {
+    let secs = Duration::from_secs;
+    PoolSettings {
+        mode: PoolMode::Transaction,
+        pool_size,
+        min_pool_size: 0,
+        reserve_pool_size: 0,
+        reserve_pool_timeout: secs(1),
+        query_wait_timeout,
+        server_idle_timeout: secs(600),
+        server_lifetime: secs(3600),
+        server_login_retry: secs(1),
+        server_reset_query: String::new(),
+        server_reset_query_always: false,
+        server_check_delay: secs(30),
+        server_check_query: String::new(),
+        idle_transaction_timeout: secs(1),
+        transaction_timeout: Duration::ZERO,
+        client_idle_timeout: secs(1),
+        query_timeout: Duration::ZERO,
+        max_packet_size: 1 << 20,
+        max_prepared_statements: 0,
+        session_objects: sluice_config::SessionObjects::Pin,
+        standby: Standby::default(),
+        disable_pqexec: false,
+        log_connections: false,
+        server_round_robin: false,
+        cancel_wait_timeout: Duration::ZERO,
+        query_wait_notify: Duration::ZERO,
+        server_fast_close: false,
+    }
+}
+
 /// A server for the test, lent at once on a slot of the pool's; its peer
 /// (the "PostgreSQL" end) is kept in `peers`, so the server stays open.
 fn open(pool: &Arc<Pool>, peers: &mut Vec<UnixStream>) -> Lease {
+    open_with(pool, peers, false)
+}
+
+/// [`open`] on a slot of the reserve (`use_reserve`) or of the pool.
+fn open_with(pool: &Arc<Pool>, peers: &mut Vec<UnixStream>, use_reserve: bool) -> Lease {
     let (ours, theirs) = UnixStream::pair().expect("socket pair");
     peers.push(theirs);
     let server = Box::new(ServerConn::new(
@@ -92,7 +105,7 @@ fn open(pool: &Arc<Pool>, peers: &mut Vec<UnixStream>) -> Lease {
         },
         ParamSet::default(),
     ));
-    assert!(pool.take_slot(&mut pool.lock(), false), "a free slot");
+    assert!(pool.take_slot(&mut pool.lock(), use_reserve), "a free slot");
     pool.opened(server, Reported::new(), &addr()).expect("lent")
 }
 
@@ -239,5 +252,125 @@ fn a_waiter_past_query_wait_timeout_is_told_and_leaves_the_line() {
         assert_eq!(counts(&pool), (0, 1, 0, 1), "out of the line");
         held.release();
         assert_eq!(counts(&pool), (0, 0, 1, 1));
+    });
+}
+
+/// A RELOAD that shrinks the pool closes servers as they come back, down
+/// to the new size, even with a client in line: the client gets the
+/// server that remains.
+#[test]
+fn a_reload_that_shrinks_the_pool_closes_servers_as_they_come_back() {
+    runtime().block_on(async {
+        let pool = pool(2, Duration::from_secs(60));
+        let mut peers = Vec::new();
+        let one = open(&pool, &mut peers);
+        let two = open(&pool, &mut peers);
+        let kept = two.server_id();
+        let a = acquire_in_task(&pool);
+        let_run().await;
+        assert_eq!(counts(&pool), (1, 2, 0, 2));
+        pool.reconfigure(
+            settings(1, Duration::from_secs(60)),
+            target(addr()),
+            ServerCredential::default(),
+            false,
+        );
+        one.release();
+        let_run().await;
+        assert_eq!(counts(&pool), (1, 1, 0, 1), "closed, not handed over");
+        assert!(!a.is_finished(), "the waiter still waits");
+        let mut got = Vec::new();
+        within(peers[0].read_to_end(&mut got)).await.expect("read");
+        assert_eq!(got, [b'X', 0, 0, 0, 4], "the closed server was told");
+        two.release();
+        let (id, lease) = within(a).await.expect("task").expect("served");
+        assert_eq!(id, kept, "the server that remains");
+        lease.release();
+        assert_eq!(
+            counts(&pool),
+            (0, 0, 1, 1),
+            "one server, as the new size says"
+        );
+    });
+}
+
+/// The reserve: past `pool_size` a slot is only taken for the reserve,
+/// up to `reserve_pool_size` more; a server of the reserve goes back idle
+/// like any other while the total is within size and reserve.
+#[test]
+fn the_reserve_adds_slots_only_when_asked_for() {
+    runtime().block_on(async {
+        let pool = Arc::new(Pool::new(
+            "db".into(),
+            "u".into(),
+            target(addr()),
+            ServerCredential::default(),
+            PoolSettings {
+                reserve_pool_size: 1,
+                ..settings(1, Duration::from_secs(60))
+            },
+            Arc::new(ConnLimit::new(0)),
+            Arc::new(ConnLimit::new(0)),
+        ));
+        let mut peers = Vec::new();
+        let one = open(&pool, &mut peers);
+        {
+            let mut st = pool.lock();
+            assert!(!pool.take_slot(&mut st, false), "pool_size reached");
+            assert!(pool.take_slot(&mut st, true), "a reserve slot");
+            assert!(!pool.take_slot(&mut st, true), "the reserve is used up");
+            pool.free_slot(&mut st, false);
+        }
+        let reserve = open_with(&pool, &mut peers, true);
+        assert_eq!(counts(&pool), (0, 2, 0, 2));
+        reserve.release();
+        one.release();
+        assert_eq!(
+            counts(&pool),
+            (0, 0, 2, 2),
+            "both idle: within size and reserve"
+        );
+    });
+}
+
+/// Two pools share a `max_db_connections` budget of one. The first holds
+/// the unit with an idle server; a client of the second, in line for want
+/// of a unit, has that idle server closed for it and takes the unit (its
+/// own open then fails here: nothing listens at the address).
+#[test]
+fn a_full_shared_budget_closes_another_pools_idle_server_for_a_waiter() {
+    runtime().block_on(async {
+        let budget = Arc::new(ConnLimit::new(1));
+        let make = || {
+            let pool = Arc::new(Pool::new(
+                "db".into(),
+                "u".into(),
+                target(addr()),
+                ServerCredential::default(),
+                settings(1, Duration::from_secs(60)),
+                budget.clone(),
+                Arc::new(ConnLimit::new(0)),
+            ));
+            pool.join_limits(&pool);
+            pool
+        };
+        let (first, second) = (make(), make());
+        let mut peers = Vec::new();
+        open(&first, &mut peers).release();
+        assert_eq!(counts(&first), (0, 0, 1, 1));
+        assert!(budget.is_full());
+        assert!(!second.take_slot(&mut second.lock(), false), "no unit left");
+        let got = within(second.acquire()).await;
+        assert!(
+            !matches!(got, Err(AcquireError::WaitTimeout) | Ok(_)),
+            "the second pool took the unit and tried to open"
+        );
+        assert_eq!(counts(&first), (0, 0, 0, 0), "the idle server was closed");
+        let mut bytes = Vec::new();
+        within(peers[0].read_to_end(&mut bytes))
+            .await
+            .expect("read");
+        assert_eq!(bytes, [b'X', 0, 0, 0, 4]);
+        assert!(!budget.is_full(), "the failed open gave the unit back");
     });
 }
