@@ -64,6 +64,7 @@ async fn max_client_conn_refuses_the_extra_client() {
     let cluster = app_cluster(ServerAuth::Trust);
     let sluice = ConfigBuilder::for_cluster(&cluster)
         .set("max_client_conn", "2")
+        .set("admin_users", "admin")
         .start();
     let first = connect_as(sluice.port(), APP_USER, "postgres").await;
     let _second = connect_as(sluice.port(), APP_USER, "postgres").await;
@@ -75,6 +76,13 @@ async fn max_client_conn_refuses_the_extra_client() {
         error.as_db_error().unwrap().message(),
         "no more connections allowed (max_client_conn)"
     );
+    // The console is exempt, as PgBouncer's: an operator gets in to look.
+    let admin = connect_as(sluice.port(), "admin", "pgbouncer").await;
+    assert!(
+        admin.simple_query("SHOW POOLS").await.is_ok(),
+        "the console answers while the pooler is full"
+    );
+    drop(admin);
     drop(first);
     let port = sluice.port();
     let readmitted = eventually(Duration::from_secs(5), || async move {

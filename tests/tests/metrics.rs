@@ -30,6 +30,29 @@ async fn metrics_count_transactions_errors_and_latency() {
         connect(sluice.port(), APP_USER, APP_PASSWORD, "nosuchdb").await,
         "3D000",
     );
+    // Load balancers' TCP health checks: connect, close (or reset) before
+    // a byte. Not failed logins, and nothing worth a warning.
+    for reset in [false, true, false] {
+        let probe = std::net::TcpStream::connect(("127.0.0.1", sluice.port())).expect("connect");
+        if reset {
+            let linger = libc::linger {
+                l_onoff: 1,
+                l_linger: 0,
+            };
+            // SAFETY: a valid socket and a `linger` of the size given.
+            let rc = unsafe {
+                libc::setsockopt(
+                    std::os::fd::AsRawFd::as_raw_fd(&probe),
+                    libc::SOL_SOCKET,
+                    libc::SO_LINGER,
+                    std::ptr::from_ref(&linger).cast(),
+                    std::mem::size_of::<libc::linger>() as libc::socklen_t,
+                )
+            };
+            assert_eq!(rc, 0, "SO_LINGER 0: close sends a reset");
+        }
+        drop(probe);
+    }
     let labels = "{database=\"postgres\",user=\"app\"}";
     // A transaction is counted when its relay cycle ends, which may be just
     // after the client read its ReadyForQuery.
@@ -72,6 +95,15 @@ async fn metrics_count_transactions_errors_and_latency() {
             "sluice_client_login_failures_total{sqlstate=\"3D000\"}"
         ),
         1.0
+    );
+    assert!(
+        !body.contains("sluice_client_login_failures_total{sqlstate=\"08P01\"}"),
+        "a health check counted as a failed login:\n{body}"
+    );
+    assert!(
+        !sluice.log().contains("pooler error: connection"),
+        "{}",
+        sluice.log_tail(20)
     );
     assert!(sample(&body, "process_resident_memory_bytes") > 0.0);
     assert_eq!(get(mport, "/nope").await.0, 404);

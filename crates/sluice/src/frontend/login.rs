@@ -18,7 +18,7 @@ use super::error::ClientError;
 use crate::admin::{CONSOLE_DATABASES, Role, role_of};
 use crate::app::{App, Phase};
 use crate::auth::Learnt;
-use crate::codec::read_startup;
+use crate::codec::{ReadError, read_startup};
 use crate::net::Stream;
 use crate::params::{ParamSet, tracked_name};
 use crate::session_vars::SessionVars;
@@ -186,8 +186,22 @@ async fn login_inner(
     tls: &crate::tls::ClientTls,
 ) -> Result<Option<Decided>, ClientError> {
     let mut buf = BytesMut::new();
+    let mut first = true;
     let (minor, params, unknown_options) = loop {
-        match read_startup(stream, &mut buf).await? {
+        let packet = match read_startup(stream, &mut buf).await {
+            Ok(packet) => packet,
+            // Gone before its first byte: a TCP health check (a load
+            // balancer's), not a failed login; nothing to tell or count.
+            Err(ReadError::Closed) if first && buf.is_empty() => return Ok(None),
+            Err(ReadError::Io(e))
+                if first && buf.is_empty() && e.kind() == std::io::ErrorKind::ConnectionReset =>
+            {
+                return Ok(None);
+            }
+            Err(e) => return Err(e.into()),
+        };
+        first = false;
+        match packet {
             StartupPacket::SslRequest if tls.offers() && matches!(stream, Stream::Tcp(_)) => {
                 // Bytes sent after SSLRequest, before our answer, would be
                 // taken as if they came encrypted (CVE-2021-23222's kind).
@@ -257,12 +271,6 @@ async fn login_inner(
             } => break (minor, params, unknown_protocol_options),
         }
     };
-    if over_client_limit {
-        return Err(ClientError::new(
-            "53300",
-            "no more connections allowed (max_client_conn)",
-        ));
-    }
     if tls.required() && matches!(stream, Stream::Tcp(_)) {
         return Err(ClientError::protocol("SSL required"));
     }
@@ -286,6 +294,15 @@ async fn login_inner(
         .filter(|d| !d.is_empty())
         .unwrap_or(&user)
         .to_owned();
+    // The console is exempt, as PgBouncer's is: an operator must get in
+    // to see why the pooler is full (only admin_users and stats_users
+    // pass its authentication).
+    if over_client_limit && !CONSOLE_DATABASES.contains(&database.as_str()) {
+        return Err(ClientError::new(
+            "53300",
+            "no more connections allowed (max_client_conn)",
+        ));
+    }
     if params
         .get("replication")
         .is_some_and(|r| r != "false" && r != "0" && r != "off")
