@@ -130,6 +130,14 @@ async fn server_idle_timeout_closes_idle_servers() {
         Ok(0),
         "server_idle_timeout=1 must close the idle server"
     );
+    // Logged as PgBouncer logs it (log_disconnections, on by default).
+    assert!(
+        sluice
+            .log()
+            .contains("closing because: server idle timeout (age="),
+        "{}",
+        sluice.log_tail(10)
+    );
 }
 
 #[tokio::test]
@@ -148,6 +156,13 @@ async fn server_lifetime_replaces_old_servers() {
         "a server older than server_lifetime=1 was reused"
     );
     assert!(count_backends(&cluster, "postgres").await <= 1);
+    assert!(
+        sluice
+            .log()
+            .contains("closing because: server lifetime over"),
+        "{}",
+        sluice.log_tail(10)
+    );
 }
 
 /// A TCP server that accepts connections and never says anything; counts

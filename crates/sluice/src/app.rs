@@ -728,6 +728,7 @@ impl App {
             ),
             disable_pqexec: s.disable_pqexec,
             log_connections: s.log_connections,
+            log_disconnections: s.log_disconnections,
             server_round_robin: s.server_round_robin,
             cancel_wait_timeout: s.cancel_wait_timeout,
             query_wait_notify: s.query_wait_notify,

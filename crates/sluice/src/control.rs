@@ -101,7 +101,7 @@ pub async fn run(app: Arc<App>, workers: Arc<Workers>) -> std::io::Result<()> {
         }
         if shutdown_done(&app) {
             for pool in app.pools() {
-                pool.close_idle();
+                pool.close_idle(crate::backend::pool::Closing::ShuttingDown);
             }
             return Ok(());
         }

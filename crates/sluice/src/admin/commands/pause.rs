@@ -76,7 +76,7 @@ async fn wait_released(app: &App, db: Option<&str>) -> bool {
             .collect();
         if pools.iter().all(|p| p.counts().active == 0) {
             for p in pools {
-                p.close_idle();
+                p.close_idle(crate::backend::pool::Closing::Paused);
             }
             return true;
         }

@@ -139,7 +139,7 @@ impl Lease {
     /// Closes the server: it cannot be proven clean.
     pub fn close(mut self) {
         if let Some(s) = self.server.take() {
-            self.pool.discard(s, true);
+            self.pool.discard(s, true, Closing::Unclean);
         }
     }
 }
@@ -147,7 +147,56 @@ impl Lease {
 impl Drop for Lease {
     fn drop(&mut self) {
         if let Some(s) = self.server.take() {
-            self.pool.discard(s, true);
+            self.pool.discard(s, true, Closing::Unclean);
+        }
+    }
+}
+
+/// Why the pool closes a server: PgBouncer's `closing because:` reasons
+/// where it has one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Closing {
+    /// Idle past `server_idle_timeout`.
+    IdleTimeout,
+    /// Older than `server_lifetime`.
+    Lifetime,
+    /// Above the pool size (a RELOAD shrank it).
+    TooMany,
+    /// Its address or login settings changed (RELOAD, a failover).
+    ConfigChanged,
+    /// Marked by RECONNECT (or KILL) while it was lent.
+    CloseNeeded,
+    /// Its pool was taken out of use (a RELOAD dropped the database).
+    Retired,
+    /// Closed to give its unit of a shared budget to another pool.
+    Evicted,
+    /// PAUSE closes the idle servers once nothing is lent.
+    Paused,
+    /// Shutdown.
+    ShuttingDown,
+    /// The server ended its connection while idle.
+    ClosedWhileIdle,
+    /// Given back with a send still in flight.
+    Unsettled,
+    /// Given back unproven: lost, broken or left mid-request.
+    Unclean,
+}
+
+impl Closing {
+    pub fn text(self) -> &'static str {
+        match self {
+            Self::IdleTimeout => "server idle timeout",
+            Self::Lifetime => "server lifetime over",
+            Self::TooMany => "too many servers in the pool",
+            Self::ConfigChanged => "database configuration changed",
+            Self::CloseNeeded => "close_needed",
+            Self::Retired => "database removed",
+            Self::Evicted => "evicted",
+            Self::Paused => "pause mode",
+            Self::ShuttingDown => "shutting down",
+            Self::ClosedWhileIdle => "server conn crashed?",
+            Self::Unsettled => "released with a send in flight",
+            Self::Unclean => "server not clean (lost, broken or left mid-request)",
         }
     }
 }
@@ -184,8 +233,12 @@ impl Pool {
         } {
             let too_old = !st.settings.server_lifetime.is_zero()
                 && now.saturating_duration_since(server.created) >= st.settings.server_lifetime;
-            if too_old || server.closed_while_idle() {
-                self.close_counted(st, server);
+            if too_old {
+                self.close_counted(st, server, Closing::Lifetime);
+                continue;
+            }
+            if server.closed_while_idle() {
+                self.close_counted(st, server, Closing::ClosedWhileIdle);
                 continue;
             }
             st.active += 1;
@@ -206,7 +259,7 @@ impl Pool {
                 server.id
             );
             self.lock().stats.add(stats);
-            self.discard(server, true);
+            self.discard(server, true, Closing::Unsettled);
             return;
         }
         // The relay sets it as it ends (its own clock read); else now.
@@ -226,8 +279,19 @@ impl Pool {
         let over_size = st.total > st.settings.pool_size + st.settings.reserve_pool_size;
         // Above the pool size (a RELOAD shrank it): close, even with clients
         // waiting; they get the servers that remain.
-        if generation != st.generation || too_old || over_size || st.retired {
-            self.close_counted(&mut st, server);
+        let why = if st.retired {
+            Some(Closing::Retired)
+        } else if generation != st.generation {
+            Some(Closing::CloseNeeded)
+        } else if too_old {
+            Some(Closing::Lifetime)
+        } else if over_size {
+            Some(Closing::TooMany)
+        } else {
+            None
+        };
+        if let Some(why) = why {
+            self.close_counted(&mut st, server, why);
             return;
         }
         while let Some(w) = st.waiters.pop_front() {
@@ -251,16 +315,33 @@ impl Pool {
         self.free_slot(&mut st, true);
     }
 
-    pub(super) fn discard(&self, server: Box<ServerConn>, was_active: bool) {
+    pub(super) fn discard(&self, server: Box<ServerConn>, was_active: bool, why: Closing) {
         let mut st = self.lock();
         forget_lent(&mut st, server.id);
         if was_active {
             st.active = st.active.saturating_sub(1);
         }
-        self.close_counted(&mut st, server);
+        self.close_counted(&mut st, server, why);
     }
 
-    pub(super) fn close_counted(&self, st: &mut PoolState, mut server: Box<ServerConn>) {
+    /// Closes a server (a Terminate first, if its socket takes it), frees
+    /// its slot, and logs why (`log_disconnections`).
+    pub(super) fn close_counted(
+        &self,
+        st: &mut PoolState,
+        mut server: Box<ServerConn>,
+        why: Closing,
+    ) {
+        if st.settings.log_disconnections {
+            tracing::info!(
+                db = %self.database,
+                user = %self.user,
+                server = server.id,
+                "closing because: {} (age={}s)",
+                why.text(),
+                server.created.elapsed().as_secs()
+            );
+        }
         server.stream.try_send_last(&[b'X', 0, 0, 0, 4]);
         drop(server);
         self.free_slot(st, true);

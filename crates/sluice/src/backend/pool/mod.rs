@@ -37,7 +37,7 @@ mod waiting;
 #[cfg(test)]
 pub(crate) mod tests;
 
-pub use lease::{Lease, ServerRow};
+pub use lease::{Closing, Lease, ServerRow};
 use waiting::{Grant, Waiter, expire_waiters, out_of_descriptors};
 
 /// Per-pool settings, resolved from [pgbouncer], [databases] and [users].
@@ -81,6 +81,8 @@ pub struct PoolSettings {
     pub disable_pqexec: bool,
     /// Log new server connections (`log_connections`).
     pub log_connections: bool,
+    /// Log server closes and why (`log_disconnections`).
+    pub log_disconnections: bool,
     /// Lend the server idle the longest, not the most recent
     /// (`server_round_robin`).
     pub server_round_robin: bool,
@@ -315,7 +317,7 @@ impl Pool {
         st.welcome = None;
         st.last_login_failure = None;
         for s in st.idle.drain() {
-            self.close_counted(&mut st, s);
+            self.close_counted(&mut st, s, Closing::ConfigChanged);
         }
         true
     }
@@ -438,7 +440,7 @@ impl Pool {
             st.welcome = None;
             let old = st.idle.drain();
             for s in old {
-                self.close_counted(&mut st, s);
+                self.close_counted(&mut st, s, Closing::ConfigChanged);
             }
         }
     }

@@ -80,6 +80,7 @@ fn settings(pool_size: u32, query_wait_timeout: Duration) -> PoolSettings {
         standby: Standby::default(),
         disable_pqexec: false,
         log_connections: false,
+        log_disconnections: false,
         server_round_robin: false,
         cancel_wait_timeout: Duration::ZERO,
         query_wait_notify: Duration::ZERO,

@@ -33,8 +33,13 @@ impl Pool {
     pub fn reconnect(&self) {
         let mut st = self.lock();
         st.generation += 1;
+        let why = if st.retired {
+            Closing::Retired
+        } else {
+            Closing::CloseNeeded
+        };
         for s in st.idle.drain() {
-            self.close_counted(&mut st, s);
+            self.close_counted(&mut st, s, why);
         }
     }
 
@@ -67,13 +72,16 @@ impl Pool {
         let idle_expired = |server: &ServerConn| {
             !s.server_idle_timeout.is_zero() && server.last_used.elapsed() >= s.server_idle_timeout
         };
-        let mut closing = st.idle.take_expired(0, life_expired);
+        let old = st.idle.take_expired(0, life_expired);
         // Idle timeouts stop at min_pool_size servers in all.
-        let busy = st.total as usize - st.idle.len() - closing.len();
+        let busy = st.total as usize - st.idle.len() - old.len();
         let keep_idle = (s.min_pool_size as usize).saturating_sub(busy);
-        closing.extend(st.idle.take_expired(keep_idle, idle_expired));
-        for server in closing {
-            self.close_counted(&mut st, server);
+        let unused = st.idle.take_expired(keep_idle, idle_expired);
+        for server in old {
+            self.close_counted(&mut st, server, Closing::Lifetime);
+        }
+        for server in unused {
+            self.close_counted(&mut st, server, Closing::IdleTimeout);
         }
         let recent_failure = st
             .last_login_failure
@@ -113,16 +121,16 @@ impl Pool {
         let Some(server) = st.idle.remove_oldest() else {
             return false;
         };
-        self.close_counted(&mut st, server);
+        self.close_counted(&mut st, server, Closing::Evicted);
         true
     }
 
-    /// Closes all idle servers (shutdown).
-    pub fn close_idle(&self) {
+    /// Closes all idle servers (PAUSE, shutdown).
+    pub fn close_idle(&self, why: Closing) {
         let mut st = self.lock();
         let old = st.idle.drain();
         for s in old {
-            self.close_counted(&mut st, s);
+            self.close_counted(&mut st, s, why);
         }
     }
 }
