@@ -157,7 +157,9 @@ const BUSY_WINDOW: usize = 4;
 impl BusyWatch {
     fn check(&mut self, app: &App, workers: &Workers) {
         let percent = app.config().settings.worker_busy_percent;
-        if !workers.has_dormant() {
+        // Shutting down: a listener started now would take connections
+        // into its queue only to close it.
+        if !workers.has_dormant() || app.phase() != Phase::Running {
             return;
         }
         if percent == 0 {
