@@ -382,3 +382,42 @@ async fn io_backend_is_chosen_at_startup_and_shown() {
         }
     }
 }
+
+/// `runtime = shared` (one multi-threaded runtime): it listens, serves
+/// concurrent clients, and stops on SIGTERM once they are gone. (It once
+/// dropped its runtime right after starting: nothing listened.)
+#[tokio::test]
+async fn the_shared_runtime_serves_clients() {
+    let cluster = app_cluster(ServerAuth::Trust);
+    let mut sluice = transaction_pool(&cluster)
+        .sluice("runtime", "shared")
+        .start();
+    let port = sluice.port();
+    let mut tasks = Vec::new();
+    for i in 0..8 {
+        tasks.push(tokio::spawn(async move {
+            let client = connect_as(port, APP_USER, "postgres").await;
+            for j in 0..20 {
+                let got = scalar_text(&client, &format!("select {i} * 100 + {j}")).await;
+                assert_eq!(got, (i * 100 + j).to_string());
+            }
+        }));
+    }
+    for t in tasks {
+        tokio::time::timeout(T, t)
+            .await
+            .expect("in time")
+            .expect("every query answered");
+    }
+    assert!(
+        sluice.log().contains("Shared runtime"),
+        "{}",
+        sluice.log_tail(5)
+    );
+    sluice.signal("TERM");
+    let status = sluice
+        .wait_exit_async(Duration::from_secs(5))
+        .await
+        .expect("exits on SIGTERM with no client left");
+    assert!(status.success(), "exit status {status}");
+}

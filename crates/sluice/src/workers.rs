@@ -194,6 +194,11 @@ pub fn start(
                 set.activate(0, sockets, unix.take());
             }
             app.set_workers(set.handles.clone());
+            // The runtime lives as long as the process: held by a thread of
+            // its own (dropped here, it would shut down with every task).
+            std::thread::Builder::new()
+                .name("sluice-shared".into())
+                .spawn(move || rt.block_on(std::future::pending::<()>()))?;
             let control = tokio::runtime::Builder::new_current_thread()
                 .enable_all()
                 .build()?;
