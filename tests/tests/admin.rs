@@ -599,6 +599,16 @@ async fn the_console_refuses_what_pgbouncer_refuses() {
             "database postgres is not paused",
         ),
         ("RESUME nowhere", "3D000", "no such database: nowhere"),
+        (
+            "KILL postgres other",
+            "42601",
+            "invalid command 'KILL postgres other', use SHOW HELP;",
+        ),
+        (
+            "RELOAD now",
+            "42601",
+            "invalid command 'RELOAD now', use SHOW HELP;",
+        ),
     ] {
         assert_eq!(refused(&admin, command, code).await, message, "{command}");
     }
@@ -612,9 +622,9 @@ async fn the_console_refuses_what_pgbouncer_refuses() {
     }
     admin.simple_query("RESUME").await.expect("RESUME");
     admin
-        .simple_query("PAUSE postgres")
+        .simple_query("PAUSE \"postgres\"")
         .await
-        .expect("PAUSE db");
+        .expect("PAUSE of a quoted name");
     admin
         .simple_query("RESUME postgres")
         .await

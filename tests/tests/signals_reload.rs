@@ -212,6 +212,81 @@ async fn a_second_sigterm_or_sigint_while_shutting_down_exits_at_once() {
     }
 }
 
+/// A pause (here KILL's) holds through SIGTERM's wait for clients, as on
+/// PgBouncer: a rolling restart must not let clients onto a database
+/// being dropped or restored.
+#[tokio::test]
+async fn a_pause_holds_through_sigterm() {
+    let cluster = app_cluster(ServerAuth::Trust);
+    let sluice = ConfigBuilder::for_cluster(&cluster)
+        .set("pool_mode", "transaction")
+        .set("admin_users", "admin")
+        .start();
+    let admin = connect_as(sluice.port(), "admin", "pgbouncer").await;
+    admin.simple_query("KILL postgres").await.expect("KILL");
+    let client = connect_as(sluice.port(), APP_USER, "postgres").await;
+    let query = tokio::spawn(async move { client.simple_query("select 1").await.is_ok() });
+    sluice.signal("TERM");
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    assert!(!query.is_finished(), "SIGTERM let a paused query run");
+    admin
+        .simple_query("RESUME postgres")
+        .await
+        .expect("RESUME of a database during shutdown");
+    let ran = tokio::time::timeout(Duration::from_secs(5), query)
+        .await
+        .expect("the query runs after RESUME");
+    assert!(ran.unwrap(), "the query failed");
+}
+
+/// Paused clients wait at most query_wait_timeout (PgBouncer's janitor
+/// treats them as waiting clients), and SIGINT tells the ones still
+/// waiting "server shutting down" instead of cutting them without a word.
+#[tokio::test]
+async fn paused_clients_time_out_and_sigint_tells_them_why() {
+    let cluster = app_cluster(ServerAuth::Trust);
+    let config = ConfigBuilder::for_cluster(&cluster)
+        .set("pool_mode", "transaction")
+        .set("admin_users", "admin");
+    let sluice = config.clone().set("query_wait_timeout", "1").start();
+    let admin = connect_as(sluice.port(), "admin", "pgbouncer").await;
+    admin.simple_query("PAUSE").await.expect("PAUSE");
+    let client = connect_as(sluice.port(), APP_USER, "postgres").await;
+    let started = std::time::Instant::now();
+    let e = expect_sqlstate(client.simple_query("select 1").await, "08P01");
+    assert_eq!(
+        e.as_db_error().map(|d| d.message()),
+        Some("query_wait_timeout"),
+        "{e:?}"
+    );
+    assert!(started.elapsed() < Duration::from_secs(5));
+
+    let mut sluice = config.start();
+    let admin = connect_as(sluice.port(), "admin", "pgbouncer").await;
+    admin.simple_query("PAUSE").await.expect("PAUSE");
+    let mut waiting = Vec::new();
+    for _ in 0..3 {
+        let client = connect_as(sluice.port(), APP_USER, "postgres").await;
+        waiting.push(tokio::spawn(async move {
+            client.simple_query("select 1").await.map(|_| ())
+        }));
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    sluice.signal("INT");
+    for w in waiting {
+        let got = tokio::time::timeout(Duration::from_secs(5), w)
+            .await
+            .expect("answered")
+            .expect("task");
+        expect_sqlstate(got, "57P01");
+    }
+    let status = sluice
+        .wait_exit_async(Duration::from_secs(5))
+        .await
+        .expect("exits");
+    assert!(status.success(), "exit status {status}");
+}
+
 #[tokio::test]
 async fn sigquit_exits_at_once() {
     let cluster = app_cluster(ServerAuth::Trust);

@@ -15,6 +15,9 @@ use crate::workers::Workers;
 
 /// Janitor period.
 const TICK: Duration = Duration::from_millis(500);
+/// How long SIGINT's shutdown waits, once no server is lent, for woken
+/// clients to be told why they are cut.
+const GOODBYE_GRACE: Duration = Duration::from_millis(200);
 
 /// Runs until the process should exit; returns then.
 pub async fn run(app: Arc<App>, workers: Arc<Workers>) -> std::io::Result<()> {
@@ -28,6 +31,7 @@ pub async fn run(app: Arc<App>, workers: Arc<Workers>) -> std::io::Result<()> {
     let mut usr1 = signal(SignalKind::user_defined1())?;
     let mut usr2 = signal(SignalKind::user_defined2())?;
     let mut tick = tokio::time::interval(TICK);
+    let mut done_since = None;
     app.prewarm();
     loop {
         tokio::select! {
@@ -99,12 +103,25 @@ pub async fn run(app: Arc<App>, workers: Arc<Workers>) -> std::io::Result<()> {
                 }
             }
         }
-        if shutdown_done(&app) {
-            for pool in app.pools() {
-                pool.close_idle(crate::backend::pool::Closing::ShuttingDown);
-            }
-            return Ok(());
+        if !shutdown_done(&app) {
+            done_since = None;
+            continue;
         }
+        // No server is lent: the clients SIGINT woke (those paused, those
+        // that asked for a server) get a moment, a tick or so, to be told
+        // "server shutting down" before the process ends.
+        if app.phase() == Phase::WaitForServers
+            && done_since
+                .get_or_insert_with(std::time::Instant::now)
+                .elapsed()
+                < GOODBYE_GRACE
+        {
+            continue;
+        }
+        for pool in app.pools() {
+            pool.close_idle(crate::backend::pool::Closing::ShuttingDown);
+        }
+        return Ok(());
     }
 }
 

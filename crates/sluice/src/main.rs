@@ -201,6 +201,10 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
+    let unix_socket = (!settings.unix_socket_dir.is_empty()).then(|| {
+        frontend::listener::unix_socket_path(&settings.unix_socket_dir, settings.listen_port)
+    });
+    let unix_socket_id = unix_socket.as_deref().and_then(file_id);
     if let Some(user) = cli
         .user
         .as_deref()
@@ -255,14 +259,19 @@ fn main() -> ExitCode {
     }
     sd_notify::ready();
     let result = control.block_on(control::run(app.clone(), worker_set));
-    if !settings.pidfile.is_empty() {
+    // Only files still this process's own: in a rolling restart the new
+    // process may have written the pidfile or bound the socket by now.
+    if !settings.pidfile.is_empty()
+        && std::fs::read_to_string(&settings.pidfile)
+            .is_ok_and(|text| text.trim() == std::process::id().to_string())
+    {
         let _ = std::fs::remove_file(&settings.pidfile);
     }
-    if !settings.unix_socket_dir.is_empty() {
-        let _ = std::fs::remove_file(frontend::listener::unix_socket_path(
-            &settings.unix_socket_dir,
-            settings.listen_port,
-        ));
+    if let Some(path) = unix_socket
+        && unix_socket_id.is_some()
+        && file_id(&path) == unix_socket_id
+    {
+        let _ = std::fs::remove_file(path);
     }
     match result {
         Ok(()) => {
@@ -275,4 +284,13 @@ fn main() -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+/// Which file a path names now: device, inode and change time (an inode
+/// number freed by one socket file is often the next one's).
+fn file_id(path: &std::path::Path) -> Option<(u64, u64, i64, i64)> {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::symlink_metadata(path)
+        .ok()
+        .map(|m| (m.dev(), m.ino(), m.ctime(), m.ctime_nsec()))
 }

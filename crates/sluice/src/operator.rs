@@ -49,56 +49,48 @@ impl OperatorSwitches {
         self.any_paused.load(Ordering::Acquire)
     }
 
+    /// Pauses `database`, or (None) everything. The flags change under
+    /// the `paused` lock, as in every resume, so that a pause and a resume
+    /// at once cannot leave `any_paused` false with something paused.
     pub fn pause(&self, database: Option<&str>) {
-        self.any_paused.store(true, Ordering::Release);
+        let mut paused = self.paused.lock().unwrap_or_else(|p| p.into_inner());
         match database {
             None => self.all_paused.store(true, Ordering::Release),
             Some(db) => {
-                self.paused
-                    .lock()
-                    .unwrap_or_else(|p| p.into_inner())
-                    .insert(db.to_owned());
+                paused.insert(db.to_owned());
             }
         }
+        self.any_paused.store(true, Ordering::Release);
     }
 
     /// Ends the pause of `database`, or (None) every pause: the global one
     /// and those by name.
     pub fn resume(&self, database: Option<&str>) {
-        match database {
+        self.resume_with(|all, paused| match database {
             None => {
-                self.all_paused.store(false, Ordering::Release);
-                self.paused
-                    .lock()
-                    .unwrap_or_else(|p| p.into_inner())
-                    .clear();
+                all.store(false, Ordering::Release);
+                paused.clear();
             }
             Some(db) => {
-                self.paused
-                    .lock()
-                    .unwrap_or_else(|p| p.into_inner())
-                    .remove(db);
+                paused.remove(db);
             }
-        }
-        self.after_resume();
+        });
     }
 
     /// Ends the global pause only (SIGUSR2); pauses by name stay.
     pub fn resume_all_only(&self) {
-        self.all_paused.store(false, Ordering::Release);
-        self.after_resume();
+        self.resume_with(|all, _| all.store(false, Ordering::Release));
     }
 
-    /// After a resume: whether anything is still paused, and the waiting
-    /// transactions woken to look again.
-    fn after_resume(&self) {
-        let still = self.all_paused.load(Ordering::Acquire)
-            || !self
-                .paused
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .is_empty();
-        self.any_paused.store(still, Ordering::Release);
+    /// A resume: `change` under the `paused` lock, then whether anything
+    /// is still paused, and the waiting transactions woken to look again.
+    fn resume_with(&self, change: impl FnOnce(&AtomicBool, &mut HashSet<String>)) {
+        {
+            let mut paused = self.paused.lock().unwrap_or_else(|p| p.into_inner());
+            change(&self.all_paused, &mut paused);
+            let still = self.all_paused.load(Ordering::Acquire) || !paused.is_empty();
+            self.any_paused.store(still, Ordering::Release);
+        }
         self.resumed.notify_waiters();
     }
 
@@ -115,6 +107,48 @@ impl OperatorSwitches {
             d.insert(database.to_owned());
         } else {
             d.remove(database);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The global pause and pauses by name, and which resume ends which;
+    /// `anything_paused` (the hot path's one check) follows.
+    #[test]
+    fn pauses_and_resumes() {
+        let s = OperatorSwitches::default();
+        assert!(!s.anything_paused());
+        s.pause(Some("a"));
+        assert!(s.anything_paused() && s.is_paused("a") && !s.is_paused("b"));
+        s.pause(None);
+        assert!(s.all_paused() && s.is_paused("b"));
+        s.resume_all_only();
+        assert!(!s.all_paused() && s.paused_by_name("a") && s.anything_paused());
+        s.resume(Some("a"));
+        assert!(!s.anything_paused() && !s.is_paused("a"));
+        s.pause(Some("a"));
+        s.pause(None);
+        s.resume(None);
+        assert!(!s.anything_paused() && !s.paused_by_name("a") && !s.all_paused());
+    }
+
+    /// Pauses and resumes from several threads at once never leave
+    /// `anything_paused` false while something is paused.
+    #[test]
+    fn concurrent_pause_and_resume_agree() {
+        let s = std::sync::Arc::new(OperatorSwitches::default());
+        for _ in 0..200 {
+            let (a, b) = (s.clone(), s.clone());
+            let pauser = std::thread::spawn(move || a.pause(None));
+            let resumer = std::thread::spawn(move || b.resume(Some("x")));
+            pauser.join().expect("pause");
+            resumer.join().expect("resume");
+            assert!(s.all_paused() && s.anything_paused(), "a pause was lost");
+            s.resume(None);
+            assert!(!s.anything_paused());
         }
     }
 }

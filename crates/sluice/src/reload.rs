@@ -134,10 +134,17 @@ fn apply_into(app: &App, config: sluice_config::Config, said: &mut Said) {
             if let Ok(wanted) = wanted
                 && wanted > old.mode
             {
-                said.error(format!(
-                    "client_tls_sslmode {wanted:?} is in force with the old certificate \
-                     (TCP logins without TLS are refused)"
-                ));
+                said.error(if old.offers() {
+                    format!(
+                        "client_tls_sslmode {wanted:?} is in force with the old certificate \
+                         (TCP logins without TLS are refused)"
+                    )
+                } else {
+                    format!(
+                        "client_tls_sslmode {wanted:?} is in force with no certificate: every \
+                         TCP login is refused until one loads"
+                    )
+                });
                 app.set_client_tls(old.at_least(wanted));
             }
         }

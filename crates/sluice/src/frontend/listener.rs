@@ -80,27 +80,55 @@ pub fn unix_socket_path(dir: &str, port: u16) -> PathBuf {
     PathBuf::from(dir).join(format!(".s.PGSQL.{port}"))
 }
 
-/// Binds the Unix socket, replacing a stale socket file.
+/// Binds the Unix socket, replacing a stale socket file. A live one (a
+/// process answers there) means the port is taken, unless `take_over`
+/// (so_reuseport: a rolling restart): then the new socket is bound beside
+/// it and renamed over it, so that new clients reach this process while
+/// the old one serves those it has (its exit leaves this file alone).
 pub fn bind_unix(
     path: &PathBuf,
     mode: u32,
     group: &str,
+    take_over: bool,
 ) -> std::io::Result<std::os::unix::net::UnixListener> {
     use std::os::unix::fs::PermissionsExt;
+    let mut beside = None;
     if path.exists() {
-        // Another live process answering there means the port is taken.
         if std::os::unix::net::UnixStream::connect(path).is_ok() {
-            return Err(std::io::Error::new(
-                std::io::ErrorKind::AddrInUse,
-                format!("{} is in use", path.display()),
-            ));
+            if !take_over {
+                return Err(std::io::Error::new(
+                    std::io::ErrorKind::AddrInUse,
+                    format!("{} is in use", path.display()),
+                ));
+            }
+            let mut name = path.clone().into_os_string();
+            name.push(format!(".new.{}", std::process::id()));
+            let temp = PathBuf::from(name);
+            let _ = std::fs::remove_file(&temp);
+            beside = Some(temp);
+        } else {
+            std::fs::remove_file(path)?;
         }
-        std::fs::remove_file(path)?;
     }
-    let l = std::os::unix::net::UnixListener::bind(path)?;
-    std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode))?;
-    if !group.is_empty() {
-        std::os::unix::fs::chown(path, None, Some(group_id(group)?))?;
+    let at = beside.as_ref().unwrap_or(path);
+    let l = std::os::unix::net::UnixListener::bind(at)?;
+    let placed = std::fs::set_permissions(at, std::fs::Permissions::from_mode(mode))
+        .and_then(|()| {
+            if group.is_empty() {
+                Ok(())
+            } else {
+                std::os::unix::fs::chown(at, None, Some(group_id(group)?))
+            }
+        })
+        .and_then(|()| match &beside {
+            Some(temp) => std::fs::rename(temp, path),
+            None => Ok(()),
+        });
+    if let Err(e) = placed {
+        if let Some(temp) = &beside {
+            let _ = std::fs::remove_file(temp);
+        }
+        return Err(e);
     }
     l.set_nonblocking(true)?;
     Ok(l)

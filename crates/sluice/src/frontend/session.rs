@@ -355,8 +355,10 @@ impl Client {
                 "server shutting down",
             )));
         }
-        if self.app.control.anything_paused() {
-            self.wait_while_paused().await;
+        if self.app.control.anything_paused()
+            && let Err(e) = self.wait_while_paused().await
+        {
+            return Some(SessionEnd::Error(e));
         }
         self.app.cancels.set_waiting(self.cancel, true);
         let Routed {
@@ -643,19 +645,39 @@ impl Client {
         }
     }
 
-    /// PAUSE: new transactions wait until RESUME (or shutdown).
-    async fn wait_while_paused(&self) {
+    /// PAUSE (or KILL): new transactions wait until RESUME, as on
+    /// PgBouncer: through a SIGTERM's wait for clients too, at most
+    /// `query_wait_timeout`; SIGINT or SHUTDOWN ends the wait with
+    /// "server shutting down".
+    async fn wait_while_paused(&self) -> Result<(), ClientError> {
+        let wait_timeout = self.pool.settings().query_wait_timeout;
+        let deadline =
+            (!wait_timeout.is_zero()).then(|| tokio::time::Instant::now() + wait_timeout);
         loop {
             let resumed = self.app.control.resumed.notified();
-            tokio::pin!(resumed);
+            let shutdown = self.app.phase_changed.notified();
+            tokio::pin!(resumed, shutdown);
             resumed.as_mut().enable();
-            if !self.app.control.is_paused(&self.pool.database)
-                || self.app.phase() != Phase::Running
-            {
-                return;
+            shutdown.as_mut().enable();
+            if !self.app.control.is_paused(&self.pool.database) {
+                return Ok(());
+            }
+            if self.app.phase() >= Phase::WaitForServers {
+                return Err(ClientError::new("57P01", "server shutting down"));
+            }
+            let now = tokio::time::Instant::now();
+            if deadline.is_some_and(|d| now >= d) {
+                return Err(ClientError::protocol("query_wait_timeout"));
             }
             // Bounded wait: a missed wake-up costs at most a second.
-            let _ = tokio::time::timeout(Duration::from_secs(1), resumed).await;
+            let until = deadline.map_or(now + Duration::from_secs(1), |d| {
+                d.min(now + Duration::from_secs(1))
+            });
+            tokio::select! {
+                _ = &mut resumed => {}
+                _ = &mut shutdown => {}
+                _ = tokio::time::sleep_until(until) => {}
+            }
         }
     }
 

@@ -29,14 +29,14 @@ struct Line<'a> {
     text: &'a str,
     /// The first word, upper-cased.
     verb: String,
-    /// The words after it.
-    args: Vec<&'a str>,
+    /// The one argument (a database, an id, a mode), unquoted.
+    arg: Option<&'a str>,
 }
 
 impl Line<'_> {
-    /// The first argument (a database, an id, a mode).
+    /// The argument (a database, an id, a mode).
     fn arg(&self) -> Option<&str> {
-        self.args.first().copied()
+        self.arg
     }
 
     /// PgBouncer's `<CMD> command issued` / `<CMD> '<db>' command issued`
@@ -130,13 +130,24 @@ pub async fn run(app: &App, role: Role, sql: &str, out: &mut BytesMut) {
         sluice_wire::empty_query_response(out);
         return;
     }
-    let mut words = text.split_whitespace();
-    let verb = words.next().unwrap_or_default().to_ascii_uppercase();
+    let (verb, rest) = text.split_once(char::is_whitespace).unwrap_or((text, ""));
+    let verb = verb.to_ascii_uppercase();
+    // SET has its own syntax; every other command takes one word or one
+    // double-quoted name at most, as PgBouncer's (`PAUSE db1 db2` is not
+    // half done: it is refused).
+    let arg = if verb == "SET" {
+        None
+    } else {
+        match one_arg(rest) {
+            Ok(arg) if arg.is_none() || !matches!(verb.as_str(), "RELOAD" | "SUSPEND") => arg,
+            _ => return error(out, "42601", &invalid_command(sql)),
+        }
+    };
     let line = Line {
         sql,
         text,
         verb,
-        args: words.collect(),
+        arg,
     };
     if line.verb != "SHOW" && role != Role::Admin {
         error(out, "42501", "admin access needed");
@@ -160,7 +171,42 @@ pub async fn run(app: &App, role: Role, sql: &str, out: &mut BytesMut) {
     }
 }
 
+/// The one argument after a command's verb: a word, or a name in double
+/// quotes (which may hold spaces); `Err` for anything more.
+fn one_arg(rest: &str) -> Result<Option<&str>, ()> {
+    let rest = rest.trim();
+    if rest.is_empty() {
+        return Ok(None);
+    }
+    if let Some(quoted) = rest.strip_prefix('"') {
+        return match quoted.split_once('"') {
+            Some((name, "")) if !name.is_empty() => Ok(Some(name)),
+            _ => Err(()),
+        };
+    }
+    if rest.contains(char::is_whitespace) {
+        return Err(());
+    }
+    Ok(Some(rest))
+}
+
 /// PgBouncer's reply to a command it does not know.
 fn invalid_command(sql: &str) -> String {
     format!("invalid command '{sql}', use SHOW HELP;")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::one_arg;
+
+    #[test]
+    fn one_word_or_one_quoted_name() {
+        assert_eq!(one_arg(""), Ok(None));
+        assert_eq!(one_arg("  appdb "), Ok(Some("appdb")));
+        assert_eq!(one_arg("\"my db\""), Ok(Some("my db")));
+        assert_eq!(one_arg("db1 db2"), Err(()));
+        assert_eq!(one_arg("\"db1\" db2"), Err(()));
+        assert_eq!(one_arg("\"unclosed"), Err(()));
+        assert_eq!(one_arg("\"\""), Err(()));
+    }
 }

@@ -25,7 +25,8 @@ pub(super) async fn pause(app: &App, line: &Line<'_>, out: &mut BytesMut) {
         error(
             out,
             "57014",
-            "PAUSE timed out waiting for servers to be released",
+            "PAUSE timed out waiting for servers to be released; the pause stays in force \
+             (RESUME ends it)",
         );
     }
 }
