@@ -28,13 +28,23 @@ fn pool(pool_size: u32, query_wait_timeout: Duration) -> Arc<Pool> {
 /// with no shared limit; it opens a server only when asked for one with
 /// no idle server and a free slot (these tests lend their own instead).
 pub(crate) fn test_pool(addr: ServerAddr, pool_size: u32, query_wait_timeout: Duration) -> Pool {
+    pool_with(
+        addr,
+        settings(pool_size, query_wait_timeout),
+        Arc::new(ConnLimit::new(0)),
+    )
+}
+
+/// A pool of "db" and "u" at `addr` with `settings`, counted against the
+/// database budget `db_limit`.
+fn pool_with(addr: ServerAddr, settings: PoolSettings, db_limit: Arc<ConnLimit>) -> Pool {
     Pool::new(
         "db".into(),
         "u".into(),
         target(addr),
         ServerCredential::default(),
-        settings(pool_size, query_wait_timeout),
-        Arc::new(ConnLimit::new(0)),
+        settings,
+        db_limit,
         Arc::new(ConnLimit::new(0)),
     )
 }
@@ -301,16 +311,12 @@ fn a_reload_that_shrinks_the_pool_closes_servers_as_they_come_back() {
 #[test]
 fn the_reserve_adds_slots_only_when_asked_for() {
     runtime().block_on(async {
-        let pool = Arc::new(Pool::new(
-            "db".into(),
-            "u".into(),
-            target(addr()),
-            ServerCredential::default(),
+        let pool = Arc::new(pool_with(
+            addr(),
             PoolSettings {
                 reserve_pool_size: 1,
                 ..settings(1, Duration::from_secs(60))
             },
-            Arc::new(ConnLimit::new(0)),
             Arc::new(ConnLimit::new(0)),
         ));
         let mut peers = Vec::new();
@@ -343,14 +349,10 @@ fn a_full_shared_budget_closes_another_pools_idle_server_for_a_waiter() {
     runtime().block_on(async {
         let budget = Arc::new(ConnLimit::new(1));
         let make = || {
-            let pool = Arc::new(Pool::new(
-                "db".into(),
-                "u".into(),
-                target(addr()),
-                ServerCredential::default(),
+            let pool = Arc::new(pool_with(
+                addr(),
                 settings(1, Duration::from_secs(60)),
                 budget.clone(),
-                Arc::new(ConnLimit::new(0)),
             ));
             pool.join_limits(&pool);
             pool
