@@ -130,11 +130,11 @@ fn reload_under_pgbench_load_applies_pool_size_and_drops_no_one() {
     assert!(sluice.log().contains("configuration reloaded"));
 }
 
-/// A rolling restart with one unix_socket_dir and one pidfile for both
-/// processes, in the documented order (the new one first, then SIGTERM):
-/// the new one takes the socket over (bound beside it, renamed over it)
-/// and rewrites the pidfile, and the old one, when it exits, leaves the
-/// new one's files alone.
+/// A rolling restart with one unix_socket_dir, one pidfile and one
+/// metrics_addr for both processes: the metrics port is shared as the
+/// PostgreSQL port is (so_reuseport); the old process closes its Unix
+/// socket at SIGTERM, the new one binds it and rewrites the pidfile, and
+/// the old one, when it exits, leaves the new one's files alone.
 #[test]
 fn the_old_process_leaves_the_new_ones_socket_and_pidfile_alone() {
     let cluster = app_cluster(ServerAuth::Trust);
@@ -144,19 +144,26 @@ fn the_old_process_leaves_the_new_ones_socket_and_pidfile_alone() {
         .set("pool_mode", "transaction")
         .set("so_reuseport", "1")
         .set("unix_socket_dir", &shared.path().display().to_string())
-        .set("pidfile", &pidfile.display().to_string());
+        .set("pidfile", &pidfile.display().to_string())
+        .sluice(
+            "metrics_addr",
+            &format!(
+                "127.0.0.1:{}",
+                sluice_testkit::free_port().expect("free port")
+            ),
+        );
     let mut old = config.start();
     let port = old.port();
     let socket = shared.path().join(format!(".s.PGSQL.{port}"));
     let rt = tokio::runtime::Runtime::new().expect("runtime");
     // A client keeps the old process draining after its SIGTERM.
     let client = rt.block_on(connect_as(port, APP_USER, "postgres"));
+    old.signal("TERM");
+    std::thread::sleep(Duration::from_millis(300));
     let text = config.render().replace("@PORT@", &port.to_string());
     let new = SluiceProcess::start_sharing_port(&text, port);
     let read_pid = || std::fs::read_to_string(&pidfile).unwrap_or_default();
     assert_eq!(read_pid().trim(), new.pid().to_string());
-    old.signal("TERM");
-    std::thread::sleep(Duration::from_millis(300));
     assert!(
         rt.block_on(client.simple_query("select 1")).is_ok(),
         "the old process serves its client to the end"

@@ -229,6 +229,12 @@ async fn a_pause_holds_through_sigterm() {
     sluice.signal("TERM");
     tokio::time::sleep(Duration::from_millis(800)).await;
     assert!(!query.is_finished(), "SIGTERM let a paused query run");
+    // A new pause could not be ended while shutting down: refused.
+    let e = expect_sqlstate(admin.simple_query("PAUSE").await, "08P01");
+    assert_eq!(
+        e.as_db_error().map(|d| d.message()),
+        Some("pooler is shutting down")
+    );
     admin
         .simple_query("RESUME postgres")
         .await

@@ -64,7 +64,9 @@ pub async fn run(app: Arc<App>, workers: Arc<Workers>) -> std::io::Result<()> {
                 app.begin_shutdown(Phase::Immediate);
             }
             _ = usr1.recv() => {
-                if app.control.all_paused() {
+                if app.phase() != Phase::Running {
+                    tracing::info!("got SIGUSR1 while shutting down, ignoring");
+                } else if app.control.all_paused() {
                     tracing::info!("got SIGUSR1, but already paused/suspended");
                 } else {
                     tracing::info!("got SIGUSR1, pausing all activity");

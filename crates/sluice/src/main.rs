@@ -201,6 +201,17 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
+    let metrics_addr = settings.metrics_addr.as_deref().filter(|a| !a.is_empty());
+    let metrics = match metrics_addr.map(|a| stats::http::bind(a, settings.so_reuseport)) {
+        Some(Err(e)) => {
+            tracing::error!(
+                "cannot listen on metrics_addr {}: {e}",
+                metrics_addr.unwrap_or_default()
+            );
+            return ExitCode::FAILURE;
+        }
+        bound => bound.and_then(Result::ok),
+    };
     let unix_socket = (!settings.unix_socket_dir.is_empty()).then(|| {
         frontend::listener::unix_socket_path(&settings.unix_socket_dir, settings.listen_port)
     });
@@ -212,12 +223,6 @@ fn main() -> ExitCode {
         && let Err(e) = daemon::switch_user(user)
     {
         tracing::error!("cannot switch to user {user}: {e}");
-        return ExitCode::FAILURE;
-    }
-    if !settings.pidfile.is_empty()
-        && let Err(e) = std::fs::write(&settings.pidfile, format!("{}\n", std::process::id()))
-    {
-        tracing::error!("cannot write pidfile {}: {e}", settings.pidfile);
         return ExitCode::FAILURE;
     }
     let io_backend = match uring::choose(settings.io_backend, settings.runtime) {
@@ -244,9 +249,9 @@ fn main() -> ExitCode {
         settings.runtime,
         io_backend
     );
-    if let Some(addr) = settings.metrics_addr.as_deref().filter(|a| !a.is_empty()) {
-        let bound = control.block_on(async { tokio::net::TcpListener::bind(addr).await });
-        match bound {
+    if let (Some(addr), Some(listener)) = (metrics_addr, metrics) {
+        let listener = control.block_on(async { tokio::net::TcpListener::from_std(listener) });
+        match listener {
             Ok(listener) => {
                 tracing::info!("metrics on http://{addr}/metrics");
                 control.spawn(stats::http::serve(app.clone(), listener));
@@ -256,6 +261,14 @@ fn main() -> ExitCode {
                 return ExitCode::FAILURE;
             }
         }
+    }
+    // Last, once nothing can fail: a start that fails must not leave a
+    // running process's pidfile naming a dead one (a rolling restart).
+    if !settings.pidfile.is_empty()
+        && let Err(e) = std::fs::write(&settings.pidfile, format!("{}\n", std::process::id()))
+    {
+        tracing::error!("cannot write pidfile {}: {e}", settings.pidfile);
+        return ExitCode::FAILURE;
     }
     sd_notify::ready();
     let result = control.block_on(control::run(app.clone(), worker_set));

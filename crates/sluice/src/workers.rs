@@ -53,13 +53,7 @@ pub fn bind(app: &App, workers: usize, kind: RuntimeKind) -> std::io::Result<Bou
     } else {
         let path = listener::unix_socket_path(&s.unix_socket_dir, s.listen_port);
         Some(
-            listener::bind_unix(
-                &path,
-                s.unix_socket_mode,
-                &s.unix_socket_group,
-                s.so_reuseport,
-            )
-            .map_err(|e| {
+            listener::bind_unix(&path, s.unix_socket_mode, &s.unix_socket_group).map_err(|e| {
                 std::io::Error::new(
                     e.kind(),
                     format!("could not listen on {}: {e}", path.display()),

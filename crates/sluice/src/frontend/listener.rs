@@ -81,54 +81,29 @@ pub fn unix_socket_path(dir: &str, port: u16) -> PathBuf {
 }
 
 /// Binds the Unix socket, replacing a stale socket file. A live one (a
-/// process answers there) means the port is taken, unless `take_over`
-/// (so_reuseport: a rolling restart): then the new socket is bound beside
-/// it and renamed over it, so that new clients reach this process while
-/// the old one serves those it has (its exit leaves this file alone).
+/// process answers there) means the port is taken: in a rolling restart
+/// the old process closes its socket at SIGTERM, or each process has a
+/// `unix_socket_dir` of its own.
 pub fn bind_unix(
     path: &PathBuf,
     mode: u32,
     group: &str,
-    take_over: bool,
 ) -> std::io::Result<std::os::unix::net::UnixListener> {
     use std::os::unix::fs::PermissionsExt;
-    let mut beside = None;
     if path.exists() {
+        // Another live process answering there means the port is taken.
         if std::os::unix::net::UnixStream::connect(path).is_ok() {
-            if !take_over {
-                return Err(std::io::Error::new(
-                    std::io::ErrorKind::AddrInUse,
-                    format!("{} is in use", path.display()),
-                ));
-            }
-            let mut name = path.clone().into_os_string();
-            name.push(format!(".new.{}", std::process::id()));
-            let temp = PathBuf::from(name);
-            let _ = std::fs::remove_file(&temp);
-            beside = Some(temp);
-        } else {
-            std::fs::remove_file(path)?;
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::AddrInUse,
+                format!("{} is in use", path.display()),
+            ));
         }
+        std::fs::remove_file(path)?;
     }
-    let at = beside.as_ref().unwrap_or(path);
-    let l = std::os::unix::net::UnixListener::bind(at)?;
-    let placed = std::fs::set_permissions(at, std::fs::Permissions::from_mode(mode))
-        .and_then(|()| {
-            if group.is_empty() {
-                Ok(())
-            } else {
-                std::os::unix::fs::chown(at, None, Some(group_id(group)?))
-            }
-        })
-        .and_then(|()| match &beside {
-            Some(temp) => std::fs::rename(temp, path),
-            None => Ok(()),
-        });
-    if let Err(e) = placed {
-        if let Some(temp) = &beside {
-            let _ = std::fs::remove_file(temp);
-        }
-        return Err(e);
+    let l = std::os::unix::net::UnixListener::bind(path)?;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode))?;
+    if !group.is_empty() {
+        std::os::unix::fs::chown(path, None, Some(group_id(group)?))?;
     }
     l.set_nonblocking(true)?;
     Ok(l)

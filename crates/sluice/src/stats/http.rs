@@ -21,6 +21,30 @@ const CONNECTIONS: usize = 32;
 /// How long a request with wrong credentials waits for its 401.
 const FAILED_LOGIN_DELAY: Duration = Duration::from_millis(300);
 
+/// Binds `metrics_addr`, before the workers start (a start that fails
+/// here has accepted no client). With `so_reuseport` two processes share
+/// it through a rolling restart, as they share the PostgreSQL port.
+pub fn bind(addr: &str, reuse_port: bool) -> std::io::Result<std::net::TcpListener> {
+    use std::net::ToSocketAddrs;
+    let at = addr
+        .to_socket_addrs()?
+        .next()
+        .ok_or_else(|| std::io::Error::new(std::io::ErrorKind::InvalidInput, "no address"))?;
+    let socket = socket2::Socket::new(
+        socket2::Domain::for_address(at),
+        socket2::Type::STREAM,
+        Some(socket2::Protocol::TCP),
+    )?;
+    socket.set_reuse_address(true)?;
+    if reuse_port {
+        socket.set_reuse_port(true)?;
+    }
+    socket.bind(&at.into())?;
+    socket.listen(128)?;
+    socket.set_nonblocking(true)?;
+    Ok(socket.into())
+}
+
 /// Serves until the process exits.
 pub async fn serve(app: Arc<App>, listener: TcpListener) {
     let registry = Arc::new(super::metrics::registry(app.clone()));

@@ -14,6 +14,11 @@ pub(super) async fn pause(app: &App, line: &Line<'_>, out: &mut BytesMut) {
     if app.control.all_paused() {
         return already_paused().send(out);
     }
+    // A pause begun now could not be ended (RESUME is refused while
+    // shutting down): the clients would wait for nothing.
+    if app.phase() != Phase::Running {
+        return error(out, "08P01", "pooler is shutting down");
+    }
     let db = match line.arg().map(|db| target(app, db, "pause")).transpose() {
         Ok(db) => db,
         Err(refused) => return refused.send(out),
