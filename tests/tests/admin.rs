@@ -300,7 +300,12 @@ async fn pause_waits_for_servers_and_resume_lets_clients_go_on() {
     );
     assert!(running.await.unwrap(), "the running query must finish");
     let state = show(p, "admin", "SHOW STATE").await;
-    assert_eq!(field(&state[1], "value"), "yes");
+    assert_eq!(field(&state[1], "value"), "yes", "paused");
+    assert_eq!(
+        field(&state[0], "value"),
+        "no",
+        "active means not paused, as PgBouncer's"
+    );
     let waiting = connect(p, APP_USER, APP_PASSWORD, "postgres")
         .await
         .unwrap();

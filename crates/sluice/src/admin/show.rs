@@ -432,25 +432,15 @@ pub fn lists(app: &App) -> ResultSet {
     rs
 }
 
+/// PgBouncer's SHOW STATE: `active` is "not paused" (PgBouncer's
+/// `cf_pause_mode == P_NONE`), and SIGINT's shutdown counts as a pause, as
+/// it does there (SHUTDOWN WAIT_FOR_SERVERS sets pause mode).
 pub fn state(app: &App) -> ResultSet {
     let mut rs = ResultSet::new(&["key", "value"], "ss");
-    let phase = app.phase();
-    rs.row(vec![
-        v("active"),
-        v(if phase == crate::app::Phase::Running {
-            "yes"
-        } else {
-            "no"
-        }),
-    ]);
-    rs.row(vec![
-        v("paused"),
-        v(if app.control.is_paused("") {
-            "yes"
-        } else {
-            "no"
-        }),
-    ]);
+    let paused = app.control.all_paused() || app.phase() >= crate::app::Phase::WaitForServers;
+    let yes_no = |b: bool| v(if b { "yes" } else { "no" });
+    rs.row(vec![v("active"), yes_no(!paused)]);
+    rs.row(vec![v("paused"), yes_no(paused)]);
     rs.row(vec![v("suspended"), v("no")]);
     rs
 }
