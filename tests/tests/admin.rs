@@ -683,3 +683,131 @@ async fn kill_pauses_the_database_until_resume() {
         .expect("query after RESUME");
     assert!(done.unwrap());
 }
+
+/// The error a killed client's connection ended with.
+async fn farewell(victim: &mut Tracked) -> (String, String) {
+    let ended = victim
+        .ended(T)
+        .await
+        .expect("the killed client is disconnected");
+    let e = ended.expect_err("the killed client is told why");
+    let db = e
+        .as_db_error()
+        .unwrap_or_else(|| panic!("not a server error: {e:?}"));
+    (db.code().code().to_owned(), db.message().to_owned())
+}
+
+/// KILL and KILL_CLIENT tell an idle client why, with PgBouncer's FATAL
+/// 08P01 "database removed" / "admin forced disconnect", in transaction
+/// and session mode (where the client holds its server while idle), and
+/// parked (`parking`); a
+/// client in the middle of a query is cut off, and one that never stops
+/// sending is cut off too.
+#[tokio::test]
+async fn killed_clients_are_told_why_as_pgbouncer_tells_them() {
+    let cluster = app_cluster(ServerAuth::Trust);
+    let entry = format!(
+        "host={} port={} dbname=postgres pool_mode=session",
+        cluster.host(),
+        cluster.port()
+    );
+    let sluice = ConfigBuilder::for_cluster(&cluster)
+        .database("sess", &entry)
+        .set("pool_mode", "transaction")
+        .set("admin_users", "admin")
+        .start();
+    let p = sluice.port();
+    let admin = connect_as(p, "admin", "pgbouncer").await;
+    let ids = |rows: Vec<Vec<(String, Option<String>)>>, db: &str| -> Vec<String> {
+        rows.iter()
+            .filter(|r| field(r, "database") == db)
+            .map(|r| field(r, "id").to_owned())
+            .collect()
+    };
+
+    // KILL_CLIENT, idle in transaction mode.
+    let mut one = connect_tracked(p, APP_USER, APP_PASSWORD, "postgres")
+        .await
+        .unwrap();
+    one.client.simple_query("select 1").await.unwrap();
+    let id = ids(show(p, "admin", "SHOW CLIENTS").await, "postgres");
+    assert_eq!(id.len(), 1);
+    admin
+        .simple_query(&format!("KILL_CLIENT {}", id[0]))
+        .await
+        .expect("KILL_CLIENT");
+    assert_eq!(
+        farewell(&mut one).await,
+        ("08P01".into(), "admin forced disconnect".into())
+    );
+
+    // A client idle long enough to give its task up (`parking`).
+    let mut parked = connect_tracked(p, APP_USER, APP_PASSWORD, "postgres")
+        .await
+        .unwrap();
+    parked.client.simple_query("select 1").await.unwrap();
+
+    // KILL, idle in session mode (linked to its server), and idle in
+    // transaction mode; and a client running a query.
+    let mut session = connect_tracked(p, APP_USER, APP_PASSWORD, "sess")
+        .await
+        .unwrap();
+    session.client.simple_query("select 1").await.unwrap();
+    let mut idle = connect_tracked(p, APP_USER, APP_PASSWORD, "postgres")
+        .await
+        .unwrap();
+    idle.client.simple_query("select 1").await.unwrap();
+    let busy = connect(p, APP_USER, APP_PASSWORD, "postgres")
+        .await
+        .unwrap();
+    let sleeping = tokio::spawn(async move { busy.simple_query("select pg_sleep(30)").await });
+    // A client that pipelines queries for as long as its socket takes them.
+    let mut raw = tokio::net::TcpStream::connect(("127.0.0.1", p))
+        .await
+        .unwrap();
+    {
+        use tokio::io::AsyncWriteExt;
+        raw.write_all(&startup_packet(&[
+            ("user", APP_USER),
+            ("database", "postgres"),
+        ]))
+        .await
+        .unwrap();
+    }
+    let (mut rd, mut wr) = raw.into_split();
+    let flood = tokio::spawn(async move {
+        use tokio::io::AsyncWriteExt;
+        let batch: Vec<u8> = (0..200)
+            .flat_map(|_| sluice_tests::msg::query("select 1"))
+            .collect();
+        while wr.write_all(&batch).await.is_ok() {}
+    });
+    let drained = tokio::spawn(async move {
+        use tokio::io::AsyncReadExt;
+        let mut buf = vec![0u8; 64 * 1024];
+        loop {
+            match rd.read(&mut buf).await {
+                Ok(0) | Err(_) => return,
+                Ok(_) => {}
+            }
+        }
+    });
+    // Parked after 1-2 s idle.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    admin.simple_query("KILL").await.expect("KILL");
+    let removed = ("08P01".to_owned(), "database removed".to_owned());
+    assert_eq!(farewell(&mut parked).await, removed);
+    assert_eq!(farewell(&mut session).await, removed);
+    assert_eq!(farewell(&mut idle).await, removed);
+    let cut = tokio::time::timeout(T, sleeping)
+        .await
+        .expect("the client running a query is cut off");
+    assert!(cut.unwrap().is_err());
+    tokio::time::timeout(T, drained)
+        .await
+        .expect("the flooding client is cut off")
+        .unwrap();
+    flood.abort();
+    let log = sluice.log();
+    assert!(log.contains("closing because: database removed"), "{log}");
+}

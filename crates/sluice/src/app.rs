@@ -80,7 +80,7 @@ pub struct App {
     /// Client budgets: `max_db_client_connections`, `max_user_client_connections`.
     db_client_limits: Mutex<HashMap<String, Arc<ConnLimit>>>,
     user_client_limits: Mutex<HashMap<String, Arc<ConnLimit>>>,
-    pub cancels: CancelRegistry,
+    pub cancels: Arc<CancelRegistry>,
     /// Cancel requests forwarded to the other sluices of a `[peers]` group.
     pub peers: crate::backend::peers::Peers,
     pub param_sets: ParamInterner,
@@ -128,7 +128,7 @@ impl App {
             user_limits: Mutex::new(HashMap::new()),
             db_client_limits: Mutex::new(HashMap::new()),
             user_client_limits: Mutex::new(HashMap::new()),
-            cancels: CancelRegistry::new(peer_id),
+            cancels: Arc::new(CancelRegistry::new(peer_id)),
             peers: Default::default(),
             param_sets: ParamInterner::default(),
             statements: Default::default(),

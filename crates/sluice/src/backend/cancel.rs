@@ -10,7 +10,7 @@
 //! the secret's two low bits count how many more times the request may be
 //! forwarded between peers (PgBouncer's scheme: 3, compared as all ones).
 
-use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU8, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
 use bytes::BytesMut;
@@ -38,6 +38,8 @@ struct Slot {
     host: std::sync::atomic::AtomicU32,
     /// Waiting in line for a server.
     waiting: AtomicBool,
+    /// Why an operator disconnects the client (`Kill`), 0 when not.
+    killed: AtomicU8,
     /// Who the client is (SHOW CLIENTS, KILL). Taken by unregister before
     /// the client's socket closes, so a holder of this lock may act on fd.
     meta: Mutex<Option<ClientMeta>>,
@@ -69,6 +71,40 @@ pub struct ClientRow {
     pub waiting: bool,
     /// The linked server's backend pid.
     pub server_pid: Option<i32>,
+}
+
+/// Why an operator disconnects clients: PgBouncer's reasons, sent as
+/// FATAL 08P01 and logged as "closing because: …".
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+pub enum Kill {
+    /// KILL [db].
+    DatabaseRemoved = 1,
+    /// KILL_CLIENT.
+    AdminForced = 2,
+}
+
+impl Kill {
+    fn from_u8(v: u8) -> Option<Self> {
+        match v {
+            1 => Some(Self::DatabaseRemoved),
+            2 => Some(Self::AdminForced),
+            _ => None,
+        }
+    }
+
+    pub fn message(self) -> &'static str {
+        match self {
+            Self::DatabaseRemoved => "database removed",
+            Self::AdminForced => "admin forced disconnect",
+        }
+    }
+}
+
+/// A client `kill` picked.
+#[derive(Debug, Clone, Copy)]
+pub struct Killed {
+    key: BackendKeyData,
 }
 
 /// A client's key and where its slot is.
@@ -201,6 +237,7 @@ impl CancelRegistry {
         *slot.meta.lock().unwrap_or_else(|p| p.into_inner()) = Some(meta);
         slot.server.store(0, Ordering::Relaxed);
         slot.waiting.store(false, Ordering::Relaxed);
+        slot.killed.store(0, Ordering::Relaxed);
         slot.secret.store(key.secret_key, Ordering::Relaxed);
         slot.pid.store(key.process_id, Ordering::Release);
         Some(CancelHandle { key, index })
@@ -297,12 +334,48 @@ impl CancelRegistry {
         out
     }
 
-    /// Disconnects the clients `select` picks, by shutting their sockets
-    /// down: their tasks see the close and clean up as if the client left.
-    /// Returns how many.
-    pub fn kill(&self, select: impl Fn(i32, &ClientMeta) -> bool) -> usize {
+    /// Disconnects the clients `select` picks, for `why`. Their sockets
+    /// are shut for reading: each client's task reads the end and says
+    /// goodbye with PgBouncer's FATAL (`killed`) when its stream is at a
+    /// message boundary, as a client that left otherwise. Returns who was
+    /// picked, for [`CancelRegistry::cut`]: a client that never lets its
+    /// task read to the end (it keeps pipelining) is cut off by that.
+    pub fn kill(&self, why: Kill, select: impl Fn(i32, &ClientMeta) -> bool) -> Vec<Killed> {
+        self.shut(|pid, meta, slot| {
+            if !select(pid, meta) {
+                return false;
+            }
+            slot.killed.store(why as u8, Ordering::Release);
+            // SAFETY: the fd is the client's open socket: unregister
+            // (which runs before the socket is closed) needs the lock
+            // `shut` holds.
+            unsafe { libc::shutdown(meta.fd, libc::SHUT_RD) };
+            true
+        })
+    }
+
+    /// Shuts down for good the sockets of clients `kill` picked that are
+    /// still connected: the same clients (process id and secret), so never
+    /// a newcomer on a reused slot.
+    pub fn cut(&self, killed: &[Killed]) -> usize {
+        self.shut(|pid, meta, slot| {
+            let found = killed.iter().any(|k| {
+                k.key.process_id == pid && k.key.secret_key == slot.secret.load(Ordering::Relaxed)
+            });
+            if found {
+                // SAFETY: as in `kill`.
+                unsafe { libc::shutdown(meta.fd, libc::SHUT_RDWR) };
+            }
+            found
+        })
+        .len()
+    }
+
+    /// Runs `act` on every registered client with its socket open, under
+    /// its slot's lock; returns the keys of those it acted on.
+    fn shut(&self, act: impl Fn(i32, &ClientMeta, &Slot) -> bool) -> Vec<Killed> {
         let used = self.free.lock().unwrap_or_else(|p| p.into_inner()).1;
-        let mut killed = 0;
+        let mut acted = Vec::new();
         for index in 0..used {
             let Some(slot) = self.slot(index) else {
                 continue;
@@ -311,15 +384,32 @@ impl CancelRegistry {
             let pid = slot.pid.load(Ordering::Acquire);
             if let Some(m) = meta.as_ref()
                 && pid != 0
-                && select(pid, m)
+                && m.fd >= 0
+                && act(pid, m, slot)
             {
-                // SAFETY: the fd is the client's open socket: unregister
-                // (which runs before the socket is closed) needs this lock.
-                unsafe { libc::shutdown(m.fd, libc::SHUT_RDWR) };
-                killed += 1;
+                acted.push(Killed {
+                    key: BackendKeyData {
+                        process_id: pid,
+                        secret_key: slot.secret.load(Ordering::Relaxed),
+                    },
+                });
             }
         }
-        killed
+        acted
+    }
+
+    /// Why the client was killed, if it was and has not been told yet.
+    pub fn killed(&self, handle: CancelHandle) -> Option<Kill> {
+        let slot = self.slot(handle.index)?;
+        Kill::from_u8(slot.killed.load(Ordering::Acquire))
+    }
+
+    /// The client cannot be told why it was killed (its stream is not at
+    /// a message boundary): it is closed without a word.
+    pub fn forget_kill(&self, handle: CancelHandle) {
+        if let Some(slot) = self.slot(handle.index) {
+            slot.killed.store(0, Ordering::Release);
+        }
     }
 
     /// Forwards a client's cancel request. Unknown keys and clients that run
@@ -414,6 +504,77 @@ impl CancelRegistry {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn meta(fd: i32) -> ClientMeta {
+        let addr = super::super::target::ServerAddr::Tcp {
+            host: "127.0.0.1".into(),
+            port: 1,
+        };
+        ClientMeta {
+            pool: Arc::new(super::super::pool::tests::test_pool(
+                addr,
+                1,
+                std::time::Duration::ZERO,
+            )),
+            user: "u".into(),
+            peer: None,
+            local: None,
+            connected: std::time::SystemTime::now(),
+            application_name: "".into(),
+            fd,
+            pinned: None,
+            tls: None,
+        }
+    }
+
+    /// KILL marks the client and shuts its socket for reading (its task
+    /// reads the end and can still write the error); `cut` then shuts the
+    /// same client's socket for good, and never a newcomer's on the slot.
+    #[test]
+    fn kill_marks_shuts_for_reading_and_cut_spares_a_newcomer() {
+        use std::io::{Read, Write};
+        use std::os::fd::AsRawFd;
+        use std::os::unix::net::UnixStream;
+        let reg = CancelRegistry::new(0);
+        let (mut ours, mut theirs) = UnixStream::pair().expect("pair");
+        let first = reg.register(meta(ours.as_raw_fd())).expect("slot");
+        let bystander_pair = UnixStream::pair().expect("pair");
+        let bystander = reg
+            .register(meta(bystander_pair.0.as_raw_fd()))
+            .expect("slot");
+        let killed = reg.kill(Kill::DatabaseRemoved, |pid, _| pid == first.key.process_id);
+        assert_eq!(killed.len(), 1);
+        assert_eq!(reg.killed(first), Some(Kill::DatabaseRemoved));
+        assert_eq!(reg.killed(bystander), None);
+        let mut byte = [0u8; 1];
+        assert_eq!(ours.read(&mut byte).expect("read"), 0, "the end is read");
+        ours.write_all(b"E")
+            .expect("the farewell can still be written");
+        assert_eq!(theirs.read(&mut byte).expect("read"), 1);
+        reg.forget_kill(first);
+        assert_eq!(reg.killed(first), None);
+
+        // The client leaves; a newcomer takes its slot: `cut` spares it.
+        reg.unregister(first);
+        let (newcomer_sock, mut newcomer_peer) = UnixStream::pair().expect("pair");
+        let newcomer = reg.register(meta(newcomer_sock.as_raw_fd())).expect("slot");
+        assert_eq!(newcomer.index, first.index, "the slot is reused");
+        assert_eq!(reg.cut(&killed), 0);
+        assert_eq!(reg.killed(newcomer), None);
+        (&newcomer_sock)
+            .write_all(b"x")
+            .expect("the newcomer's socket is whole");
+        assert_eq!(newcomer_peer.read(&mut byte).expect("read"), 1);
+
+        // A killed client still there is cut off for good.
+        let again = reg.kill(Kill::AdminForced, |pid, _| pid == newcomer.key.process_id);
+        assert_eq!(reg.killed(newcomer), Some(Kill::AdminForced));
+        assert_eq!(reg.cut(&again), 1);
+        assert!(
+            (&newcomer_sock).write_all(b"x").is_err(),
+            "shut for writing too"
+        );
+    }
 
     #[test]
     fn keys_pack_round_trip() {

@@ -13,6 +13,7 @@ use socket2::{Domain, Protocol, Socket, Type};
 use tokio::net::{TcpListener, UnixListener};
 
 use super::client::Client;
+use super::error::ClientError;
 use super::login::{Admitted, login};
 use super::parking;
 use super::session::{self, SessionEnd};
@@ -376,6 +377,14 @@ async fn log_in(app: &Arc<App>, stream: Stream, count: u32) -> Option<Admitted> 
 
 /// Logs how a client left and tells it why, if it was thrown out.
 async fn say_goodbye(mut client: Client, end: SessionEnd) {
+    // Killed by an operator and still at a message boundary: told why,
+    // as PgBouncer tells it.
+    let end = match (end, client.app.cancels.killed(client.cancel)) {
+        (SessionEnd::ClientLeft, Some(why)) => {
+            SessionEnd::Error(ClientError::new("08P01", why.message()))
+        }
+        (end, _) => end,
+    };
     client.app.cancels.unregister(client.cancel);
     client.pool.client_left();
     client.app.release_client(client.database(), client.user());

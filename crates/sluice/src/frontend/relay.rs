@@ -524,6 +524,11 @@ pub async fn run(client: &mut Client, cbuf: &mut BytesMut, mut lease: Lease) -> 
             RelayEnd::Released
         }
         Ok(Outcome::ClientGone) => {
+            // A client killed by an operator is told why (`say_goodbye`)
+            // only if what it was sent ends on a message boundary.
+            if cycle.to_client != 0 || !cycle.server_scan.at_boundary() {
+                client.app.cancels.forget_kill(client.cancel);
+            }
             let cleanup = tracking.as_deref().and_then(Tracking::abandon_sql);
             let owed = tracking.as_deref().is_some_and(|t| !t.expected.is_empty());
             Box::pin(finish_abandoned(lease, &cycle, &settings, cleanup, owed)).await;
