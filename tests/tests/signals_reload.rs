@@ -293,6 +293,49 @@ async fn paused_clients_time_out_and_sigint_tells_them_why() {
     assert!(status.success(), "exit status {status}");
 }
 
+/// query_wait_timeout counts from the query's start, as PgBouncer counts
+/// it, not once for the pause and again in the pool's line: a query that
+/// waited out 2 s of a PAUSE has 1 s of its 3 left for a server.
+#[tokio::test]
+async fn a_query_that_waited_out_a_pause_has_the_rest_of_its_query_wait_timeout() {
+    let cluster = app_cluster(ServerAuth::Trust);
+    let sluice = ConfigBuilder::for_cluster(&cluster)
+        .database_on(&cluster, "other", "dbname=postgres")
+        .set("pool_mode", "transaction")
+        .set("admin_users", "admin")
+        .set("max_user_connections", "1")
+        .set("query_wait_timeout", "3")
+        .start();
+    let p = sluice.port();
+    let client = connect_as(p, APP_USER, "postgres").await;
+    client.simple_query("select 1").await.unwrap();
+    // The user's one server (its idle one evicted for it), held in a
+    // transaction on the other database.
+    let holder = connect_as(p, APP_USER, "other").await;
+    holder.batch_execute("begin; select 1").await.unwrap();
+    let admin = connect_as(p, "admin", "pgbouncer").await;
+    admin.simple_query("PAUSE postgres").await.expect("PAUSE");
+    let started = std::time::Instant::now();
+    let query = tokio::spawn(async move { client.simple_query("select 1").await.map(|_| ()) });
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    admin.simple_query("RESUME postgres").await.expect("RESUME");
+    let got = tokio::time::timeout(Duration::from_secs(10), query)
+        .await
+        .expect("answered")
+        .expect("task");
+    let e = expect_sqlstate(got, "08P01");
+    assert_eq!(
+        e.as_db_error().map(|d| d.message()),
+        Some("query_wait_timeout")
+    );
+    let waited = started.elapsed();
+    assert!(
+        waited < Duration::from_millis(4500),
+        "waited {waited:?}: 3 s counted again after the pause"
+    );
+    holder.batch_execute("commit").await.unwrap();
+}
+
 #[tokio::test]
 async fn sigquit_exits_at_once() {
     let cluster = app_cluster(ServerAuth::Trust);

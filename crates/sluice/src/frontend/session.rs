@@ -17,6 +17,7 @@ use super::relay_io::READ_CHUNK;
 use super::{parking, spare_buffers};
 use crate::app::{App, Phase};
 use crate::backend::pool::{AcquireError, Lease, Pool, Standby};
+use crate::clock::Mono;
 
 /// The pool of host `i` of `topology` for `main`'s clients, from `hosts`
 /// (a `RouteCache`'s) or looked up and kept there.
@@ -355,10 +356,14 @@ impl Client {
                 "server shutting down",
             )));
         }
-        if self.app.control.anything_paused()
-            && let Err(e) = self.wait_while_paused().await
-        {
-            return Some(SessionEnd::Error(e));
+        // When the query began to wait, if it waited out a pause: its
+        // query_wait_timeout counts from there in the pool's line too.
+        let mut queued = None;
+        if self.app.control.anything_paused() {
+            match self.wait_while_paused().await {
+                Ok(since) => queued = since,
+                Err(e) => return Some(SessionEnd::Error(e)),
+            }
         }
         self.app.cancels.set_waiting(self.cancel, true);
         let Routed {
@@ -408,7 +413,7 @@ impl Client {
                 let acquired = if gate.is_some_and(|t| !self.primary_settled(t)) {
                     self.hold_for_primary(None).await
                 } else {
-                    match self.acquire_notifying(&pool).await {
+                    match self.acquire_notifying(&pool, queued).await {
                         Err(e) if pool.host == 0 && unreachable(&e) => {
                             self.hold_for_primary(Some(e)).await
                         }
@@ -590,9 +595,13 @@ impl Client {
     /// `query_wait_notify` is told so once (PgBouncer's notice), written
     /// without waiting on a plain socket that takes it (a client whose
     /// socket is full, or over TLS, is not told).
-    async fn acquire_notifying(&mut self, pool: &Arc<Pool>) -> Result<Lease, AcquireError> {
+    async fn acquire_notifying(
+        &mut self,
+        pool: &Arc<Pool>,
+        queued: Option<Mono>,
+    ) -> Result<Lease, AcquireError> {
         let stream = &mut self.stream;
-        pool.acquire_noticing(|| {
+        pool.acquire_noticing(queued, || {
             let mut notice = BytesMut::new();
             sluice_wire::ErrorFields::new(
                 sluice_wire::Severity::Notice,
@@ -648,11 +657,10 @@ impl Client {
     /// PAUSE (or KILL): new transactions wait until RESUME, as on
     /// PgBouncer: through a SIGTERM's wait for clients too, at most
     /// `query_wait_timeout`; SIGINT or SHUTDOWN ends the wait with
-    /// "server shutting down".
-    async fn wait_while_paused(&self) -> Result<(), ClientError> {
+    /// "server shutting down". Returns when the wait began, if it did.
+    async fn wait_while_paused(&self) -> Result<Option<Mono>, ClientError> {
         let wait_timeout = self.pool.settings().query_wait_timeout;
-        let deadline =
-            (!wait_timeout.is_zero()).then(|| tokio::time::Instant::now() + wait_timeout);
+        let mut since = None;
         loop {
             let resumed = self.app.control.resumed.notified();
             let shutdown = self.app.phase_changed.notified();
@@ -660,19 +668,20 @@ impl Client {
             resumed.as_mut().enable();
             shutdown.as_mut().enable();
             if !self.app.control.is_paused(&self.pool.database) {
-                return Ok(());
+                return Ok(since);
             }
             if self.app.phase() >= Phase::WaitForServers {
                 return Err(ClientError::new("57P01", "server shutting down"));
             }
-            let now = tokio::time::Instant::now();
+            let now = Mono::now();
+            let began = *since.get_or_insert(now);
+            let deadline = (!wait_timeout.is_zero()).then(|| began + wait_timeout);
             if deadline.is_some_and(|d| now >= d) {
                 return Err(ClientError::protocol("query_wait_timeout"));
             }
             // Bounded wait: a missed wake-up costs at most a second.
-            let until = deadline.map_or(now + Duration::from_secs(1), |d| {
-                d.min(now + Duration::from_secs(1))
-            });
+            let second = now + Duration::from_secs(1);
+            let until = deadline.map_or(second, |d| d.min(second)).to_tokio();
             tokio::select! {
                 _ = &mut resumed => {}
                 _ = &mut shutdown => {}

@@ -371,10 +371,14 @@ impl Pool {
             idle,
             opening: st.total.saturating_sub(st.active + idle),
             total: st.total,
-            max_wait: st
-                .waiters
-                .front()
-                .map_or(Duration::ZERO, |w| w.since.elapsed()),
+            max_wait: {
+                let now = Mono::now();
+                st.waiters
+                    .iter()
+                    .map(|w| now.saturating_duration_since(w.since))
+                    .max()
+                    .unwrap_or_default()
+            },
         }
     }
 

@@ -266,6 +266,37 @@ fn a_waiter_past_query_wait_timeout_is_told_and_leaves_the_line() {
     });
 }
 
+/// A query that waited out a PAUSE before it queued counts its
+/// `query_wait_timeout` from the pause (PgBouncer counts from the query's
+/// start): it expires even behind a waiter in front that has time left,
+/// which stays in line and gets the next server.
+#[test]
+fn query_wait_timeout_counts_from_before_a_pause() {
+    runtime().block_on(async {
+        let pool = pool(1, Duration::from_millis(300));
+        let mut peers = Vec::new();
+        let held = open(&pool, &mut peers);
+        let paused_at = Mono::now();
+        tokio::time::sleep(Duration::from_millis(250)).await;
+        let front = acquire_in_task(&pool);
+        let_run().await;
+        let behind = {
+            let pool = pool.clone();
+            tokio::spawn(async move { pool.acquire_noticing(Some(paused_at), || {}).await })
+        };
+        let_run().await;
+        assert_eq!(counts(&pool), (2, 1, 0, 1), "both in line");
+        tokio::time::sleep(Duration::from_millis(80)).await;
+        pool.expire_waiters();
+        let got = within(behind).await.expect("task");
+        assert!(matches!(got, Err(AcquireError::WaitTimeout)), "timed out");
+        assert_eq!(counts(&pool), (1, 1, 0, 1), "the front one still waits");
+        held.release();
+        let (_, lease) = within(front).await.expect("task").expect("served");
+        lease.release();
+    });
+}
+
 /// A RELOAD that shrinks the pool closes servers as they come back, down
 /// to the new size, even with a client in line: the client gets the
 /// server that remains.

@@ -21,6 +21,9 @@ pub(super) enum Grant {
 pub(super) struct Waiter {
     pub(super) id: u64,
     pub(super) tx: oneshot::Sender<Grant>,
+    /// When the client's query began to wait (`query_wait_timeout` counts
+    /// from there): its place in line, or earlier, when it waited out a
+    /// PAUSE first.
     pub(super) since: Mono,
 }
 
@@ -45,15 +48,19 @@ pub(super) fn expire_waiters(st: &mut PoolState) {
         return;
     }
     let now = Mono::now();
-    while st
-        .waiters
-        .front()
-        .is_some_and(|w| now.saturating_duration_since(w.since) >= wait)
-    {
-        if let Some(w) = st.waiters.pop_front() {
-            // A waiter already gone (its future dropped) gets nothing.
-            let _ = w.tx.send(Grant::Expired);
-        }
+    // Not only from the front: a query that waited out a PAUSE first
+    // counts from before its place in line.
+    let expired = |w: &Waiter| now.saturating_duration_since(w.since) >= wait;
+    if !st.waiters.iter().any(expired) {
+        return;
+    }
+    let (gone, kept): (std::collections::VecDeque<Waiter>, _) = std::mem::take(&mut st.waiters)
+        .into_iter()
+        .partition(expired);
+    st.waiters = kept;
+    for w in gone {
+        // A waiter already gone (its future dropped) gets nothing.
+        let _ = w.tx.send(Grant::Expired);
     }
 }
 
@@ -104,7 +111,13 @@ impl Drop for WaitGuard<'_> {
 impl Pool {
     /// First look: an idle server, a free slot, a recent login failure, or
     /// a place in line.
-    pub(super) fn first_look(self: &Arc<Self>, may_open: bool, now: Mono) -> FirstLook {
+    /// `queued`: when the query began to wait (see `Waiter::since`).
+    pub(super) fn first_look(
+        self: &Arc<Self>,
+        may_open: bool,
+        now: Mono,
+        queued: Mono,
+    ) -> FirstLook {
         let mut st = self.lock();
         if let Some(lease) = self.take_idle(&mut st, now) {
             return FirstLook::Leased(Box::new(lease));
@@ -124,7 +137,11 @@ impl Pool {
         let (tx, rx) = oneshot::channel();
         st.next_waiter_id += 1;
         let id = st.next_waiter_id;
-        st.waiters.push_back(Waiter { id, tx, since: now });
+        st.waiters.push_back(Waiter {
+            id,
+            tx,
+            since: queued,
+        });
         FirstLook::Wait(rx, id, settings, st.retired)
     }
 
@@ -133,17 +150,21 @@ impl Pool {
     /// client waits in line for a server another client releases (until
     /// `query_wait_timeout`) instead of failing.
     pub async fn acquire(self: &Arc<Self>) -> Result<Lease, AcquireError> {
-        self.acquire_noticing(|| {}).await
+        self.acquire_noticing(None, || {}).await
     }
 
     /// [`Pool::acquire`], calling `notice` once if the wait reaches
     /// `query_wait_notify` (on the timer the wait has anyway: a notice
-    /// costs no timer of its own).
+    /// costs no timer of its own). `queued`: when the query began to wait,
+    /// if before this call (a PAUSE waited out): `query_wait_timeout`
+    /// counts from there, as PgBouncer counts it from the query's start.
     pub async fn acquire_noticing(
         self: &Arc<Self>,
+        queued: Option<Mono>,
         mut notice: impl FnMut(),
     ) -> Result<Lease, AcquireError> {
         let started = Mono::now();
+        let queued = queued.unwrap_or(started);
         let mut may_open = true;
         // Told once per acquire, however many rounds it takes.
         let mut noticed = false;
@@ -158,7 +179,7 @@ impl Pool {
         let mut round = started;
         loop {
             match self
-                .acquire_from(started, round, may_open, &mut notice_once)
+                .acquire_from(started, queued, round, may_open, &mut notice_once)
                 .await
             {
                 Err(e) if out_of_descriptors(&e) => {
@@ -173,7 +194,7 @@ impl Pool {
                     // again at once: look again at most every 50 ms, and no
                     // longer than query_wait_timeout.
                     let wait = self.settings().query_wait_timeout;
-                    if !wait.is_zero() && started.elapsed() >= wait {
+                    if !wait.is_zero() && queued.elapsed() >= wait {
                         return Err(AcquireError::WaitTimeout);
                     }
                     tokio::time::sleep(DESCRIPTOR_RETRY).await;
@@ -187,11 +208,12 @@ impl Pool {
     pub(super) async fn acquire_from(
         self: &Arc<Self>,
         started: Mono,
+        queued: Mono,
         round: Mono,
         may_open: bool,
         notice: &mut impl FnMut(),
     ) -> Result<Lease, AcquireError> {
-        let (rx, waiter_id, settings, retired) = match self.first_look(may_open, round) {
+        let (rx, waiter_id, settings, retired) = match self.first_look(may_open, round, queued) {
             FirstLook::Leased(mut l) => {
                 // Zero on the first round (no clock read for it).
                 l.stats.waited = round.saturating_duration_since(started);
@@ -210,7 +232,7 @@ impl Pool {
             id: waiter_id,
         };
         let wait_deadline =
-            (!settings.query_wait_timeout.is_zero()).then(|| started + settings.query_wait_timeout);
+            (!settings.query_wait_timeout.is_zero()).then(|| queued + settings.query_wait_timeout);
         let reserve_at =
             (settings.reserve_pool_size > 0).then(|| started + settings.reserve_pool_timeout);
         let shared_limit = self.db_limit.is_limited() || self.user_limit.is_limited();
