@@ -700,7 +700,7 @@ async fn farewell(victim: &mut Tracked) -> (String, String) {
 /// KILL and KILL_CLIENT tell an idle client why, with PgBouncer's FATAL
 /// 08P01 "database removed" / "admin forced disconnect", in transaction
 /// and session mode (where the client holds its server while idle), and
-/// parked (`parking`); a
+/// parked (`parking`), and waiting for a server; a
 /// client in the middle of a query is cut off, and one that never stops
 /// sending is cut off too.
 #[tokio::test]
@@ -714,6 +714,7 @@ async fn killed_clients_are_told_why_as_pgbouncer_tells_them() {
     let sluice = ConfigBuilder::for_cluster(&cluster)
         .database("sess", &entry)
         .set("pool_mode", "transaction")
+        .set("default_pool_size", "1")
         .set("admin_users", "admin")
         .start();
     let p = sluice.port();
@@ -761,6 +762,12 @@ async fn killed_clients_are_told_why_as_pgbouncer_tells_them() {
         .await
         .unwrap();
     let sleeping = tokio::spawn(async move { busy.simple_query("select pg_sleep(30)").await });
+    // A client in line for the one server the sleeper holds.
+    let waiter = connect(p, APP_USER, APP_PASSWORD, "postgres")
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let waiting = tokio::spawn(async move { waiter.simple_query("select 1").await });
     // A client that pipelines queries for as long as its socket takes them.
     let mut raw = tokio::net::TcpStream::connect(("127.0.0.1", p))
         .await
@@ -799,6 +806,15 @@ async fn killed_clients_are_told_why_as_pgbouncer_tells_them() {
     assert_eq!(farewell(&mut parked).await, removed);
     assert_eq!(farewell(&mut session).await, removed);
     assert_eq!(farewell(&mut idle).await, removed);
+    let told = tokio::time::timeout(T, waiting)
+        .await
+        .expect("the waiting client is told at once")
+        .unwrap()
+        .expect_err("its query never runs");
+    assert_eq!(
+        told.as_db_error().map(|d| (d.code().code(), d.message())),
+        Some(("08P01", "database removed"))
+    );
     let cut = tokio::time::timeout(T, sleeping)
         .await
         .expect("the client running a query is cut off");

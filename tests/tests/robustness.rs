@@ -654,3 +654,86 @@ async fn raw_backend_pid(raw: &mut RawClient) -> String {
         .flatten()
         .expect("pid")
 }
+
+/// How many clients of database "postgres" SHOW CLIENTS lists.
+async fn clients_listed(port: u16) -> usize {
+    let admin = connect_as(port, "admin", "pgbouncer").await;
+    let rows = admin
+        .simple_query("SHOW CLIENTS")
+        .await
+        .expect("SHOW CLIENTS");
+    rows.iter()
+        .filter(|m| match m {
+            tokio_postgres::SimpleQueryMessage::Row(r) => r.get("database") == Some("postgres"),
+            _ => false,
+        })
+        .count()
+}
+
+/// Logs in raw, sends `sql` and closes at once, without waiting.
+async fn send_and_close(port: u16, sql: &str) {
+    let mut raw = RawClient::connect(port).await;
+    raw.startup(APP_USER, "postgres").await;
+    raw.read_until_ready(Duration::from_secs(10)).await;
+    raw.send(&sluice_tests::msg::query(sql))
+        .await
+        .expect("sent");
+}
+
+/// A client that closes while its query waits, for a server or out of a
+/// PAUSE, leaves at once, as on PgBouncer: its query never runs (a client
+/// gone on its own timeout under overload costs the server nothing), and
+/// no server is closed for it.
+#[tokio::test]
+async fn a_client_that_closes_while_queued_never_has_its_query_run() {
+    let cluster = app_cluster(ServerAuth::Trust);
+    cluster
+        .psql(
+            "postgres",
+            &format!("create table queued(n int); grant all on queued to {APP_USER}"),
+        )
+        .expect("table");
+    let sluice = ConfigBuilder::for_cluster(&cluster)
+        .set("pool_mode", "transaction")
+        .set("default_pool_size", "1")
+        .set("query_wait_timeout", "60")
+        .set("admin_users", "admin")
+        .start();
+    let p = sluice.port();
+    let holder = connect_as(p, APP_USER, "postgres").await;
+    let pid = scalar_text(&holder, "select pg_backend_pid()::text").await;
+    holder.batch_execute("begin; select 1").await.unwrap();
+    for n in 0..20 {
+        send_and_close(p, &format!("insert into queued values ({n})")).await;
+    }
+    let left = eventually(Duration::from_secs(10), || async {
+        (clients_listed(p).await == 1).then_some(())
+    })
+    .await;
+    assert!(left.is_some(), "the closed clients are still listed");
+    holder.batch_execute("commit").await.unwrap();
+    assert_eq!(
+        scalar_text(&holder, "select pg_backend_pid()::text").await,
+        pid,
+        "the server was kept"
+    );
+
+    // (PAUSE closes idle servers.)
+    let admin = connect_as(p, "admin", "pgbouncer").await;
+    admin.simple_query("PAUSE postgres").await.expect("PAUSE");
+    send_and_close(p, "insert into queued values (100)").await;
+    let left = eventually(Duration::from_secs(10), || async {
+        (clients_listed(p).await == 1).then_some(())
+    })
+    .await;
+    assert!(
+        left.is_some(),
+        "the paused client that closed is still listed"
+    );
+    admin.simple_query("RESUME postgres").await.expect("RESUME");
+
+    assert_eq!(
+        scalar_text(&holder, "select count(*)::text from queued").await,
+        "0"
+    );
+}

@@ -268,6 +268,50 @@ impl Stream {
         }
     }
 
+    /// While sluice holds the client's request (it waits for a server or
+    /// out a pause): Ready(true) once the client closed its end (or its
+    /// socket failed), Ready(false) once it sent more, Pending meanwhile.
+    /// It looks without reading (MSG_PEEK). Over TLS it stays Pending:
+    /// what arrives there is records, a close_notify among them.
+    pub fn poll_peer_closed(&self, cx: &mut Context<'_>) -> Poll<bool> {
+        /// One byte peeked: Ok(0) at the end of the stream.
+        fn peek(fd: std::os::fd::RawFd) -> io::Result<usize> {
+            let mut byte = 0u8;
+            // SAFETY: one byte into a live local; `fd` is the stream's.
+            let n = unsafe {
+                libc::recv(
+                    fd,
+                    (&raw mut byte).cast(),
+                    1,
+                    libc::MSG_PEEK | libc::MSG_DONTWAIT,
+                )
+            };
+            usize::try_from(n).map_err(|_| io::Error::last_os_error())
+        }
+        macro_rules! look {
+            ($s:expr) => {{
+                use std::os::fd::AsRawFd;
+                loop {
+                    if std::task::ready!($s.poll_read_ready(cx)).is_err() {
+                        return Poll::Ready(true);
+                    }
+                    // try_io clears the readiness on WouldBlock.
+                    match $s.try_io(tokio::io::Interest::READABLE, || peek($s.as_raw_fd())) {
+                        Ok(n) => return Poll::Ready(n == 0),
+                        Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
+                        Err(_) => return Poll::Ready(true),
+                    }
+                }
+            }};
+        }
+        match self {
+            Self::Tcp(s) => look!(s),
+            Self::Unix(s) => look!(s),
+            Self::Tls(_) => Poll::Pending,
+            Self::Off(_) => Poll::Ready(true),
+        }
+    }
+
     /// Sends a parting message (Terminate) without waiting, as far as the
     /// socket takes it now; over TLS encrypted, with close_notify.
     pub fn try_send_last(&mut self, last: &[u8]) {

@@ -18,6 +18,7 @@ use super::{parking, spare_buffers};
 use crate::app::{App, Phase};
 use crate::backend::pool::{AcquireError, Lease, Pool, Standby};
 use crate::clock::Mono;
+use crate::net::Stream;
 
 /// The pool of host `i` of `topology` for `main`'s clients, from `hosts`
 /// (a `RouteCache`'s) or looked up and kept there.
@@ -362,7 +363,7 @@ impl Client {
         if self.app.control.anything_paused() {
             match self.wait_while_paused().await {
                 Ok(since) => queued = since,
-                Err(e) => return Some(SessionEnd::Error(e)),
+                Err(end) => return Some(end),
             }
         }
         self.app.cancels.set_waiting(self.cancel, true);
@@ -414,10 +415,17 @@ impl Client {
                     self.hold_for_primary(None).await
                 } else {
                     match self.acquire_notifying(&pool, queued).await {
-                        Err(e) if pool.host == 0 && unreachable(&e) => {
+                        None => {
+                            // Its request is never sent.
+                            self.app.cancels.set_waiting(self.cancel, false);
+                            return Some(SessionEnd::ClientLeft);
+                        }
+                        Some(Err(e)) if pool.host == 0 && unreachable(&e) => {
                             self.hold_for_primary(Some(e)).await
                         }
-                        other => other.map_err(|e| ClientError::new(e.sqlstate(), e.to_string())),
+                        Some(other) => {
+                            other.map_err(|e| ClientError::new(e.sqlstate(), e.to_string()))
+                        }
                     }
                 };
                 // A server of the primary's pool that said at login it is
@@ -594,22 +602,38 @@ impl Client {
     /// A server from `pool`; a client still queued after
     /// `query_wait_notify` is told so once (PgBouncer's notice), written
     /// without waiting on a plain socket that takes it (a client whose
-    /// socket is full, or over TLS, is not told).
+    /// socket is full, or over TLS, is not told). `None`: the client
+    /// closed its end meanwhile, and left the line at once (PgBouncer
+    /// drops a waiting client that closes): a client gone, say, on its
+    /// own timeout, never has its query run, nor a server closed for it.
     async fn acquire_notifying(
         &mut self,
         pool: &Arc<Pool>,
         queued: Option<Mono>,
-    ) -> Result<Lease, AcquireError> {
+    ) -> Option<Result<Lease, AcquireError>> {
+        let due = std::sync::atomic::AtomicBool::new(false);
+        let mut acquire =
+            std::pin::pin!(pool.acquire_noticing(queued, || due.store(true, Relaxed)));
         let stream = &mut self.stream;
-        pool.acquire_noticing(queued, || {
-            let mut notice = BytesMut::new();
-            sluice_wire::ErrorFields::new(
-                sluice_wire::Severity::Notice,
-                "00000",
-                "No server connection available in postgres backend, client being queued",
-            )
-            .encode(&mut notice);
-            stream.try_write_whole(&notice);
+        let mut sent_more = false;
+        std::future::poll_fn(|cx| {
+            let polled = acquire.as_mut().poll(cx);
+            // (A load first: a swap is a locked instruction, every time.)
+            if due.load(Relaxed) {
+                due.store(false, Relaxed);
+                let mut notice = BytesMut::new();
+                sluice_wire::ErrorFields::new(
+                    sluice_wire::Severity::Notice,
+                    "00000",
+                    "No server connection available in postgres backend, client being queued",
+                )
+                .encode(&mut notice);
+                stream.try_write_whole(&notice);
+            }
+            if let std::task::Poll::Ready(got) = polled {
+                return std::task::Poll::Ready(Some(got));
+            }
+            watch_closed(stream, &mut sent_more, cx).map(|()| None)
         })
         .await
     }
@@ -657,10 +681,12 @@ impl Client {
     /// PAUSE (or KILL): new transactions wait until RESUME, as on
     /// PgBouncer: through a SIGTERM's wait for clients too, at most
     /// `query_wait_timeout`; SIGINT or SHUTDOWN ends the wait with
-    /// "server shutting down". Returns when the wait began, if it did.
-    async fn wait_while_paused(&self) -> Result<Option<Mono>, ClientError> {
+    /// "server shutting down"; a client that closes its end meanwhile
+    /// leaves at once. Returns when the wait began, if it did.
+    async fn wait_while_paused(&self) -> Result<Option<Mono>, SessionEnd> {
         let wait_timeout = self.pool.settings().query_wait_timeout;
         let mut since = None;
+        let mut sent_more = false;
         loop {
             let resumed = self.app.control.resumed.notified();
             let shutdown = self.app.phase_changed.notified();
@@ -671,21 +697,28 @@ impl Client {
                 return Ok(since);
             }
             if self.app.phase() >= Phase::WaitForServers {
-                return Err(ClientError::new("57P01", "server shutting down"));
+                return Err(SessionEnd::Error(ClientError::new(
+                    "57P01",
+                    "server shutting down",
+                )));
             }
             let now = Mono::now();
             let began = *since.get_or_insert(now);
             let deadline = (!wait_timeout.is_zero()).then(|| began + wait_timeout);
             if deadline.is_some_and(|d| now >= d) {
-                return Err(ClientError::protocol("query_wait_timeout"));
+                return Err(SessionEnd::Error(ClientError::protocol(
+                    "query_wait_timeout",
+                )));
             }
             // Bounded wait: a missed wake-up costs at most a second.
             let second = now + Duration::from_secs(1);
             let until = deadline.map_or(second, |d| d.min(second)).to_tokio();
+            let closed = std::future::poll_fn(|cx| watch_closed(&self.stream, &mut sent_more, cx));
             tokio::select! {
                 _ = &mut resumed => {}
                 _ = &mut shutdown => {}
                 _ = tokio::time::sleep_until(until) => {}
+                () = closed => return Err(SessionEnd::ClientLeft),
             }
         }
     }
@@ -730,6 +763,27 @@ impl Client {
         )
         .await
         .map_err(|_| ClientError::new("08P01", "client_idle_timeout"))
+    }
+}
+
+/// Ready once the client closes its end while sluice holds its request
+/// (`Stream::poll_peer_closed`); Pending for good once it has sent more
+/// (`sent_more`: the relay then reads on, and sees the end as usual).
+fn watch_closed(
+    stream: &Stream,
+    sent_more: &mut bool,
+    cx: &mut std::task::Context<'_>,
+) -> std::task::Poll<()> {
+    if *sent_more {
+        return std::task::Poll::Pending;
+    }
+    match stream.poll_peer_closed(cx) {
+        std::task::Poll::Ready(true) => std::task::Poll::Ready(()),
+        std::task::Poll::Ready(false) => {
+            *sent_more = true;
+            std::task::Poll::Pending
+        }
+        std::task::Poll::Pending => std::task::Poll::Pending,
     }
 }
 
