@@ -827,3 +827,62 @@ async fn killed_clients_are_told_why_as_pgbouncer_tells_them() {
     let log = sluice.log();
     assert!(log.contains("closing because: database removed"), "{log}");
 }
+
+/// SHOW CLIENTS tells how long a waiting client has waited (PgBouncer's
+/// `wait` and `wait_us`) and when each client last asked
+/// (`request_time`); SHOW SERVERS when each server was last lent.
+#[tokio::test]
+async fn show_clients_tells_waits_and_request_times() {
+    let cluster = app_cluster(ServerAuth::Trust);
+    let sluice = console(&cluster, 1);
+    let p = sluice.port();
+    let busy = connect(p, APP_USER, APP_PASSWORD, "postgres")
+        .await
+        .unwrap();
+    let waiter = connect(p, APP_USER, APP_PASSWORD, "postgres")
+        .await
+        .unwrap();
+    // Past the second the clients and the server connected in.
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    let sleeping =
+        tokio::spawn(async move { busy.simple_query("select pg_sleep(3)").await.is_ok() });
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let waiting = tokio::spawn(async move { waiter.simple_query("select 1").await.is_ok() });
+    tokio::time::sleep(Duration::from_millis(1300)).await;
+    let clients = show(p, "admin", "SHOW CLIENTS").await;
+    let app: Vec<_> = clients
+        .iter()
+        .filter(|r| field(r, "database") == "postgres")
+        .collect();
+    let queued = app
+        .iter()
+        .find(|r| field(r, "state") == "waiting")
+        .unwrap_or_else(|| panic!("a waiting client: {clients:?}"));
+    assert!(number(queued, "wait") >= 1, "{queued:?}");
+    assert!(
+        (0..1_000_000).contains(&number(queued, "wait_us")),
+        "{queued:?}"
+    );
+    let active = app
+        .iter()
+        .find(|r| field(r, "state") == "active")
+        .unwrap_or_else(|| panic!("an active client: {clients:?}"));
+    assert_eq!(number(active, "wait"), 0);
+    for row in [queued, active] {
+        assert!(
+            field(row, "request_time") > field(row, "connect_time"),
+            "the request is later than the login: {row:?}"
+        );
+    }
+    let servers = show(p, "admin", "SHOW SERVERS").await;
+    let lent = servers
+        .iter()
+        .find(|r| field(r, "state") == "active")
+        .unwrap_or_else(|| panic!("an active server: {servers:?}"));
+    assert!(
+        field(lent, "request_time") > field(lent, "connect_time"),
+        "{lent:?}"
+    );
+    assert!(sleeping.await.unwrap());
+    assert!(waiting.await.unwrap());
+}

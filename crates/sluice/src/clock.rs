@@ -39,6 +39,22 @@ impl Mono {
         Mono::now().saturating_duration_since(self)
     }
 
+    /// The same point on the wall clock, as the console prints times.
+    pub fn to_wall(self) -> std::time::SystemTime {
+        let now = std::time::SystemTime::now();
+        now.checked_sub(self.elapsed()).unwrap_or(now)
+    }
+
+    /// As stored in an atomic (0: never, for a slot's "not yet").
+    pub fn nanos(self) -> u64 {
+        self.0
+    }
+
+    /// Back from [`Mono::nanos`]; `None` for 0.
+    pub fn from_nanos(nanos: u64) -> Option<Mono> {
+        (nanos != 0).then_some(Mono(nanos))
+    }
+
     /// The same point as a `tokio::time::Instant`, for a timer.
     pub fn to_tokio(self) -> tokio::time::Instant {
         let now = Mono::now();
@@ -60,6 +76,18 @@ impl Add<Duration> for Mono {
         Mono(
             self.0
                 .saturating_add(u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)),
+        )
+    }
+}
+
+impl std::ops::Sub<Duration> for Mono {
+    type Output = Mono;
+
+    /// Saturates at the clock's origin.
+    fn sub(self, d: Duration) -> Mono {
+        Mono(
+            self.0
+                .saturating_sub(u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)),
         )
     }
 }

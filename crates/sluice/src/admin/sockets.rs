@@ -79,6 +79,14 @@ pub fn clients(app: &App) -> ResultSet {
         let (addr, port) = split(c.meta.peer);
         let (local_addr, local_port) = split(c.meta.local);
         let connected = utc(c.meta.connected);
+        let request = c
+            .request_at
+            .map_or_else(|| connected.clone(), |at| utc(at.to_wall()));
+        // PgBouncer's wait (seconds) and wait_us (the microseconds beyond).
+        let waited = c
+            .wait_since
+            .map(|since| since.elapsed())
+            .unwrap_or_default();
         rs.row(vec![
             v("C"),
             v(&c.meta.user),
@@ -90,9 +98,9 @@ pub fn clients(app: &App) -> ResultSet {
             local_addr,
             local_port,
             v(&connected),
-            v(&connected),
-            v(0),
-            v(0),
+            v(&request),
+            v(waited.as_secs()),
+            v(waited.subsec_micros()),
             v(0),
             v(format!("{:x}", c.pid)),
             v(c.server_pid.map(|p| format!("{p:x}")).unwrap_or_default()),
@@ -128,6 +136,7 @@ pub fn servers(app: &App) -> ResultSet {
             let (addr, port) = addr_of(on.unwrap_or(&target.addr));
             let (local_addr, local_port) = split(s.local);
             let connected = utc(s.created);
+            let used = utc(s.used.to_wall());
             rs.row(vec![
                 v("S"),
                 v(&p.user),
@@ -139,7 +148,7 @@ pub fn servers(app: &App) -> ResultSet {
                 local_addr,
                 local_port,
                 v(&connected),
-                v(&connected),
+                v(&used),
                 v(0),
                 v(0),
                 v(i32::from(s.close_needed)),

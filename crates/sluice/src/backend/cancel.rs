@@ -40,6 +40,11 @@ struct Slot {
     waiting: AtomicBool,
     /// Why an operator disconnects the client (`Kill`), 0 when not.
     killed: AtomicU8,
+    /// When its last request arrived, as `Mono::nanos` (0: none yet).
+    request_at: AtomicU64,
+    /// When its present wait for a server (or out a pause) began, as
+    /// `Mono::nanos` (0: not known, the wait has just begun).
+    wait_since: AtomicU64,
     /// Who the client is (SHOW CLIENTS, KILL). Taken by unregister before
     /// the client's socket closes, so a holder of this lock may act on fd.
     meta: Mutex<Option<ClientMeta>>,
@@ -69,6 +74,10 @@ pub struct ClientRow {
     pub pid: i32,
     pub meta: ClientMeta,
     pub waiting: bool,
+    /// When its last request arrived (None: none yet).
+    pub request_at: Option<crate::clock::Mono>,
+    /// When its present wait began, while it waits and once known.
+    pub wait_since: Option<crate::clock::Mono>,
     /// The linked server's backend pid.
     pub server_pid: Option<i32>,
 }
@@ -238,6 +247,8 @@ impl CancelRegistry {
         slot.server.store(0, Ordering::Relaxed);
         slot.waiting.store(false, Ordering::Relaxed);
         slot.killed.store(0, Ordering::Relaxed);
+        slot.request_at.store(0, Ordering::Relaxed);
+        slot.wait_since.store(0, Ordering::Relaxed);
         slot.secret.store(key.secret_key, Ordering::Relaxed);
         slot.pid.store(key.process_id, Ordering::Release);
         Some(CancelHandle { key, index })
@@ -290,10 +301,18 @@ impl CancelRegistry {
         }
     }
 
-    /// The client now runs on the server with `server_key`.
-    pub fn link(&self, handle: CancelHandle, server_key: BackendKeyData, host: u32) {
+    /// The client now runs on the server with `server_key`, for a request
+    /// that arrived at `request_at`.
+    pub fn link(
+        &self,
+        handle: CancelHandle,
+        server_key: BackendKeyData,
+        host: u32,
+        request_at: crate::clock::Mono,
+    ) {
         if let Some(slot) = self.slot(handle.index) {
             slot.host.store(host, Ordering::Relaxed);
+            slot.request_at.store(request_at.nanos(), Ordering::Relaxed);
             slot.server.store(pack(server_key), Ordering::Release);
         }
     }
@@ -308,6 +327,18 @@ impl CancelRegistry {
     pub fn set_waiting(&self, handle: CancelHandle, waiting: bool) {
         if let Some(slot) = self.slot(handle.index) {
             slot.waiting.store(waiting, Ordering::Relaxed);
+            if !waiting {
+                slot.wait_since.store(0, Ordering::Relaxed);
+            }
+        }
+    }
+
+    /// The client's wait began at `since` (told once it did not end at
+    /// once: a server at hand costs no clock read).
+    pub fn set_wait_since(&self, handle: CancelHandle, since: crate::clock::Mono) {
+        if let Some(slot) = self.slot(handle.index) {
+            slot.wait_since.store(since.nanos(), Ordering::Relaxed);
+            slot.request_at.store(since.nanos(), Ordering::Relaxed);
         }
     }
 
@@ -323,10 +354,15 @@ impl CancelRegistry {
             let pid = slot.pid.load(Ordering::Acquire);
             if let (Some(meta), true) = (meta.as_ref(), pid != 0) {
                 let server = slot.server.load(Ordering::Acquire);
+                let waiting = slot.waiting.load(Ordering::Relaxed);
+                let nanos =
+                    |a: &AtomicU64| crate::clock::Mono::from_nanos(a.load(Ordering::Relaxed));
                 out.push(ClientRow {
                     pid,
                     meta: meta.clone(),
-                    waiting: slot.waiting.load(Ordering::Relaxed),
+                    waiting,
+                    request_at: nanos(&slot.request_at),
+                    wait_since: nanos(&slot.wait_since).filter(|_| waiting),
                     server_pid: (server != 0).then(|| unpack(server).process_id),
                 });
             }

@@ -47,6 +47,7 @@ pub async fn run(client: &mut Client, cbuf: &mut BytesMut, mut lease: Lease) -> 
     let limit = settings.max_packet_size;
     {
         let host = lease.host();
+        let waited = lease.stats.waited;
         let server = lease.server();
         // A server on another host of a list without routing: its cancel
         // goes there.
@@ -54,7 +55,12 @@ pub async fn run(client: &mut Client, cbuf: &mut BytesMut, mut lease: Lease) -> 
             0 => host,
             alt => crate::backend::target::ALTERNATE | u32::from(alt),
         };
-        client.app.cancels.link(client.cancel, server.key, host);
+        // The request arrived when the wait for this server began.
+        let arrived = server.lent_at - waited;
+        client
+            .app
+            .cancels
+            .link(client.cancel, server.key, host, arrived);
         server.statements.scope = client.pool.scope;
     }
     if needs_sync(client, lease.server()) {

@@ -360,13 +360,14 @@ impl Client {
         // When the query began to wait, if it waited out a pause: its
         // query_wait_timeout counts from there in the pool's line too.
         let mut queued = None;
+        // (Waiting, in SHOW CLIENTS, out a pause too, as on PgBouncer.)
+        self.app.cancels.set_waiting(self.cancel, true);
         if self.app.control.anything_paused() {
             match self.wait_while_paused().await {
                 Ok(since) => queued = since,
                 Err(end) => return Some(end),
             }
         }
-        self.app.cancels.set_waiting(self.cancel, true);
         let Routed {
             mut pool,
             topology,
@@ -615,9 +616,17 @@ impl Client {
         let mut acquire =
             std::pin::pin!(pool.acquire_noticing(queued, || due.store(true, Relaxed)));
         let stream = &mut self.stream;
+        let cancels = &self.app.cancels;
+        let cancel = self.cancel;
         let mut sent_more = false;
+        let mut told_since = queued.is_some();
         std::future::poll_fn(|cx| {
             let polled = acquire.as_mut().poll(cx);
+            if polled.is_pending() && !std::mem::replace(&mut told_since, true) {
+                // It waits: since when, for SHOW CLIENTS (one clock read,
+                // only for a wait).
+                cancels.set_wait_since(cancel, Mono::now());
+            }
             // (A load first: a swap is a locked instruction, every time.)
             if due.load(Relaxed) {
                 due.store(false, Relaxed);
@@ -703,7 +712,10 @@ impl Client {
                 )));
             }
             let now = Mono::now();
-            let began = *since.get_or_insert(now);
+            let began = *since.get_or_insert_with(|| {
+                self.app.cancels.set_wait_since(self.cancel, now);
+                now
+            });
             let deadline = (!wait_timeout.is_zero()).then(|| began + wait_timeout);
             if deadline.is_some_and(|d| now >= d) {
                 return Err(SessionEnd::Error(ClientError::protocol(

@@ -21,6 +21,8 @@ pub struct ServerRow {
     pub tls: Option<Arc<str>>,
     /// Its host in the target's list (see `ServerConn::alternate`).
     pub alternate: u8,
+    /// When it was last lent (idle) or was lent (active).
+    pub used: Mono,
     generation: u64,
 }
 
@@ -36,6 +38,11 @@ impl ServerRow {
             prepared_statements: server.statements.len(),
             tls: server.tls.clone(),
             alternate: server.alternate,
+            used: if active {
+                server.lent_at
+            } else {
+                server.last_used
+            },
             generation: 0,
         }
     }
