@@ -444,7 +444,8 @@ async fn without_route_reads_a_host_list_uses_the_first_host() {
 
 /// The primary stops; a write issued while there is none waits, and runs
 /// on the replica once it is promoted. When the old primary comes back on
-/// its old timeline (split brain), writes stay on the newest timeline.
+/// its old timeline (split brain), writes stay on the newest timeline. A
+/// client that closes while its write is held never has it run.
 #[tokio::test]
 async fn writes_wait_for_a_promoted_replica_instead_of_failing() {
     let (primary, replica) = primary_and_replica();
@@ -460,7 +461,16 @@ async fn writes_wait_for_a_promoted_replica_instead_of_failing() {
         .execute("insert into items values (1, 'before')", &[])
         .await
         .expect("write before the failover");
+    let mut gone = RawClient::connect(sluice.port()).await;
+    gone.startup(APP_USER, "postgres").await;
+    gone.read_until_ready(Duration::from_secs(10)).await;
     primary.stop().expect("stop the primary");
+    gone.send(&sluice_tests::msg::query(
+        "insert into items values (3, 'gone')",
+    ))
+    .await
+    .expect("sent");
+    drop(gone);
     let writer = tokio::spawn(async move {
         let started = Instant::now();
         let r = client

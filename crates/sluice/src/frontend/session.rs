@@ -256,7 +256,20 @@ impl Client {
     /// restart; `first` says why): waits up to `failover_hold` for the
     /// checks to find one, trying it each time they do, instead of failing
     /// the transaction. The pool follows the new primary on its own.
-    async fn hold_for_primary(&self, first: Option<AcquireError>) -> Result<Lease, ClientError> {
+    /// A client that closes its end meanwhile ends the hold: its request
+    /// is never sent (when the primary is back, clients gone on their own
+    /// timeouts would otherwise all run at once).
+    async fn hold_for_primary(&self, first: Option<AcquireError>) -> Result<Lease, SessionEnd> {
+        match unless_closed(&self.stream, self.hold_for_primary_open(first)).await {
+            Some(held) => held.map_err(SessionEnd::Error),
+            None => Err(SessionEnd::ClientLeft),
+        }
+    }
+
+    async fn hold_for_primary_open(
+        &self,
+        first: Option<AcquireError>,
+    ) -> Result<Lease, ClientError> {
         let fail = |e: &AcquireError| ClientError::new(e.sqlstate(), e.to_string());
         let topology = self.app.topology(&self.pool.database);
         let config = self.app.config();
@@ -315,8 +328,16 @@ impl Client {
 
     /// A replica's pool for an entry that asks for standbys
     /// (`target_session_attrs`) when none qualifies: waits up to
-    /// `failover_hold` for one (a switchover, a lagging replica).
-    async fn wait_for_standby(&self) -> Result<Arc<Pool>, ClientError> {
+    /// `failover_hold` for one (a switchover, a lagging replica), unless
+    /// the client closes its end meanwhile.
+    async fn wait_for_standby(&self) -> Result<Arc<Pool>, SessionEnd> {
+        match unless_closed(&self.stream, self.wait_for_standby_open()).await {
+            Some(found) => found.map_err(SessionEnd::Error),
+            None => Err(SessionEnd::ClientLeft),
+        }
+    }
+
+    async fn wait_for_standby_open(&self) -> Result<Arc<Pool>, ClientError> {
         let hold = self.app.config().settings.failover_hold;
         let deadline = tokio::time::Instant::now() + hold;
         loop {
@@ -379,9 +400,9 @@ impl Client {
         if standby_wait {
             match self.wait_for_standby().await {
                 Ok(p) => pool = p,
-                Err(e) => {
+                Err(end) => {
                     self.app.cancels.set_waiting(self.cancel, false);
-                    return Some(SessionEnd::Error(e));
+                    return Some(end);
                 }
             }
         }
@@ -416,17 +437,14 @@ impl Client {
                     self.hold_for_primary(None).await
                 } else {
                     match self.acquire_notifying(&pool, queued).await {
-                        None => {
-                            // Its request is never sent.
-                            self.app.cancels.set_waiting(self.cancel, false);
-                            return Some(SessionEnd::ClientLeft);
-                        }
+                        // Its request is never sent.
+                        None => Err(SessionEnd::ClientLeft),
                         Some(Err(e)) if pool.host == 0 && unreachable(&e) => {
                             self.hold_for_primary(Some(e)).await
                         }
-                        Some(other) => {
-                            other.map_err(|e| ClientError::new(e.sqlstate(), e.to_string()))
-                        }
+                        Some(other) => other.map_err(|e| {
+                            SessionEnd::Error(ClientError::new(e.sqlstate(), e.to_string()))
+                        }),
                     }
                 };
                 // A server of the primary's pool that said at login it is
@@ -442,7 +460,7 @@ impl Client {
                 self.app.cancels.set_waiting(self.cancel, false);
                 let mut lease = match acquired {
                     Ok(l) => l,
-                    Err(e) => return Some(SessionEnd::Error(e)),
+                    Err(end) => return Some(end),
                 };
                 if let Err(e) = lease.localize() {
                     return Some(SessionEnd::Error(ClientError::new(
@@ -776,6 +794,20 @@ impl Client {
         .await
         .map_err(|_| ClientError::new("08P01", "client_idle_timeout"))
     }
+}
+
+/// `wait`'s output, or None once the client closes its end first (see
+/// `watch_closed`).
+async fn unless_closed<T>(stream: &Stream, wait: impl Future<Output = T>) -> Option<T> {
+    let mut wait = std::pin::pin!(wait);
+    let mut sent_more = false;
+    std::future::poll_fn(|cx| {
+        if let std::task::Poll::Ready(v) = wait.as_mut().poll(cx) {
+            return std::task::Poll::Ready(Some(v));
+        }
+        watch_closed(stream, &mut sent_more, cx).map(|()| None)
+    })
+    .await
 }
 
 /// Ready once the client closes its end while sluice holds its request
