@@ -670,14 +670,18 @@ async fn clients_listed(port: u16) -> usize {
         .count()
 }
 
-/// Logs in raw, sends `sql` and closes at once, without waiting.
-async fn send_and_close(port: u16, sql: &str) {
+/// Logs in raw, sends `sql` and closes at once, without waiting; with
+/// `terminate`, says Terminate first, as libpq's PQfinish does.
+async fn send_and_close(port: u16, sql: &str, terminate: bool) {
     let mut raw = RawClient::connect(port).await;
     raw.startup(APP_USER, "postgres").await;
     raw.read_until_ready(Duration::from_secs(10)).await;
     raw.send(&sluice_tests::msg::query(sql))
         .await
         .expect("sent");
+    if terminate {
+        raw.send(b"X\0\0\0\x04").await.expect("sent");
+    }
 }
 
 /// A client that closes while its query waits, for a server or out of a
@@ -704,14 +708,31 @@ async fn a_client_that_closes_while_queued_never_has_its_query_run() {
     let pid = scalar_text(&holder, "select pg_backend_pid()::text").await;
     holder.batch_execute("begin; select 1").await.unwrap();
     for n in 0..20 {
-        send_and_close(p, &format!("insert into queued values ({n})")).await;
+        send_and_close(p, &format!("insert into queued values ({n})"), n % 2 == 1).await;
     }
+    // A client that pipelines a second query while it waits stays, and
+    // gets both answers.
+    let mut stays = RawClient::connect(p).await;
+    stays.startup(APP_USER, "postgres").await;
+    stays.read_until_ready(Duration::from_secs(10)).await;
+    stays
+        .send(&sluice_tests::msg::query("select 1"))
+        .await
+        .expect("sent");
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    stays
+        .send(&sluice_tests::msg::query("insert into queued values (50)"))
+        .await
+        .expect("sent");
     let left = eventually(Duration::from_secs(10), || async {
-        (clients_listed(p).await == 1).then_some(())
+        (clients_listed(p).await == 2).then_some(())
     })
     .await;
     assert!(left.is_some(), "the closed clients are still listed");
     holder.batch_execute("commit").await.unwrap();
+    for _ in 0..2 {
+        stays.read_until_ready(Duration::from_secs(10)).await;
+    }
     assert_eq!(
         scalar_text(&holder, "select pg_backend_pid()::text").await,
         pid,
@@ -721,9 +742,9 @@ async fn a_client_that_closes_while_queued_never_has_its_query_run() {
     // (PAUSE closes idle servers.)
     let admin = connect_as(p, "admin", "pgbouncer").await;
     admin.simple_query("PAUSE postgres").await.expect("PAUSE");
-    send_and_close(p, "insert into queued values (100)").await;
+    send_and_close(p, "insert into queued values (100)", true).await;
     let left = eventually(Duration::from_secs(10), || async {
-        (clients_listed(p).await == 1).then_some(())
+        (clients_listed(p).await == 2).then_some(())
     })
     .await;
     assert!(
@@ -733,7 +754,8 @@ async fn a_client_that_closes_while_queued_never_has_its_query_run() {
     admin.simple_query("RESUME postgres").await.expect("RESUME");
 
     assert_eq!(
-        scalar_text(&holder, "select count(*)::text from queued").await,
-        "0"
+        scalar_text(&holder, "select string_agg(n::text, ',') from queued").await,
+        "50",
+        "only the client that stayed had its query run"
     );
 }

@@ -438,3 +438,65 @@ async fn reload_swapping_certificates_under_pgbench_fails_no_client() {
     let reloads = sluice.log().matches("configuration reloaded").count();
     assert!(reloads >= 10, "{reloads} reloads seen:\n{}", sluice.log());
 }
+
+/// A TLS client that closes while its query waits for a server leaves the
+/// line at once and its query never runs, as a plain one (its FIN is seen
+/// under TLS, without reading the records before it).
+#[tokio::test]
+async fn a_tls_client_that_closes_while_queued_never_has_its_query_run() {
+    let cluster = app_cluster(ServerAuth::Trust);
+    cluster
+        .psql(
+            "postgres",
+            &format!("create table queued(n int); grant all on queued to {APP_USER}"),
+        )
+        .expect("table");
+    let certs = Certs::make(APP_USER);
+    let sluice = tls_config(&cluster, &certs, "require")
+        .set("default_pool_size", "1")
+        .set("query_wait_timeout", "60")
+        .start();
+    let port = sluice.port();
+    let mut config = tokio_postgres::Config::new();
+    config
+        .host("localhost")
+        .port(port)
+        .user(APP_USER)
+        .password(APP_PASSWORD)
+        .dbname("postgres")
+        .ssl_mode(tokio_postgres::config::SslMode::Require);
+    let tls = RustlsConnector::trusting(&certs.file("ca.crt"));
+    let (holder, connection) = config.connect(tls.clone()).await.expect("login");
+    tokio::spawn(connection);
+    holder.batch_execute("begin; select 1").await.unwrap();
+    let (gone, connection) = config.connect(tls.clone()).await.expect("login");
+    let connection = tokio::spawn(connection);
+    let query =
+        tokio::spawn(async move { gone.batch_execute("insert into queued values (1)").await });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    // The client goes away (its task and its socket), as on a timeout.
+    query.abort();
+    connection.abort();
+    let (admin, connection) = config
+        .clone()
+        .dbname("pgbouncer")
+        .connect(tls)
+        .await
+        .expect("console");
+    tokio::spawn(connection);
+    let left = eventually(Duration::from_secs(10), || async {
+        let rows = admin.simple_query("SHOW CLIENTS").await.ok()?;
+        let listed = rows
+            .iter()
+            .filter(|m| matches!(m, tokio_postgres::SimpleQueryMessage::Row(r) if r.get("database") == Some("postgres")))
+            .count();
+        (listed == 1).then_some(())
+    })
+    .await;
+    assert!(left.is_some(), "the closed TLS client is still listed");
+    holder.batch_execute("commit").await.unwrap();
+    assert_eq!(
+        scalar_text(&holder, "select count(*)::text from queued").await,
+        "0"
+    );
+}

@@ -268,48 +268,48 @@ impl Stream {
         }
     }
 
-    /// While sluice holds the client's request (it waits for a server or
-    /// out a pause): Ready(true) once the client closed its end (or its
-    /// socket failed), Ready(false) once it sent more, Pending meanwhile.
-    /// It looks without reading (MSG_PEEK). Over TLS it stays Pending:
-    /// what arrives there is records, a close_notify among them.
+    /// While sluice holds the client's request (it waits for a server, out
+    /// a pause, or for a primary): Ready(true) once the client closed its
+    /// end (its FIN has arrived, even behind data it sent: a driver's
+    /// Terminate, then the close) or its socket failed; Ready(false) once
+    /// it is readable and still open (it sent more: look again later with
+    /// [`Stream::peer_hung_up`]); Pending meanwhile. Nothing is read, and
+    /// readiness is left as it is for the relay.
     pub fn poll_peer_closed(&self, cx: &mut Context<'_>) -> Poll<bool> {
-        /// One byte peeked: Ok(0) at the end of the stream.
-        fn peek(fd: std::os::fd::RawFd) -> io::Result<usize> {
-            let mut byte = 0u8;
-            // SAFETY: one byte into a live local; `fd` is the stream's.
-            let n = unsafe {
-                libc::recv(
-                    fd,
-                    (&raw mut byte).cast(),
-                    1,
-                    libc::MSG_PEEK | libc::MSG_DONTWAIT,
-                )
-            };
-            usize::try_from(n).map_err(|_| io::Error::last_os_error())
+        let polled = match self {
+            Self::Tcp(s) => s.poll_read_ready(cx),
+            Self::Unix(s) => s.poll_read_ready(cx),
+            // The socket under TLS: its readiness, not rustls' (the close
+            // is a FIN there too, after a close_notify record).
+            Self::Tls(t) => match t.tcp() {
+                Some(s) => s.poll_read_ready(cx),
+                None => return Poll::Ready(true),
+            },
+            Self::Off(_) => return Poll::Ready(true),
+        };
+        match polled {
+            Poll::Pending => Poll::Pending,
+            Poll::Ready(Err(_)) => Poll::Ready(true),
+            Poll::Ready(Ok(())) => Poll::Ready(self.peer_hung_up()),
         }
-        macro_rules! look {
-            ($s:expr) => {{
-                use std::os::fd::AsRawFd;
-                loop {
-                    if std::task::ready!($s.poll_read_ready(cx)).is_err() {
-                        return Poll::Ready(true);
-                    }
-                    // try_io clears the readiness on WouldBlock.
-                    match $s.try_io(tokio::io::Interest::READABLE, || peek($s.as_raw_fd())) {
-                        Ok(n) => return Poll::Ready(n == 0),
-                        Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
-                        Err(_) => return Poll::Ready(true),
-                    }
-                }
-            }};
+    }
+
+    /// The peer closed its end (its FIN has arrived, even behind unread
+    /// data) or the socket failed: POLLRDHUP, looked at without waiting
+    /// and without reading.
+    pub fn peer_hung_up(&self) -> bool {
+        let fd = self.raw_fd();
+        if fd < 0 {
+            return true;
         }
-        match self {
-            Self::Tcp(s) => look!(s),
-            Self::Unix(s) => look!(s),
-            Self::Tls(_) => Poll::Pending,
-            Self::Off(_) => Poll::Ready(true),
-        }
+        let mut p = libc::pollfd {
+            fd,
+            events: libc::POLLRDHUP,
+            revents: 0,
+        };
+        // SAFETY: one pollfd of ours, a zero timeout.
+        let n = unsafe { libc::poll(&mut p, 1, 0) };
+        n > 0 && p.revents & (libc::POLLRDHUP | libc::POLLHUP | libc::POLLERR) != 0
     }
 
     /// Sends a parting message (Terminate) without waiting, as far as the

@@ -636,7 +636,7 @@ impl Client {
         let stream = &mut self.stream;
         let cancels = &self.app.cancels;
         let cancel = self.cancel;
-        let mut sent_more = false;
+        let mut watch = Watch::default();
         let mut told_since = queued.is_some();
         std::future::poll_fn(|cx| {
             let polled = acquire.as_mut().poll(cx);
@@ -660,7 +660,7 @@ impl Client {
             if let std::task::Poll::Ready(got) = polled {
                 return std::task::Poll::Ready(Some(got));
             }
-            watch_closed(stream, &mut sent_more, cx).map(|()| None)
+            watch_closed(stream, &mut watch, cx).map(|()| None)
         })
         .await
     }
@@ -713,7 +713,7 @@ impl Client {
     async fn wait_while_paused(&self) -> Result<Option<Mono>, SessionEnd> {
         let wait_timeout = self.pool.settings().query_wait_timeout;
         let mut since = None;
-        let mut sent_more = false;
+        let mut watch = Watch::default();
         loop {
             let resumed = self.app.control.resumed.notified();
             let shutdown = self.app.phase_changed.notified();
@@ -743,7 +743,7 @@ impl Client {
             // Bounded wait: a missed wake-up costs at most a second.
             let second = now + Duration::from_secs(1);
             let until = deadline.map_or(second, |d| d.min(second)).to_tokio();
-            let closed = std::future::poll_fn(|cx| watch_closed(&self.stream, &mut sent_more, cx));
+            let closed = std::future::poll_fn(|cx| watch_closed(&self.stream, &mut watch, cx));
             tokio::select! {
                 _ = &mut resumed => {}
                 _ = &mut shutdown => {}
@@ -800,34 +800,59 @@ impl Client {
 /// `watch_closed`).
 async fn unless_closed<T>(stream: &Stream, wait: impl Future<Output = T>) -> Option<T> {
     let mut wait = std::pin::pin!(wait);
-    let mut sent_more = false;
+    let mut watch = Watch::default();
     std::future::poll_fn(|cx| {
         if let std::task::Poll::Ready(v) = wait.as_mut().poll(cx) {
             return std::task::Poll::Ready(Some(v));
         }
-        watch_closed(stream, &mut sent_more, cx).map(|()| None)
+        watch_closed(stream, &mut watch, cx).map(|()| None)
     })
     .await
 }
 
+/// The watch on the end of a client whose request sluice holds
+/// (`watch_closed`).
+#[derive(Default)]
+struct Watch {
+    /// Once the client is readable and still open (it sent more, or its
+    /// FIN is still on the way behind a Terminate): its end is looked at
+    /// now and then, with the delay to the next look. Readiness stays set
+    /// for the relay to read, so it cannot be waited on again.
+    recheck: Option<(std::pin::Pin<Box<tokio::time::Sleep>>, Duration)>,
+}
+
+/// The first look again at a readable client's end, and the longest gap.
+const RECHECK_FIRST: Duration = Duration::from_millis(20);
+const RECHECK_MAX: Duration = Duration::from_secs(1);
+
 /// Ready once the client closes its end while sluice holds its request
-/// (`Stream::poll_peer_closed`); Pending for good once it has sent more
-/// (`sent_more`: the relay then reads on, and sees the end as usual).
+/// (`Stream::poll_peer_closed`, then `Stream::peer_hung_up` now and then
+/// once it is readable).
 fn watch_closed(
     stream: &Stream,
-    sent_more: &mut bool,
+    watch: &mut Watch,
     cx: &mut std::task::Context<'_>,
 ) -> std::task::Poll<()> {
-    if *sent_more {
-        return std::task::Poll::Pending;
-    }
-    match stream.poll_peer_closed(cx) {
-        std::task::Poll::Ready(true) => std::task::Poll::Ready(()),
-        std::task::Poll::Ready(false) => {
-            *sent_more = true;
-            std::task::Poll::Pending
+    use std::task::Poll;
+    loop {
+        match &mut watch.recheck {
+            None => match stream.poll_peer_closed(cx) {
+                Poll::Ready(true) => return Poll::Ready(()),
+                Poll::Ready(false) => {
+                    watch.recheck =
+                        Some((Box::pin(tokio::time::sleep(RECHECK_FIRST)), RECHECK_FIRST));
+                }
+                Poll::Pending => return Poll::Pending,
+            },
+            Some((timer, delay)) => {
+                std::task::ready!(timer.as_mut().poll(cx));
+                if stream.peer_hung_up() {
+                    return Poll::Ready(());
+                }
+                *delay = (*delay * 2).min(RECHECK_MAX);
+                timer.as_mut().reset(tokio::time::Instant::now() + *delay);
+            }
         }
-        std::task::Poll::Pending => std::task::Poll::Pending,
     }
 }
 
