@@ -55,6 +55,11 @@ impl RawClient {
         RawClient { stream }
     }
 
+    /// The TCP stream, for a test that reads and writes at once.
+    pub fn into_stream(self) -> TcpStream {
+        self.stream
+    }
+
     /// The client side's port.
     pub fn local_port(&self) -> u16 {
         self.stream.local_addr().map_or(0, |a| a.port())

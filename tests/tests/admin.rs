@@ -886,3 +886,54 @@ async fn show_clients_tells_waits_and_request_times() {
     assert!(sleeping.await.unwrap());
     assert!(waiting.await.unwrap());
 }
+
+/// A client killed while it waits for a server, having sent a second
+/// query behind its first, is gone: neither query runs once a server is
+/// free, and it is told why.
+#[tokio::test]
+async fn a_killed_waiter_that_pipelines_never_has_its_queries_run() {
+    let cluster = app_cluster(ServerAuth::Trust);
+    cluster
+        .psql(
+            "postgres",
+            &format!("create table killed(n int); grant all on killed to {APP_USER}"),
+        )
+        .expect("table");
+    let sluice = console(&cluster, 1);
+    let p = sluice.port();
+    let holder = connect(p, APP_USER, APP_PASSWORD, "postgres")
+        .await
+        .unwrap();
+    holder.batch_execute("begin; select 1").await.unwrap();
+    let mut raw = RawClient::connect(p).await;
+    raw.startup(APP_USER, "postgres").await;
+    raw.read_until_ready(T).await;
+    raw.send(&sluice_tests::msg::query("insert into killed values (1)"))
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    raw.send(&sluice_tests::msg::query("insert into killed values (2)"))
+        .await
+        .unwrap();
+    let clients = show(p, "admin", "SHOW CLIENTS").await;
+    let waiting: Vec<_> = clients
+        .iter()
+        .filter(|r| field(r, "state") == "waiting")
+        .collect();
+    assert_eq!(waiting.len(), 1, "{clients:?}");
+    let admin = connect_as(p, "admin", "pgbouncer").await;
+    admin
+        .simple_query(&format!("KILL_CLIENT {}", field(waiting[0], "id")))
+        .await
+        .expect("KILL_CLIENT");
+    let told = raw.expect_error_or_close(T).await;
+    if let Some(fields) = told {
+        assert_eq!(error_field(&fields, b'M'), Some("admin forced disconnect"));
+    }
+    holder.batch_execute("commit").await.unwrap();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(
+        scalar_text(&holder, "select count(*)::text from killed").await,
+        "0"
+    );
+}

@@ -561,3 +561,63 @@ async fn a_query_ignored_after_an_extended_error_owes_nothing() {
         .expect("told why before the close");
     assert_eq!(error_field(&told, b'C'), Some("25P03"), "{told:?}");
 }
+
+/// A batch that sluice mostly answers itself (Close and Parse of a
+/// statement it knows) behind one request the server answers, with its
+/// one Sync at the end: PostgreSQL keeps that request's replies until the
+/// Sync, sluice's own must come after them, and the client writes its
+/// whole batch before it reads. sluice sends the server a Flush when its
+/// queue stops, so the batch goes through instead of the two waiting on
+/// each other (with the server held for ever), and the pool serves others.
+#[tokio::test]
+async fn a_batch_mostly_answered_by_sluice_behind_an_unflushed_reply_goes_through() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let cluster = app_cluster(ServerAuth::Trust);
+    let sluice = ConfigBuilder::for_cluster(&cluster)
+        .set("pool_mode", "transaction")
+        .set("default_pool_size", "1")
+        .set("query_wait_timeout", "20")
+        .start();
+    let mut raw = RawClient::connect(sluice.port()).await;
+    raw.startup(APP_USER, "postgres").await;
+    raw.read_until_ready(std::time::Duration::from_secs(10))
+        .await;
+    raw.send(&[msg::parse("s1", "select 1"), msg::sync()].concat())
+        .await
+        .expect("send");
+    raw.read_until_ready(std::time::Duration::from_secs(10))
+        .await;
+    let stream = raw.into_stream();
+    let (mut rd, mut wr) = stream.into_split();
+    const N: usize = 100_000;
+    let mut batch = [msg::bind("s1"), msg::execute()].concat();
+    for _ in 0..N {
+        batch.extend(msg::close_statement("s1"));
+        batch.extend(msg::parse("s1", "select 1"));
+    }
+    batch.extend(msg::sync());
+    let reader = tokio::spawn(async move {
+        // Every reply up to ReadyForQuery: 2 + 2N small messages.
+        let mut seen = Vec::new();
+        let mut buf = vec![0u8; 64 * 1024];
+        loop {
+            let n = rd.read(&mut buf).await.expect("read");
+            assert!(n > 0, "closed after {} bytes", seen.len());
+            seen.extend_from_slice(&buf[..n]);
+            if seen.ends_with(&[b'Z', 0, 0, 0, 5, b'I']) {
+                return seen.len();
+            }
+        }
+    });
+    wr.write_all(&batch).await.expect("write the batch");
+    let got = tokio::time::timeout(std::time::Duration::from_secs(30), reader)
+        .await
+        .expect("the whole batch is answered")
+        .expect("reader");
+    // BindComplete, DataRow, CommandComplete, then CloseComplete and
+    // ParseComplete N times, and ReadyForQuery.
+    assert!(got > 10 * N, "{got} bytes");
+    // The only server is free for another client.
+    let other = connect_as(sluice.port(), APP_USER, "postgres").await;
+    assert_eq!(scalar_text(&other, "select 7").await, "7");
+}

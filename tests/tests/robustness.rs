@@ -759,3 +759,66 @@ async fn a_client_that_closes_while_queued_never_has_its_query_run() {
         "only the client that stayed had its query run"
     );
 }
+
+/// A client killed while sluice no longer reads it (its pipeline filled
+/// the buffers behind a long query) is gone within about a second, not
+/// when the query ends: its server is given up, and the queries behind
+/// are never sent. (A client that closes there is not seen: its FIN waits
+/// behind the data it still has to send, as TCP has it.)
+#[tokio::test]
+async fn a_client_killed_behind_full_buffers_is_gone() {
+    let cluster = app_cluster(ServerAuth::Trust);
+    let sluice = ConfigBuilder::for_cluster(&cluster)
+        .set("pool_mode", "transaction")
+        .set("default_pool_size", "1")
+        .set("admin_users", "admin")
+        .start();
+    let p = sluice.port();
+    let mut raw = RawClient::connect(p).await;
+    raw.startup(APP_USER, "postgres").await;
+    raw.read_until_ready(Duration::from_secs(10)).await;
+    let mut pipeline = sluice_tests::msg::query("select pg_sleep(20)");
+    // About 16 MB of queries behind it: more than the server's socket
+    // and sluice's buffers take while the server sleeps.
+    for _ in 0..400_000 {
+        pipeline.extend(sluice_tests::msg::query("select 1 /* behind the sleep */"));
+    }
+    let writer = tokio::spawn(async move {
+        let _ = tokio::time::timeout(Duration::from_secs(30), raw.send(&pipeline)).await;
+        raw
+    });
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let admin = connect_as(p, "admin", "pgbouncer").await;
+    let rows = admin
+        .simple_query("SHOW CLIENTS")
+        .await
+        .expect("SHOW CLIENTS");
+    let id = rows
+        .iter()
+        .find_map(|m| match m {
+            tokio_postgres::SimpleQueryMessage::Row(r) if r.get("database") == Some("postgres") => {
+                r.get("id").map(str::to_owned)
+            }
+            _ => None,
+        })
+        .expect("the client is listed");
+    admin
+        .simple_query(&format!("KILL_CLIENT {id}"))
+        .await
+        .expect("KILL_CLIENT");
+    let started = std::time::Instant::now();
+    let gone = eventually(Duration::from_secs(15), || async {
+        (clients_listed(p).await == 0).then_some(())
+    })
+    .await;
+    assert!(gone.is_some(), "the killed client is still listed");
+    assert!(
+        started.elapsed() < Duration::from_secs(8),
+        "gone after {:?}: only when the query ended",
+        started.elapsed()
+    );
+    // The pool serves the next client.
+    let next = connect_as(p, APP_USER, "postgres").await;
+    assert_eq!(scalar_text(&next, "select 3").await, "3");
+    drop(writer);
+}

@@ -287,10 +287,20 @@ pub async fn run(client: &mut Client, cbuf: &mut BytesMut, mut lease: Lease) -> 
                 && t.extra.len() < super::relay_io::BUFFER_LIMIT
         }) && (cycle.client_scan.wanted() > 0
             || !cycle.client_scan.at_boundary());
+        // Replies owed while the client is not read (buffers full): its
+        // close, or KILL's, would go unseen until the server answers.
+        let unread_client = cycle.req.outstanding > 0
+            && (cbuf.len() >= super::relay_io::BUFFER_LIMIT
+                || tracking.as_deref().is_some_and(|t| {
+                    t.out.len() >= super::relay_io::BUFFER_LIMIT
+                        || t.extra.len() >= super::relay_io::BUFFER_LIMIT
+                }));
         let wanted = if cycle.req.outstanding > 0 && !settings.query_timeout.is_zero() {
             // query_timeout: the server still owes replies (timed per
             // request: re-armed at each ReadyForQuery, below).
             Some((IdleKind::Query, settings.query_timeout))
+        } else if unread_client {
+            Some((IdleKind::Unread, UNREAD_LOOK))
         } else if mid_message {
             Some((IdleKind::Message, MESSAGE_STALL_TIMEOUT))
         } else if pinned_idle {
@@ -426,6 +436,16 @@ pub async fn run(client: &mut Client, cbuf: &mut BytesMut, mut lease: Lease) -> 
                     "08P01",
                     "transaction timeout",
                 )));
+            }
+            IoEvent::IdleTimeout
+                if idle_timer
+                    .as_ref()
+                    .is_some_and(|(k, _)| *k == IdleKind::Unread) =>
+            {
+                if client.stream.peer_hung_up() {
+                    break Ok(Outcome::ClientGone);
+                }
+                idle_timer = None;
             }
             IoEvent::IdleTimeout
                 if idle_timer
@@ -720,7 +740,14 @@ enum IdleKind {
     Query,
     /// server_fast_close: a session-mode client between transactions.
     FastClose,
+    /// Replies owed while the client is not read: a look at its end now
+    /// and then.
+    Unread,
 }
+
+/// How often a client that is not read (buffers full) is looked at for
+/// its close (`IdleKind::Unread`).
+const UNREAD_LOOK: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// How often a session between transactions looks whether its server was
 /// marked to close (`server_fast_close`).

@@ -489,6 +489,13 @@ impl Client {
             }
         };
         self.app.cancels.set_waiting(self.cancel, false);
+        if self.app.cancels.killed(self.cancel).is_some() {
+            // Killed while it waited, its end hidden from the watch behind
+            // bytes it sent more (or not looked at yet): nothing of its
+            // request is sent.
+            lease.release();
+            return Some(SessionEnd::ClientLeft);
+        }
         self.idle_timeout = Some(lease.settings.client_idle_timeout);
         let ryw = may_write && self.app.routing_anywhere() && self.app.read_limits().1;
         self.want_commit_lsn = ryw && lease.host() == 0 && self.reads_routed;
@@ -823,7 +830,7 @@ struct Watch {
 
 /// The first look again at a readable client's end, and the longest gap.
 const RECHECK_FIRST: Duration = Duration::from_millis(20);
-const RECHECK_MAX: Duration = Duration::from_secs(1);
+const RECHECK_MAX: Duration = Duration::from_millis(250);
 
 /// Ready once the client closes its end while sluice holds its request
 /// (`Stream::poll_peer_closed`, then `Stream::peer_hung_up` now and then

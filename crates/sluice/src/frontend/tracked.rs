@@ -40,7 +40,13 @@ pub(super) struct Tracking {
     pub(super) custom_names: Vec<String>,
     /// Why the client keeps this server past its transaction, if it does.
     pub(super) pinned: Option<PinReason>,
+    /// A Flush of sluice's own went to the server after the last client
+    /// message did (see `rewrite_client`).
+    pub(super) flush_sent: bool,
 }
+
+/// A Flush message: the server sends what it holds back, and nothing else.
+const FLUSH: [u8; 5] = [tags::frontend::FLUSH, 0, 0, 0, 4];
 
 /// Session objects that keep a client on its server.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -105,6 +111,7 @@ impl Tracking {
         self.listens.clear();
         self.custom_names.clear();
         self.pinned = None;
+        self.flush_sent = false;
         SPARE.with(|s| {
             let mut spare = s.borrow_mut();
             if spare.len() < SPARES {
@@ -188,6 +195,9 @@ pub(super) fn rewrite_client(
                 }
                 Visit::Forward
             })?;
+        if end.forward_to > 0 {
+            t.flush_sent = false;
+        }
         t.out.extend_from_slice(&cbuf[..end.forward_to]);
         cbuf.advance(end.forward_to);
         // (a message the scan waits for is measured from the new start:
@@ -206,12 +216,30 @@ pub(super) fn rewrite_client(
             || t.expected.len() >= EXPECTED_LIMIT
             || cycle.capped()
         {
+            // sluice's own replies (a Parse or Close it answers) may wait
+            // behind the server's, which PostgreSQL keeps until a Sync or
+            // Flush the client has not sent yet: a client that writes its
+            // whole batch before it reads would wait on sluice, and sluice
+            // on the server. A Flush makes the server send them, and the
+            // queue drains (once per stop: its reply is nothing). Not when
+            // only the request cap stopped it: what a capped request sent
+            // decides whether it may run again elsewhere.
+            let replies_stuck = t.extra.len() >= BUFFER_LIMIT || t.expected.len() >= EXPECTED_LIMIT;
+            if replies_stuck && !cycle.capped() && !t.flush_sent && cycle.client_scan.at_boundary()
+            {
+                t.out.extend_from_slice(&FLUSH);
+                t.flush_sent = true;
+            }
             break;
         }
         let Some(header) = split_frame(cbuf, limit)? else {
             break;
         };
+        let before = t.out.len();
         let handled = handle_message(cycle, &cbuf[..header.total_len], header.tag, t, st);
+        if t.out.len() != before {
+            t.flush_sent = false;
+        }
         cbuf.advance(header.total_len);
         handled?;
     }
