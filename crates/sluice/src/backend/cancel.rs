@@ -333,6 +333,15 @@ impl CancelRegistry {
         }
     }
 
+    /// The client no longer waits; returns why it was killed meanwhile, if
+    /// it was (one look at its slot for both).
+    pub fn end_wait(&self, handle: CancelHandle) -> Option<Kill> {
+        let slot = self.slot(handle.index)?;
+        slot.waiting.store(false, Ordering::Relaxed);
+        slot.wait_since.store(0, Ordering::Relaxed);
+        Kill::from_u8(slot.killed.load(Ordering::Acquire))
+    }
+
     /// The client's wait began at `since` (told once it did not end at
     /// once: a server at hand costs no clock read).
     pub fn set_wait_since(&self, handle: CancelHandle, since: crate::clock::Mono) {

@@ -16,7 +16,7 @@ use super::relay::{self, RelayEnd};
 use super::relay_io::READ_CHUNK;
 use super::{parking, spare_buffers};
 use crate::app::{App, Phase};
-use crate::backend::pool::{AcquireError, Lease, Pool, Standby};
+use crate::backend::pool::{AcquireError, Lease, Pool, Standby, Waiting};
 use crate::clock::Mono;
 use crate::net::Stream;
 
@@ -488,8 +488,7 @@ impl Client {
                 lease
             }
         };
-        self.app.cancels.set_waiting(self.cancel, false);
-        if self.app.cancels.killed(self.cancel).is_some() {
+        if self.app.cancels.end_wait(self.cancel).is_some() {
             // Killed while it waited, its end hidden from the watch behind
             // bytes it sent more (or not looked at yet): nothing of its
             // request is sent.
@@ -637,22 +636,26 @@ impl Client {
         pool: &Arc<Pool>,
         queued: Option<Mono>,
     ) -> Option<Result<Lease, AcquireError>> {
+        // Told from within the acquire (its `tell` cannot borrow the
+        // stream): a notice due, and when the client queued.
         let due = std::sync::atomic::AtomicBool::new(false);
-        let mut acquire =
-            std::pin::pin!(pool.acquire_noticing(queued, || due.store(true, Relaxed)));
+        let queued_at = std::sync::atomic::AtomicU64::new(0);
+        let mut acquire = std::pin::pin!(pool.acquire_noticing(queued, |w| match w {
+            Waiting::Notice => due.store(true, Relaxed),
+            Waiting::Queued(at) => queued_at.store(at.nanos(), Relaxed),
+        }));
         let stream = &mut self.stream;
         let cancels = &self.app.cancels;
         let cancel = self.cancel;
         let mut watch = Watch::default();
-        let mut told_since = queued.is_some();
         std::future::poll_fn(|cx| {
             let polled = acquire.as_mut().poll(cx);
-            if polled.is_pending() && !std::mem::replace(&mut told_since, true) {
-                // It waits: since when, for SHOW CLIENTS (one clock read,
-                // only for a wait).
-                cancels.set_wait_since(cancel, Mono::now());
+            // (Loads first: a swap is a locked instruction, every time.)
+            if let Some(at) = Mono::from_nanos(queued_at.load(Relaxed)) {
+                queued_at.store(0, Relaxed);
+                // For SHOW CLIENTS, with the acquire's own clock read.
+                cancels.set_wait_since(cancel, at);
             }
-            // (A load first: a swap is a locked instruction, every time.)
             if due.load(Relaxed) {
                 due.store(false, Relaxed);
                 let mut notice = BytesMut::new();

@@ -24,7 +24,6 @@ use crate::prepared::sql::{self, Effects, Special};
 use crate::scan::Visit;
 
 /// Per-link state of a tracked relay.
-#[derive(Default)]
 pub(super) struct Tracking {
     pub(super) expected: Expected,
     /// Rewritten bytes due to the server.
@@ -40,9 +39,24 @@ pub(super) struct Tracking {
     pub(super) custom_names: Vec<String>,
     /// Why the client keeps this server past its transaction, if it does.
     pub(super) pinned: Option<PinReason>,
-    /// A Flush of sluice's own went to the server after the last client
-    /// message did (see `rewrite_client`).
-    pub(super) flush_sent: bool,
+    /// How many bytes had been queued for the server (written and in
+    /// `out`) after sluice's last Flush (see `rewrite_client`); none: MAX.
+    pub(super) flush_mark: u64,
+}
+
+impl Default for Tracking {
+    fn default() -> Self {
+        Self {
+            expected: Expected::default(),
+            out: BytesMut::new(),
+            extra: BytesMut::new(),
+            effects: Effects::default(),
+            listens: Vec::new(),
+            custom_names: Vec::new(),
+            pinned: None,
+            flush_mark: u64::MAX,
+        }
+    }
 }
 
 /// A Flush message: the server sends what it holds back, and nothing else.
@@ -111,7 +125,7 @@ impl Tracking {
         self.listens.clear();
         self.custom_names.clear();
         self.pinned = None;
-        self.flush_sent = false;
+        self.flush_mark = u64::MAX;
         SPARE.with(|s| {
             let mut spare = s.borrow_mut();
             if spare.len() < SPARES {
@@ -195,9 +209,6 @@ pub(super) fn rewrite_client(
                 }
                 Visit::Forward
             })?;
-        if end.forward_to > 0 {
-            t.flush_sent = false;
-        }
         t.out.extend_from_slice(&cbuf[..end.forward_to]);
         cbuf.advance(end.forward_to);
         // (a message the scan waits for is measured from the new start:
@@ -221,25 +232,26 @@ pub(super) fn rewrite_client(
             // Flush the client has not sent yet: a client that writes its
             // whole batch before it reads would wait on sluice, and sluice
             // on the server. A Flush makes the server send them, and the
-            // queue drains (once per stop: its reply is nothing). Not when
-            // only the request cap stopped it: what a capped request sent
-            // decides whether it may run again elsewhere.
+            // queue drains (once per stop, unless more went to the server
+            // since: its reply is nothing). Not when only the request cap
+            // stopped it: what a capped request sent decides whether it
+            // may run again elsewhere.
             let replies_stuck = t.extra.len() >= BUFFER_LIMIT || t.expected.len() >= EXPECTED_LIMIT;
-            if replies_stuck && !cycle.capped() && !t.flush_sent && cycle.client_scan.at_boundary()
+            let queued = cycle.written.0 + t.out.len() as u64;
+            if replies_stuck
+                && !cycle.capped()
+                && t.flush_mark != queued
+                && cycle.client_scan.at_boundary()
             {
                 t.out.extend_from_slice(&FLUSH);
-                t.flush_sent = true;
+                t.flush_mark = queued + FLUSH.len() as u64;
             }
             break;
         }
         let Some(header) = split_frame(cbuf, limit)? else {
             break;
         };
-        let before = t.out.len();
         let handled = handle_message(cycle, &cbuf[..header.total_len], header.tag, t, st);
-        if t.out.len() != before {
-            t.flush_sent = false;
-        }
         cbuf.advance(header.total_len);
         handled?;
     }

@@ -38,6 +38,7 @@ mod waiting;
 pub(crate) mod tests;
 
 pub use lease::{Closing, Lease, ServerRow};
+pub use waiting::Waiting;
 use waiting::{Grant, Waiter, expire_waiters, out_of_descriptors};
 
 /// Per-pool settings, resolved from [pgbouncer], [databases] and [users].

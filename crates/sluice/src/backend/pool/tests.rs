@@ -282,7 +282,7 @@ fn query_wait_timeout_counts_from_before_a_pause() {
         let_run().await;
         let behind = {
             let pool = pool.clone();
-            tokio::spawn(async move { pool.acquire_noticing(Some(paused_at), || {}).await })
+            tokio::spawn(async move { pool.acquire_noticing(Some(paused_at), |_| {}).await })
         };
         let_run().await;
         assert_eq!(counts(&pool), (2, 1, 0, 1), "both in line");

@@ -18,6 +18,15 @@ pub(super) enum Grant {
     Expired,
 }
 
+/// What an acquire tells its caller while it waits.
+#[derive(Debug, Clone, Copy)]
+pub enum Waiting {
+    /// In line; the query's wait began then (`Waiter::since`).
+    Queued(Mono),
+    /// The wait reached `query_wait_notify`.
+    Notice,
+}
+
 pub(super) struct Waiter {
     pub(super) id: u64,
     pub(super) tx: oneshot::Sender<Grant>,
@@ -150,27 +159,33 @@ impl Pool {
     /// client waits in line for a server another client releases (until
     /// `query_wait_timeout`) instead of failing.
     pub async fn acquire(self: &Arc<Self>) -> Result<Lease, AcquireError> {
-        self.acquire_noticing(None, || {}).await
+        self.acquire_noticing(None, |_| {}).await
     }
 
-    /// [`Pool::acquire`], calling `notice` once if the wait reaches
-    /// `query_wait_notify` (on the timer the wait has anyway: a notice
-    /// costs no timer of its own). `queued`: when the query began to wait,
-    /// if before this call (a PAUSE waited out): `query_wait_timeout`
-    /// counts from there, as PgBouncer counts it from the query's start.
+    /// [`Pool::acquire`], telling `tell` once when the client queues (with
+    /// the acquire's own clock read: its caller needs none) and once if
+    /// the wait reaches `query_wait_notify` (on the timer the wait has
+    /// anyway: a notice costs no timer of its own). `queued`: when the
+    /// query began to wait, if before this call (a PAUSE waited out):
+    /// `query_wait_timeout` counts from there, as PgBouncer counts it from
+    /// the query's start.
     pub async fn acquire_noticing(
         self: &Arc<Self>,
         queued: Option<Mono>,
-        mut notice: impl FnMut(),
+        mut tell: impl FnMut(Waiting),
     ) -> Result<Lease, AcquireError> {
         let started = Mono::now();
         let queued = queued.unwrap_or(started);
         let mut may_open = true;
-        // Told once per acquire, however many rounds it takes.
-        let mut noticed = false;
-        let mut notice_once = || {
-            if !std::mem::replace(&mut noticed, true) {
-                notice();
+        // Each told once per acquire, however many rounds it takes.
+        let (mut told_queued, mut noticed) = (false, false);
+        let mut notice_once = |w: Waiting| {
+            let told = match w {
+                Waiting::Queued(_) => &mut told_queued,
+                Waiting::Notice => &mut noticed,
+            };
+            if !std::mem::replace(told, true) {
+                tell(w);
             }
         };
         // The first round's clock is the acquire's; a later round (after
@@ -211,7 +226,7 @@ impl Pool {
         queued: Mono,
         round: Mono,
         may_open: bool,
-        notice: &mut impl FnMut(),
+        tell: &mut impl FnMut(Waiting),
     ) -> Result<Lease, AcquireError> {
         let (rx, waiter_id, settings, retired) = match self.first_look(may_open, round, queued) {
             FirstLook::Leased(mut l) => {
@@ -222,7 +237,10 @@ impl Pool {
             // Boxed: opening a server is rare and its future is large.
             FirstLook::Open => return Box::pin(self.open_on_slot()).await,
             FirstLook::Failing(code, msg) => return Err(AcquireError::RecentFailure(code, msg)),
-            FirstLook::Wait(rx, id, settings, retired) => (rx, id, settings, retired),
+            FirstLook::Wait(rx, id, settings, retired) => {
+                tell(Waiting::Queued(queued));
+                (rx, id, settings, retired)
+            }
         };
         // Dropped with the future (a caller that stops waiting): whatever
         // was handed over meanwhile goes back to the pool.
@@ -280,7 +298,7 @@ impl Pool {
             if let Some(n) = notice_at {
                 if n <= now {
                     notice_at = None;
-                    notice();
+                    tell(Waiting::Notice);
                 } else {
                     next_check = next_check.min(n);
                 }
