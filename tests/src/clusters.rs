@@ -29,3 +29,14 @@ pub fn grant_create(cluster: &Cluster) {
         )
         .expect("grant create on public");
 }
+
+/// Creates table `name` with `columns` in database postgres, owned by the
+/// superuser, with every privilege on it for the application user.
+pub fn app_table(cluster: &Cluster, name: &str, columns: &str) {
+    cluster
+        .psql(
+            "postgres",
+            &format!("create table {name}({columns}); grant all on {name} to {APP_USER}"),
+        )
+        .unwrap_or_else(|e| panic!("create table {name}: {e}"));
+}

@@ -27,7 +27,7 @@ pub use client::{
     Tracked, column, connect, connect_as, connect_config, connect_listening, connect_tracked,
     expect_sqlstate, scalar, scalar_text, spawn_query, sqlstate, superuser_connect,
 };
-pub use clusters::{app_cluster, app_cluster_with, grant_create};
+pub use clusters::{app_cluster, app_cluster_with, app_table, grant_create};
 pub use config::ConfigBuilder;
 pub use limits::{MigrateQueuedConnections, raise_fd_limit};
 pub use process::{SluiceProcess, run_sluice, sluice_binary};

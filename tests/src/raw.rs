@@ -42,6 +42,14 @@ impl RawClient {
         RawClient { stream }
     }
 
+    /// Connects to 127.0.0.1:`port` and logs in as `user` to `db` (trust).
+    pub async fn logged_in(port: u16, user: &str, db: &str) -> RawClient {
+        let mut raw = Self::connect(port).await;
+        raw.startup(user, db).await;
+        raw.read_until_ready(Duration::from_secs(10)).await;
+        raw
+    }
+
     /// Connects to 127.0.0.1:`port` with a receive buffer of `bytes` (the
     /// kernel may round it): a client that reads slowly fills it soon.
     pub async fn connect_with_recv_buffer(port: u16, bytes: u32) -> RawClient {

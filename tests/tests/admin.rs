@@ -893,21 +893,14 @@ async fn show_clients_tells_waits_and_request_times() {
 #[tokio::test]
 async fn a_killed_waiter_that_pipelines_never_has_its_queries_run() {
     let cluster = app_cluster(ServerAuth::Trust);
-    cluster
-        .psql(
-            "postgres",
-            &format!("create table killed(n int); grant all on killed to {APP_USER}"),
-        )
-        .expect("table");
+    app_table(&cluster, "killed", "n int");
     let sluice = console(&cluster, 1);
     let p = sluice.port();
     let holder = connect(p, APP_USER, APP_PASSWORD, "postgres")
         .await
         .unwrap();
     holder.batch_execute("begin; select 1").await.unwrap();
-    let mut raw = RawClient::connect(p).await;
-    raw.startup(APP_USER, "postgres").await;
-    raw.read_until_ready(T).await;
+    let mut raw = RawClient::logged_in(p, APP_USER, "postgres").await;
     raw.send(&sluice_tests::msg::query("insert into killed values (1)"))
         .await
         .unwrap();

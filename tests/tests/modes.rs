@@ -349,10 +349,7 @@ async fn replies_held_back_until_the_client_has_the_rest_come_at_once() {
         .set("default_pool_size", "2")
         .set("max_prepared_statements", "100")
         .start();
-    let mut raw = RawClient::connect(sluice.port()).await;
-    raw.startup(APP_USER, "postgres").await;
-    raw.read_until_ready(std::time::Duration::from_secs(10))
-        .await;
+    let mut raw = RawClient::logged_in(sluice.port(), APP_USER, "postgres").await;
 
     // Close of a shared statement in the same batch: its CloseComplete is
     // sluice's own reply, due after the server's.
@@ -502,10 +499,7 @@ async fn a_query_ignored_after_an_extended_error_owes_nothing() {
         .set("idle_transaction_timeout", "2")
         .set("query_wait_timeout", "20")
         .start();
-    let mut raw = RawClient::connect(sluice.port()).await;
-    raw.startup(APP_USER, "postgres").await;
-    raw.read_until_ready(std::time::Duration::from_secs(10))
-        .await;
+    let mut raw = RawClient::logged_in(sluice.port(), APP_USER, "postgres").await;
     let mut batch = msg::parse("", "selec 1");
     batch.extend(msg::bind(""));
     batch.extend(msg::execute());
@@ -578,10 +572,7 @@ async fn a_batch_mostly_answered_by_sluice_behind_an_unflushed_reply_goes_throug
         .set("default_pool_size", "1")
         .set("query_wait_timeout", "20")
         .start();
-    let mut raw = RawClient::connect(sluice.port()).await;
-    raw.startup(APP_USER, "postgres").await;
-    raw.read_until_ready(std::time::Duration::from_secs(10))
-        .await;
+    let mut raw = RawClient::logged_in(sluice.port(), APP_USER, "postgres").await;
     raw.send(&[msg::parse("s1", "select 1"), msg::sync()].concat())
         .await
         .expect("send");

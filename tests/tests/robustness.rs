@@ -573,9 +573,7 @@ async fn a_fatal_error_right_after_the_last_reply_is_not_the_clients() {
 }
 
 async fn fatal_after_the_last_reply(sluice: &SluiceProcess, admin: &Client, pinned: bool) {
-    let mut raw = RawClient::connect(sluice.port()).await;
-    raw.startup(APP_USER, "postgres").await;
-    raw.read_until_ready(Duration::from_secs(10)).await;
+    let mut raw = RawClient::logged_in(sluice.port(), APP_USER, "postgres").await;
     if pinned {
         raw.simple_query(
             "create temp table pinned_here(x int)",
@@ -673,9 +671,7 @@ async fn clients_listed(port: u16) -> usize {
 /// Logs in raw, sends `sql` and closes at once, without waiting; with
 /// `terminate`, says Terminate first, as libpq's PQfinish does.
 async fn send_and_close(port: u16, sql: &str, terminate: bool) {
-    let mut raw = RawClient::connect(port).await;
-    raw.startup(APP_USER, "postgres").await;
-    raw.read_until_ready(Duration::from_secs(10)).await;
+    let mut raw = RawClient::logged_in(port, APP_USER, "postgres").await;
     raw.send(&sluice_tests::msg::query(sql))
         .await
         .expect("sent");
@@ -691,12 +687,7 @@ async fn send_and_close(port: u16, sql: &str, terminate: bool) {
 #[tokio::test]
 async fn a_client_that_closes_while_queued_never_has_its_query_run() {
     let cluster = app_cluster(ServerAuth::Trust);
-    cluster
-        .psql(
-            "postgres",
-            &format!("create table queued(n int); grant all on queued to {APP_USER}"),
-        )
-        .expect("table");
+    app_table(&cluster, "queued", "n int");
     let sluice = ConfigBuilder::for_cluster(&cluster)
         .set("pool_mode", "transaction")
         .set("default_pool_size", "1")
@@ -712,9 +703,7 @@ async fn a_client_that_closes_while_queued_never_has_its_query_run() {
     }
     // A client that pipelines a second query while it waits stays, and
     // gets both answers.
-    let mut stays = RawClient::connect(p).await;
-    stays.startup(APP_USER, "postgres").await;
-    stays.read_until_ready(Duration::from_secs(10)).await;
+    let mut stays = RawClient::logged_in(p, APP_USER, "postgres").await;
     stays
         .send(&sluice_tests::msg::query("select 1"))
         .await
@@ -774,9 +763,7 @@ async fn a_client_killed_behind_full_buffers_is_gone() {
         .set("admin_users", "admin")
         .start();
     let p = sluice.port();
-    let mut raw = RawClient::connect(p).await;
-    raw.startup(APP_USER, "postgres").await;
-    raw.read_until_ready(Duration::from_secs(10)).await;
+    let mut raw = RawClient::logged_in(p, APP_USER, "postgres").await;
     let mut pipeline = sluice_tests::msg::query("select pg_sleep(20)");
     // About 16 MB of queries behind it: more than the server's socket
     // and sluice's buffers take while the server sleeps.

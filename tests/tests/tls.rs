@@ -445,12 +445,7 @@ async fn reload_swapping_certificates_under_pgbench_fails_no_client() {
 #[tokio::test]
 async fn a_tls_client_that_closes_while_queued_never_has_its_query_run() {
     let cluster = app_cluster(ServerAuth::Trust);
-    cluster
-        .psql(
-            "postgres",
-            &format!("create table queued(n int); grant all on queued to {APP_USER}"),
-        )
-        .expect("table");
+    app_table(&cluster, "queued", "n int");
     let certs = Certs::make(APP_USER);
     let sluice = tls_config(&cluster, &certs, "require")
         .set("default_pool_size", "1")
