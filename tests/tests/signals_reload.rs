@@ -318,6 +318,23 @@ async fn a_query_that_waited_out_a_pause_has_the_rest_of_its_query_wait_timeout(
     let started = std::time::Instant::now();
     let query = tokio::spawn(async move { client.simple_query("select 1").await.map(|_| ()) });
     tokio::time::sleep(Duration::from_secs(2)).await;
+    // Waiting out the pause counts as waiting in SHOW POOLS, as on
+    // PgBouncer.
+    let pools = admin.simple_query("SHOW POOLS").await.expect("SHOW POOLS");
+    let row = pools
+        .iter()
+        .find_map(|m| match m {
+            tokio_postgres::SimpleQueryMessage::Row(r) if r.get("database") == Some("postgres") => {
+                Some((
+                    r.get("cl_waiting").map(str::to_owned),
+                    r.get("maxwait").map(str::to_owned),
+                ))
+            }
+            _ => None,
+        })
+        .expect("the pool's row");
+    assert_eq!(row.0.as_deref(), Some("1"), "{row:?}");
+    assert!(row.1.as_deref().is_some_and(|w| w != "0"), "{row:?}");
     admin.simple_query("RESUME postgres").await.expect("RESUME");
     let got = tokio::time::timeout(Duration::from_secs(10), query)
         .await

@@ -723,13 +723,17 @@ impl Client {
     async fn wait_while_paused(&self) -> Result<Option<Mono>, SessionEnd> {
         let wait_timeout = self.pool.settings().query_wait_timeout;
         let mut since = None;
+        // Counted waiting in SHOW POOLS while it waits.
+        let mut counted = None;
         let mut watch = Watch::default();
+        // Registered once, and again only after they fire: a waiter keeps
+        // its place among those RESUME wakes (first come, first served).
+        let resumed = self.app.control.resumed.notified();
+        let shutdown = self.app.phase_changed.notified();
+        tokio::pin!(resumed, shutdown);
+        resumed.as_mut().enable();
+        shutdown.as_mut().enable();
         loop {
-            let resumed = self.app.control.resumed.notified();
-            let shutdown = self.app.phase_changed.notified();
-            tokio::pin!(resumed, shutdown);
-            resumed.as_mut().enable();
-            shutdown.as_mut().enable();
             if !self.app.control.is_paused(&self.pool.database) {
                 return Ok(since);
             }
@@ -742,6 +746,7 @@ impl Client {
             let now = Mono::now();
             let began = *since.get_or_insert_with(|| {
                 self.app.cancels.set_wait_since(self.cancel, now);
+                counted = Some(self.pool.paused_wait(now));
                 now
             });
             let deadline = (!wait_timeout.is_zero()).then(|| began + wait_timeout);
@@ -755,8 +760,14 @@ impl Client {
             let until = deadline.map_or(second, |d| d.min(second)).to_tokio();
             let closed = std::future::poll_fn(|cx| watch_closed(&self.stream, &mut watch, cx));
             tokio::select! {
-                _ = &mut resumed => {}
-                _ = &mut shutdown => {}
+                _ = &mut resumed => {
+                    resumed.set(self.app.control.resumed.notified());
+                    resumed.as_mut().enable();
+                }
+                _ = &mut shutdown => {
+                    shutdown.set(self.app.phase_changed.notified());
+                    shutdown.as_mut().enable();
+                }
                 _ = tokio::time::sleep_until(until) => {}
                 () = closed => return Err(SessionEnd::ClientLeft),
             }

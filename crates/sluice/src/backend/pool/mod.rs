@@ -148,12 +148,33 @@ struct PoolState {
     retired: bool,
     /// Clients logged in to this pool.
     clients: u32,
+    /// Clients waiting out a PAUSE, by when they began (SHOW POOLS counts
+    /// them waiting, as PgBouncer does).
+    paused: std::collections::BTreeMap<Mono, u32>,
     /// When the pool was last in use: made, a client left, a server came
     /// back (autodb_idle_timeout).
     last_used: Mono,
     /// Servers lent now (SHOW SERVERS).
     lent: Vec<ServerRow>,
     stats: PoolStats,
+}
+
+/// A client counted as waiting out a PAUSE (`Pool::paused_wait`).
+pub struct PausedWait {
+    pool: Arc<Pool>,
+    since: Mono,
+}
+
+impl Drop for PausedWait {
+    fn drop(&mut self) {
+        let mut st = self.pool.lock();
+        if let Some(n) = st.paused.get_mut(&self.since) {
+            *n -= 1;
+            if *n == 0 {
+                st.paused.remove(&self.since);
+            }
+        }
+    }
 }
 
 /// Counts shown by the console and checked by tests.
@@ -290,6 +311,7 @@ impl Pool {
                 generation: 0,
                 retired: false,
                 clients: 0,
+                paused: std::collections::BTreeMap::new(),
                 last_used: Mono::now(),
                 lent: Vec::new(),
                 stats: PoolStats::default(),
@@ -365,9 +387,10 @@ impl Pool {
     pub fn counts(&self) -> PoolCounts {
         let st = self.lock();
         let idle = st.idle.len() as u32;
+        let paused: u32 = st.paused.values().sum();
         PoolCounts {
             clients: st.clients,
-            waiting: st.waiters.len() as u32,
+            waiting: st.waiters.len() as u32 + paused,
             active: st.active,
             idle,
             opening: st.total.saturating_sub(st.active + idle),
@@ -376,10 +399,21 @@ impl Pool {
                 let now = Mono::now();
                 st.waiters
                     .iter()
-                    .map(|w| now.saturating_duration_since(w.since))
+                    .map(|w| w.since)
+                    .chain(st.paused.keys().next().copied())
+                    .map(|since| now.saturating_duration_since(since))
                     .max()
                     .unwrap_or_default()
             },
+        }
+    }
+
+    /// A client waits out a PAUSE since `since`, until the guard drops.
+    pub fn paused_wait(self: &Arc<Self>, since: Mono) -> PausedWait {
+        *self.lock().paused.entry(since).or_insert(0) += 1;
+        PausedWait {
+            pool: self.clone(),
+            since,
         }
     }
 

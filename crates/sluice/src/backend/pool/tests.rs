@@ -297,6 +297,36 @@ fn query_wait_timeout_counts_from_before_a_pause() {
     });
 }
 
+/// The line is in the order the queries began to wait: one that waited
+/// out a PAUSE first goes ahead of a later one already in line, and gets
+/// the next server.
+#[test]
+fn a_query_back_from_a_pause_keeps_its_place_in_line() {
+    runtime().block_on(async {
+        let pool = pool(1, Duration::from_secs(60));
+        let mut peers = Vec::new();
+        let held = open(&pool, &mut peers);
+        let paused_at = Mono::now();
+        tokio::time::sleep(Duration::from_millis(5)).await;
+        let later = acquire_in_task(&pool);
+        let_run().await;
+        let earlier = {
+            let pool = pool.clone();
+            tokio::spawn(async move { pool.acquire_noticing(Some(paused_at), |_| {}).await })
+        };
+        let_run().await;
+        assert_eq!(counts(&pool), (2, 1, 0, 1), "both in line");
+        let id = held.server_id();
+        held.release();
+        let first = within(earlier).await.expect("task").expect("served first");
+        assert_eq!(first.server_id(), id);
+        assert!(!later.is_finished(), "the later one still waits");
+        first.release();
+        let (_, second) = within(later).await.expect("task").expect("served next");
+        second.release();
+    });
+}
+
 /// A RELOAD that shrinks the pool closes servers as they come back, down
 /// to the new size, even with a client in line: the client gets the
 /// server that remains.

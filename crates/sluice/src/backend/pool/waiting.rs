@@ -146,11 +146,22 @@ impl Pool {
         let (tx, rx) = oneshot::channel();
         st.next_waiter_id += 1;
         let id = st.next_waiter_id;
-        st.waiters.push_back(Waiter {
-            id,
-            tx,
-            since: queued,
-        });
+        // In the order the queries began to wait: one that waited out a
+        // PAUSE keeps its place ahead of later ones (RESUME wakes them all
+        // at once, in no sure order across workers).
+        let at = if st.waiters.back().is_none_or(|w| w.since <= queued) {
+            st.waiters.len()
+        } else {
+            st.waiters.partition_point(|w| w.since <= queued)
+        };
+        st.waiters.insert(
+            at,
+            Waiter {
+                id,
+                tx,
+                since: queued,
+            },
+        );
         FirstLook::Wait(rx, id, settings, st.retired)
     }
 
