@@ -661,3 +661,41 @@ async fn each_server_keeps_at_most_max_prepared_statements() {
     .await;
     assert!(held == "1" || held == "2", "server holds {held} statements");
 }
+
+/// An eviction's Close that falls in a pipelined segment an error makes
+/// the server skip: the statement stays on the server, and a later
+/// segment, already sent, prepares it again. sluice closes it again right
+/// before that Parse (a Close of no statement is no error), so the later
+/// Bind is answered as PostgreSQL answers it, not with 42P05.
+#[tokio::test]
+async fn an_eviction_skipped_by_an_error_in_a_pipeline_does_not_break_the_next_segment() {
+    let cluster = app_cluster(ServerAuth::Trust);
+    let sluice = ConfigBuilder::for_cluster(&cluster)
+        .set("pool_mode", "transaction")
+        .set("default_pool_size", "1")
+        .set("max_prepared_statements", "3")
+        .start();
+    let mut raw = raw_client(&sluice).await;
+    let pbe =
+        |name: &str, sql: &str| [msg::parse(name, sql), msg::bind(name), msg::execute()].concat();
+    let batch = [
+        pbe("p0", "select 700"),
+        msg::sync(),
+        pbe("e", "select 1/0"),
+        pbe("p1", "select 701"),
+        pbe("p2", "select 702"),
+        pbe("p3", "select 703"),
+        msg::sync(),
+        msg::bind("p0"),
+        msg::execute(),
+        msg::sync(),
+    ];
+    // 1: ParseComplete, BindComplete, DataRow, CommandComplete, Ready;
+    // 2: ParseComplete, the error (at Bind: 1/0 is folded), Ready;
+    // 3: BindComplete, DataRow, CommandComplete, Ready.
+    let tags = exchange(&mut raw, &batch, 12).await;
+    assert_eq!(tags, "12DCZ1E(22012)Z2DCZ");
+    // And again, segment by segment.
+    let tags = exchange(&mut raw, &[msg::bind("p0"), msg::execute(), msg::sync()], 4).await;
+    assert_eq!(tags, "2DCZ");
+}

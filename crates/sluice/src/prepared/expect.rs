@@ -214,7 +214,13 @@ impl Expected {
                 }
                 done
             }
-            Some(Expect::Unprepare { .. }) => tag == b::CLOSE_COMPLETE,
+            Some(Expect::Unprepare { id }) => {
+                let done = tag == b::CLOSE_COMPLETE;
+                if done {
+                    server.close_done(*id, false);
+                }
+                done
+            }
             Some(Expect::Local(_)) => false,
             Some(Expect::Pass { reply, .. }) => ends(*reply, tag),
         };
@@ -243,7 +249,10 @@ impl Expected {
                 self.failed_parses
                     .extend(client_name.map(|name| NameUndo::Parsed(name, id)));
             }
-            Expect::Unprepare { id } => server.forget(id),
+            Expect::Unprepare { id } => {
+                server.forget(id);
+                server.close_done(id, false);
+            }
             Expect::Pass {
                 statement: Some(id),
                 ..
@@ -306,7 +315,7 @@ impl Expected {
                     }
                 }
                 Some(Expect::Unprepare { id }) => {
-                    server.to_close.push(*id);
+                    server.close_done(*id, true);
                     self.queue.pop_front();
                 }
                 Some(Expect::Local(Local::CloseComplete(Some(_)))) => {

@@ -287,12 +287,16 @@ impl Rewriter<'_> {
         let evicted = self.server.insert(statement, self.capacity);
         let mut closing = std::mem::take(&mut self.server.to_close);
         closing.extend(evicted);
+        if self.server.close_in_flight(statement.id) && !closing.contains(&statement.id) {
+            closing.push(statement.id);
+        }
         for id in closing {
             MessageBuilder::new(self.out, tags::frontend::CLOSE)
                 .u8(b'S')
                 .cstr(&super::server_name(id))
                 .finish();
             self.expected.push(Expect::Unprepare { id });
+            self.server.close_sent(id);
         }
         MessageBuilder::new(self.out, tags::frontend::PARSE)
             .cstr(&statement.name)

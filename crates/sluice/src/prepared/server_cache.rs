@@ -18,6 +18,9 @@ pub struct ServerStatements {
     /// Statements the server still holds but must not be used again
     /// (evicted, or their plan went stale): closed before the next Parse.
     pub to_close: Vec<u64>,
+    /// Closes sent and not answered yet, by statement: an error earlier in
+    /// their batch may make the server skip them (see `close_sent`).
+    closing: HashMap<u64, u32, super::fast_hash::BuildWordHasher>,
     /// The scope of the pool that lent the server last (`Pool::scope`),
     /// recorded on the statements it proves.
     pub scope: u64,
@@ -94,6 +97,37 @@ impl ServerStatements {
         }
     }
 
+    /// A Close of `id` went to the server.
+    pub fn close_sent(&mut self, id: u64) {
+        *self.closing.entry(id).or_insert(0) += 1;
+    }
+
+    /// A Close of `id` is still on its way: a Parse of `id` sent now goes
+    /// behind one more Close of it (one of no statement is no error), in
+    /// case an error before the first one makes the server skip it.
+    pub fn close_in_flight(&self, id: u64) -> bool {
+        self.closing.contains_key(&id)
+    }
+
+    /// A Close of `id` was answered, failed or skipped. Skipped with no
+    /// other Close of `id` behind it (`skipped`): the server still has the
+    /// statement, to be closed before the next Parse.
+    pub fn close_done(&mut self, id: u64, skipped: bool) {
+        let left = match self.closing.get_mut(&id) {
+            Some(n) => {
+                *n -= 1;
+                *n
+            }
+            None => 0,
+        };
+        if left == 0 {
+            self.closing.remove(&id);
+            if skipped {
+                self.to_close.push(id);
+            }
+        }
+    }
+
     /// Statements prepared on the server (SHOW SERVERS).
     pub fn len(&self) -> usize {
         self.used.len()
@@ -109,6 +143,25 @@ impl ServerStatements {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A skipped Close leaves the statement on the server: closed before
+    /// the next Parse, unless another Close of it is already on its way.
+    #[test]
+    fn a_skipped_close_is_sent_again_unless_another_follows() {
+        let mut server = ServerStatements::default();
+        server.close_sent(7);
+        server.close_sent(7);
+        assert!(server.close_in_flight(7));
+        server.close_done(7, true);
+        assert!(server.to_close.is_empty(), "the second Close follows");
+        server.close_done(7, true);
+        assert_eq!(server.to_close, [7], "none left: closed before the next Parse");
+        assert!(!server.close_in_flight(7));
+        server.close_sent(8);
+        server.close_done(8, false);
+        assert!(!server.close_in_flight(8));
+        assert_eq!(server.to_close, [7]);
+    }
 
     #[test]
     fn evicts_least_recently_used() {
