@@ -155,7 +155,11 @@ mod tests {
         server.close_done(7, true);
         assert!(server.to_close.is_empty(), "the second Close follows");
         server.close_done(7, true);
-        assert_eq!(server.to_close, [7], "none left: closed before the next Parse");
+        assert_eq!(
+            server.to_close,
+            [7],
+            "none left: closed before the next Parse"
+        );
         assert!(!server.close_in_flight(7));
         server.close_sent(8);
         server.close_done(8, false);
