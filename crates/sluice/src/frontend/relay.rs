@@ -281,20 +281,20 @@ pub async fn run(client: &mut Client, cbuf: &mut BytesMut, mut lease: Lease) -> 
             }
         }
         let pinned_idle = at_end && tracking.as_deref().is_some_and(|t| t.pinned.is_some());
+        // What the server or the client has not taken yet stops the
+        // client's reading.
+        let full = |t: &Tracking| {
+            t.out.len() >= super::relay_io::BUFFER_LIMIT
+                || t.extra.len() >= super::relay_io::BUFFER_LIMIT
+        };
         // A client halfway through a message that sluice is ready to read.
-        let mid_message = tracking.as_deref().is_some_and(|t| {
-            t.out.len() < super::relay_io::BUFFER_LIMIT
-                && t.extra.len() < super::relay_io::BUFFER_LIMIT
-        }) && (cycle.client_scan.wanted() > 0
-            || !cycle.client_scan.at_boundary());
+        let mid_message = tracking.as_deref().is_some_and(|t| !full(t))
+            && (cycle.client_scan.wanted() > 0 || !cycle.client_scan.at_boundary());
         // Replies owed while the client is not read (buffers full): its
         // close, or KILL's, would go unseen until the server answers.
         let unread_client = cycle.req.outstanding > 0
             && (cbuf.len() >= super::relay_io::BUFFER_LIMIT
-                || tracking.as_deref().is_some_and(|t| {
-                    t.out.len() >= super::relay_io::BUFFER_LIMIT
-                        || t.extra.len() >= super::relay_io::BUFFER_LIMIT
-                }));
+                || tracking.as_deref().is_some_and(full));
         let wanted = if cycle.req.outstanding > 0 && !settings.query_timeout.is_zero() {
             // query_timeout: the server still owes replies (timed per
             // request: re-armed at each ReadyForQuery, below).

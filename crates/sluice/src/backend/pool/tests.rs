@@ -266,6 +266,29 @@ fn a_waiter_past_query_wait_timeout_is_told_and_leaves_the_line() {
     });
 }
 
+/// Two clients in line for the one server a test holds: one that queues
+/// now, and one whose query began to wait `paused_for` earlier (it waited
+/// out a PAUSE), which queues after it.
+async fn queued_after_a_pause(
+    pool: &Arc<Pool>,
+    paused_for: Duration,
+) -> (
+    tokio::task::JoinHandle<Result<(u64, Lease), AcquireError>>,
+    tokio::task::JoinHandle<Result<Lease, AcquireError>>,
+) {
+    let paused_at = Mono::now();
+    tokio::time::sleep(paused_for).await;
+    let now = acquire_in_task(pool);
+    let_run().await;
+    let back = {
+        let pool = pool.clone();
+        tokio::spawn(async move { pool.acquire_noticing(Some(paused_at), |_| {}).await })
+    };
+    let_run().await;
+    assert_eq!(counts(pool), (2, 1, 0, 1), "both in line");
+    (now, back)
+}
+
 /// A query that waited out a PAUSE before it queued counts its
 /// `query_wait_timeout` from the pause (PgBouncer counts from the query's
 /// start): it expires even behind a waiter in front that has time left,
@@ -276,16 +299,7 @@ fn query_wait_timeout_counts_from_before_a_pause() {
         let pool = pool(1, Duration::from_millis(300));
         let mut peers = Vec::new();
         let held = open(&pool, &mut peers);
-        let paused_at = Mono::now();
-        tokio::time::sleep(Duration::from_millis(250)).await;
-        let front = acquire_in_task(&pool);
-        let_run().await;
-        let behind = {
-            let pool = pool.clone();
-            tokio::spawn(async move { pool.acquire_noticing(Some(paused_at), |_| {}).await })
-        };
-        let_run().await;
-        assert_eq!(counts(&pool), (2, 1, 0, 1), "both in line");
+        let (front, behind) = queued_after_a_pause(&pool, Duration::from_millis(250)).await;
         tokio::time::sleep(Duration::from_millis(80)).await;
         pool.expire_waiters();
         let got = within(behind).await.expect("task");
@@ -306,16 +320,7 @@ fn a_query_back_from_a_pause_keeps_its_place_in_line() {
         let pool = pool(1, Duration::from_secs(60));
         let mut peers = Vec::new();
         let held = open(&pool, &mut peers);
-        let paused_at = Mono::now();
-        tokio::time::sleep(Duration::from_millis(5)).await;
-        let later = acquire_in_task(&pool);
-        let_run().await;
-        let earlier = {
-            let pool = pool.clone();
-            tokio::spawn(async move { pool.acquire_noticing(Some(paused_at), |_| {}).await })
-        };
-        let_run().await;
-        assert_eq!(counts(&pool), (2, 1, 0, 1), "both in line");
+        let (later, earlier) = queued_after_a_pause(&pool, Duration::from_millis(5)).await;
         let id = held.server_id();
         held.release();
         let first = within(earlier).await.expect("task").expect("served first");
