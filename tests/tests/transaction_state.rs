@@ -699,3 +699,64 @@ async fn an_eviction_skipped_by_an_error_in_a_pipeline_does_not_break_the_next_s
     let tags = exchange(&mut raw, &[msg::bind("p0"), msg::execute(), msg::sync()], 4).await;
     assert_eq!(tags, "2DCZ");
 }
+
+/// Sends `messages` in one write and reads `count` replies: the error
+/// messages among them (SQLSTATE and text).
+async fn errors_of(client: &mut RawClient, messages: &[Vec<u8>], count: usize) -> Vec<String> {
+    client.send(&messages.concat()).await.expect("send");
+    let mut errors = Vec::new();
+    for _ in 0..count {
+        match client.read_message(Duration::from_secs(10)).await {
+            RawReply::Message(b'E', body) => {
+                let fields = error_fields(&body);
+                let code = error_field(&fields, b'C').unwrap_or_default();
+                let text = error_field(&fields, b'M').unwrap_or_default();
+                errors.push(format!("{code} {text}"));
+            }
+            RawReply::Message(..) => {}
+            other => panic!("expected a message, got {other:?}"),
+        }
+    }
+    errors
+}
+
+#[tokio::test]
+async fn errors_name_the_clients_statements_as_postgresql_does() {
+    let cluster = app_cluster(ServerAuth::Trust);
+    let sluice = one_server(&cluster);
+    let mut through = raw_client(&sluice).await;
+    let mut direct = RawClient::logged_in(cluster.port(), APP_USER, "postgres").await;
+    use raw::*;
+    let steps: Vec<(Vec<Vec<u8>>, usize)> = vec![
+        (vec![parse("s1", "select $1::int"), sync()], 2),
+        // Too few parameters: 08P01 names the statement.
+        (vec![bind("s1"), execute(), sync()], 2),
+        // A name in use: 42P05.
+        (vec![parse("s1", "select 2"), sync()], 2),
+        // A Parse skipped by an error before it: the next segment's Bind
+        // finds no statement (sluice had sent the Parse under its shared
+        // name, and renamed the Bind).
+        (
+            vec![
+                bind("nope"),
+                parse("s2", "select 77"),
+                sync(),
+                bind("s2"),
+                execute(),
+                sync(),
+            ],
+            4,
+        ),
+    ];
+    let mut seen = Vec::new();
+    for (messages, count) in &steps {
+        let expected = errors_of(&mut direct, messages, *count).await;
+        let got = errors_of(&mut through, messages, *count).await;
+        assert_eq!(got, expected, "through sluice and directly");
+        seen.extend(got);
+    }
+    assert_eq!(seen.len(), 4, "{seen:?}");
+    assert!(seen.iter().all(|e| !e.contains("sluice_")), "{seen:?}");
+    assert!(seen[0].contains("\"s1\" requires 1"), "{seen:?}");
+    assert!(seen[3].contains("\"s2\" does not exist"), "{seen:?}");
+}

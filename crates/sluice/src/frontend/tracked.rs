@@ -339,10 +339,7 @@ fn follow_listens(t: &mut Tracking, specials: Vec<Special>) {
 }
 
 fn pass(reply: Reply) -> Expect {
-    Expect::Pass {
-        reply,
-        statement: None,
-    }
+    Expect::pass(reply)
 }
 
 /// The query text of a Parse message.
@@ -385,6 +382,9 @@ pub(super) enum Held {
     /// A step of the read-on-a-replica safety net (`cycle::Retry`) for this
     /// message (type, body), taken once everything before it is written.
     Retry(RetryStep, u8, Vec<u8>),
+    /// An ErrorResponse that names a shared statement: written to the
+    /// client as this message (`Expected::renamed_error`) in its place.
+    Renamed(BytesMut),
 }
 
 /// An ErrorResponse body with SQLSTATE 25006 (read_only_sql_transaction).
@@ -649,6 +649,12 @@ pub(super) fn scan_server(
                     return Visit::StopBefore;
                 }
             }
+            if tag == b::ERROR_RESPONSE
+                && let Some(renamed) = expected.renamed_error(body)
+            {
+                held = Some(Held::Renamed(renamed));
+                return Visit::StopBefore;
+            }
             on_server_message(
                 &mut seen,
                 cycle_view!(cycle),
@@ -704,22 +710,40 @@ pub(super) fn release_held(
                 .extend_from_slice(&std::mem::take(&mut cycle.retry_kept));
             cycle.retry = Retry::Off;
         }
+        Held::Renamed(renamed) => {
+            let len = sbuf
+                .get(1..sluice_wire::HEADER_LEN)
+                .and_then(|l| <[u8; 4]>::try_from(l).ok())
+                .map_or(0, |l| u32::from_be_bytes(l) as usize + 1);
+            let Some(body) = sbuf.get(sluice_wire::HEADER_LEN..len).map(<[u8]>::to_vec) else {
+                return false;
+            };
+            let tag = tags::backend::ERROR_RESPONSE;
+            account(
+                cycle,
+                t,
+                server,
+                client_params,
+                refuse_transactions,
+                tag,
+                &body,
+            );
+            forget_ignored_requests(&mut t.expected, &mut cycle.req);
+            t.extra.extend_from_slice(&renamed);
+            sbuf.advance(len);
+        }
         Held::Retry(step, tag, body) => {
             // (decided before the message is accounted, as the scan did)
             let between = between_transactions(&cycle.req, cycle.status, cycle.retry, t.plain());
-            let mut seen = ServerSeen::default();
-            on_server_message(
-                &mut seen,
-                cycle_view!(cycle),
-                tag,
-                &body,
+            account(
+                cycle,
+                t,
+                server,
                 client_params,
                 refuse_transactions,
+                tag,
+                &body,
             );
-            if seen.ignored_syncs > 0 {
-                t.expected.forget_ignored_syncs(seen.ignored_syncs);
-            }
-            t.expected.consume(tag, &body, server);
             let fatal = tag == tags::backend::ERROR_RESPONSE && is_fatal(&body);
             let between = fatal && between;
             if cycle.keep_farewell && fatal {
@@ -752,6 +776,32 @@ pub(super) fn release_held(
         }
     }
     true
+}
+
+/// Accounts for a held server message as the scan does for one it
+/// forwards: the cycle's view of it, then the owed replies.
+fn account(
+    cycle: &mut Cycle,
+    t: &mut Tracking,
+    server: &mut ServerStatements,
+    client_params: &mut std::sync::Arc<crate::params::ParamSet>,
+    refuse_transactions: bool,
+    tag: u8,
+    body: &[u8],
+) {
+    let mut seen = ServerSeen::default();
+    on_server_message(
+        &mut seen,
+        cycle_view!(cycle),
+        tag,
+        body,
+        client_params,
+        refuse_transactions,
+    );
+    if seen.ignored_syncs > 0 {
+        t.expected.forget_ignored_syncs(seen.ignored_syncs);
+    }
+    t.expected.consume(tag, body, server);
 }
 
 /// Forgets the client's names whose Parse failed or was skipped by the

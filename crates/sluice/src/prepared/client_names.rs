@@ -10,7 +10,7 @@ use super::registry::Statement;
 /// any, so that idle clients without statements stay small).
 #[derive(Debug, Default)]
 pub struct ClientNames {
-    names: HashMap<Box<[u8]>, Arc<Statement>, super::fast_hash::BuildWordHasher>,
+    names: HashMap<Arc<[u8]>, Arc<Statement>, super::fast_hash::BuildWordHasher>,
 }
 
 /// Statements one client may name at once: far above what drivers use
@@ -21,6 +21,12 @@ pub const MAX_CLIENT_STATEMENTS: usize = 100_000;
 impl ClientNames {
     pub fn get(&self, name: &[u8]) -> Option<&Arc<Statement>> {
         self.names.get(name)
+    }
+
+    /// The name as kept (shared, so that a reply owed for it can name it
+    /// without a copy) and the statement it stands for.
+    pub fn get_named(&self, name: &[u8]) -> Option<(&Arc<[u8]>, &Arc<Statement>)> {
+        self.names.get_key_value(name)
     }
 
     /// Names `statement` (a name not in use); false when the client has

@@ -56,10 +56,14 @@ pub enum Local {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Expect {
     /// A client message sent on; `statement` is the shared statement a
-    /// Bind or Describe used.
+    /// Bind or Describe used, `name` what the client calls the statement
+    /// the message names (a Bind, a Describe, a Parse of a name in use):
+    /// PostgreSQL's error about it names the shared statement, which the
+    /// client must not see.
     Pass {
         reply: Reply,
         statement: Option<u64>,
+        name: Option<std::sync::Arc<[u8]>>,
     },
     /// A Parse of shared statement `id`; the client sent it under
     /// `client_name` (its ParseComplete passes) or sluice did (`None`:
@@ -72,6 +76,17 @@ pub enum Expect {
     Unprepare { id: u64 },
     /// Answered by sluice when its turn comes.
     Local(Local),
+}
+
+impl Expect {
+    /// A client message sent on unchanged (no statement of sluice's).
+    pub fn pass(reply: Reply) -> Expect {
+        Expect::Pass {
+            reply,
+            statement: None,
+            name: None,
+        }
+    }
 }
 
 /// What to do with one server message.
@@ -253,6 +268,11 @@ impl Expected {
                 server.forget(id);
                 server.close_done(id, false);
             }
+            // A Parse sent on: unnamed, or of a name in use (42P05).
+            Expect::Pass {
+                reply: Reply::Parse,
+                ..
+            } => {}
             Expect::Pass {
                 statement: Some(id),
                 ..
@@ -270,6 +290,25 @@ impl Expected {
         self.queue.pop_front();
         self.skipping = true;
         self.skip_ignored(server);
+    }
+
+    /// An ErrorResponse (`body`) that answers the message at the head of
+    /// the queue and names the shared statement it used (`"sluice_7"`),
+    /// rewritten whole to name the client's statement instead, as
+    /// PostgreSQL would have: "bind message supplies 0 parameters, but
+    /// prepared statement "s1" requires 1". None when it names none (the
+    /// message then passes as it is). Errors are rare: the search costs
+    /// nothing on the path of rows.
+    pub fn renamed_error(&self, body: &[u8]) -> Option<BytesMut> {
+        let Some(Expect::Pass {
+            statement: Some(id),
+            name: Some(client),
+            ..
+        }) = self.queue.front()
+        else {
+            return None;
+        };
+        rename_statement(body, &super::server_name(*id), client)
     }
 
     /// Drops entries the server skips, and takes the local replies now due
@@ -358,6 +397,43 @@ impl Expected {
     }
 }
 
+/// `body` (an ErrorResponse's fields) with every `"shared"` replaced by
+/// `"client"`, framed as a whole message; None if `shared` is not in it.
+/// Fields end in NUL and a statement name has none, so the fields stay
+/// whole.
+fn rename_statement(body: &[u8], shared: &str, client: &[u8]) -> Option<BytesMut> {
+    let mut quoted = Vec::with_capacity(shared.len() + 2);
+    quoted.push(b'"');
+    quoted.extend_from_slice(shared.as_bytes());
+    quoted.push(b'"');
+    let found = |from: usize| {
+        body[from..]
+            .windows(quoted.len())
+            .position(|w| w == quoted.as_slice())
+            .map(|at| from + at)
+    };
+    let mut at = found(0)?;
+    let mut renamed = Vec::with_capacity(body.len() + client.len());
+    let mut from = 0;
+    loop {
+        renamed.extend_from_slice(&body[from..at]);
+        renamed.push(b'"');
+        renamed.extend_from_slice(client);
+        renamed.push(b'"');
+        from = at + quoted.len();
+        match found(from) {
+            Some(next) => at = next,
+            None => break,
+        }
+    }
+    renamed.extend_from_slice(&body[from..]);
+    let mut out = BytesMut::with_capacity(renamed.len() + sluice_wire::HEADER_LEN);
+    sluice_wire::MessageBuilder::new(&mut out, tags::backend::ERROR_RESPONSE)
+        .bytes(&renamed)
+        .finish();
+    Some(out)
+}
+
 /// Messages a server may send at any time.
 fn is_async(tag: u8) -> bool {
     use tags::backend as b;
@@ -424,18 +500,13 @@ mod tests {
     fn passes_rows_agrees_with_verdict_and_consume() {
         let heads = [
             None,
-            Some(Expect::Pass {
-                reply: Reply::Execute,
-                statement: None,
-            }),
+            Some(Expect::pass(Reply::Execute)),
             Some(Expect::Pass {
                 reply: Reply::Query,
                 statement: Some(3),
+                name: None,
             }),
-            Some(Expect::Pass {
-                reply: Reply::DescribePortal,
-                statement: None,
-            }),
+            Some(Expect::pass(Reply::DescribePortal)),
             Some(Expect::Prepare {
                 id: 7,
                 client_name: None,
@@ -479,10 +550,7 @@ mod tests {
     fn injected_parse_is_dropped_and_local_reply_waits_its_turn() {
         let mut server = ServerStatements::default();
         let mut e = Expected::default();
-        e.push(Expect::Pass {
-            reply: Reply::Bind,
-            statement: None,
-        });
+        e.push(Expect::pass(Reply::Bind));
         e.push(Expect::Local(Local::ParseComplete(None)));
         e.push(Expect::Prepare {
             id: 7,
@@ -513,16 +581,14 @@ mod tests {
         e.push(Expect::Pass {
             reply: Reply::Bind,
             statement: Some(one.id),
+            name: None,
         });
         e.push(Expect::Prepare {
             id: two.id,
             client_name: None,
         });
         e.push(Expect::Local(Local::ParseComplete(None)));
-        e.push(Expect::Pass {
-            reply: Reply::Sync,
-            statement: None,
-        });
+        e.push(Expect::pass(Reply::Sync));
         e.consume(b::ERROR_RESPONSE, &error_body(STALE_PLAN), &mut server);
         let mut out = BytesMut::new();
         e.settle(&mut out, TransactionStatus::Idle, &mut server);
@@ -536,5 +602,34 @@ mod tests {
         assert_eq!(e.verdict_for_test(b::READY_FOR_QUERY), Verdict::Forward);
         e.consume(b::READY_FOR_QUERY, &[], &mut server);
         assert!(e.is_empty());
+    }
+
+    #[test]
+    fn an_error_about_a_shared_statement_names_the_clients() {
+        let mut fields = BytesMut::new();
+        let text = "prepared statement \"sluice_7\" requires 1; \"sluice_7\" and \"sluice_70\"";
+        ErrorFields::new(Severity::Error, "08P01", text).encode(&mut fields);
+        let body = &fields[sluice_wire::HEADER_LEN..];
+        let mut e = Expected::default();
+        e.push(Expect::Pass {
+            reply: Reply::Bind,
+            statement: Some(7),
+            name: Some(b"my stmt".as_slice().into()),
+        });
+        let renamed = e.renamed_error(body).expect("renamed");
+        let decoded = ErrorFields::decode(&renamed[sluice_wire::HEADER_LEN..]).expect("whole");
+        assert_eq!(decoded.code, "08P01");
+        assert_eq!(
+            decoded.message,
+            "prepared statement \"my stmt\" requires 1; \"my stmt\" and \"sluice_70\""
+        );
+        // An error that names no shared statement, or an entry without a
+        // client name, passes unchanged.
+        let mut other = BytesMut::new();
+        ErrorFields::new(Severity::Error, "22012", "division by zero").encode(&mut other);
+        assert!(e.renamed_error(&other[sluice_wire::HEADER_LEN..]).is_none());
+        let mut unnamed = Expected::default();
+        unnamed.push(Expect::pass(Reply::Bind));
+        assert!(unnamed.renamed_error(body).is_none());
     }
 }

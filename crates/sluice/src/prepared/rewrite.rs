@@ -71,14 +71,17 @@ impl Rewriter<'_> {
             // existing statement again under its shared name. Its own text,
             // never the client's: were the server to lack it after all,
             // the shared name would still mean what every client expects.
-            let existing = self.lookup(name);
-            if let Some(existing) = existing {
+            if let Some((name, existing)) = self.lookup(name) {
                 MessageBuilder::new(self.out, tags::frontend::PARSE)
                     .cstr(&existing.name)
                     .bytes(&existing.text)
                     .finish();
+                self.expected.push(Expect::Pass {
+                    reply: Reply::Parse,
+                    statement: Some(existing.id),
+                    name: Some(name),
+                });
             }
-            self.parse_passes();
             return Ok(());
         }
         let statement = self.registry.intern(text);
@@ -111,12 +114,9 @@ impl Rewriter<'_> {
         let portal = r.cstr_bytes()?;
         let name = r.cstr_bytes()?;
         let rest = r.rest();
-        let Some(statement) = self.lookup(name) else {
+        let Some((name, statement)) = self.lookup(name) else {
             self.out.extend_from_slice(message);
-            self.expected.push(Expect::Pass {
-                reply: Reply::Bind,
-                statement: None,
-            });
+            self.expected.push(Expect::pass(Reply::Bind));
             return Ok(None);
         };
         MessageBuilder::new(self.out, tags::frontend::BIND)
@@ -128,6 +128,7 @@ impl Rewriter<'_> {
         self.expected.push(Expect::Pass {
             reply: Reply::Bind,
             statement: Some(statement.id),
+            name: Some(name),
         });
         Ok(Some(statement))
     }
@@ -138,7 +139,7 @@ impl Rewriter<'_> {
         let kind = r.u8()?;
         let name = r.cstr_bytes()?;
         if kind == b'S'
-            && let Some(statement) = self.lookup(name)
+            && let Some((name, statement)) = self.lookup(name)
         {
             MessageBuilder::new(self.out, tags::frontend::DESCRIBE)
                 .u8(b'S')
@@ -147,6 +148,7 @@ impl Rewriter<'_> {
             self.expected.push(Expect::Pass {
                 reply: Reply::DescribeStatement,
                 statement: Some(statement.id),
+                name: Some(name),
             });
             return Ok(());
         }
@@ -156,10 +158,7 @@ impl Rewriter<'_> {
         } else {
             Reply::DescribePortal
         };
-        self.expected.push(Expect::Pass {
-            reply,
-            statement: None,
-        });
+        self.expected.push(Expect::pass(reply));
         Ok(())
     }
 
@@ -176,10 +175,7 @@ impl Rewriter<'_> {
             return Ok(());
         }
         self.out.extend_from_slice(message);
-        self.expected.push(Expect::Pass {
-            reply: Reply::Close,
-            statement: None,
-        });
+        self.expected.push(Expect::pass(Reply::Close));
         Ok(())
     }
 
@@ -192,10 +188,7 @@ impl Rewriter<'_> {
         let text = text.strip_suffix(b"\0").unwrap_or(text);
         if !sql::may_matter(text) {
             self.out.extend_from_slice(message);
-            self.expected.push(Expect::Pass {
-                reply: Reply::Query,
-                statement: None,
-            });
+            self.expected.push(Expect::pass(Reply::Query));
             return QueryFate::Sent {
                 specials: Vec::new(),
                 matters: false,
@@ -239,10 +232,7 @@ impl Rewriter<'_> {
             self.server.clear();
         }
         self.out.extend_from_slice(message);
-        self.expected.push(Expect::Pass {
-            reply: Reply::Query,
-            statement: None,
-        });
+        self.expected.push(Expect::pass(Reply::Query));
         QueryFate::Sent {
             specials,
             matters: true,
@@ -261,23 +251,22 @@ impl Rewriter<'_> {
 
     /// The Parse just written is answered by the server to the client.
     fn parse_passes(&mut self) {
-        self.expected.push(Expect::Pass {
-            reply: Reply::Parse,
-            statement: None,
-        });
+        self.expected.push(Expect::pass(Reply::Parse));
     }
 
-    /// The shared statement the client calls `name`, prepared on the
-    /// server (injected Parse) if it is not there yet.
-    fn lookup(&mut self, name: &[u8]) -> Option<Arc<Statement>> {
+    /// The shared statement the client calls `name` (with the name as the
+    /// client's names keep it), prepared on the server (injected Parse) if
+    /// it is not there yet.
+    fn lookup(&mut self, name: &[u8]) -> Option<(Arc<[u8]>, Arc<Statement>)> {
         if name.is_empty() || self.capacity == 0 {
             return None;
         }
-        let statement = self.names.get(name)?.clone();
+        let (name, statement) = self.names.get_named(name)?;
+        let (name, statement) = (name.clone(), statement.clone());
         if !self.server.touch(statement.id) {
             self.prepare(&statement, None);
         }
-        Some(statement)
+        Some((name, statement))
     }
 
     /// Sends Parse of `statement` under its shared name, closing first
