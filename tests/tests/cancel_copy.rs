@@ -81,6 +81,47 @@ async fn cancel_reaches_the_right_server() {
     other.expect("the cancel must not hit the other client's server");
 }
 
+/// A cancel request that arrives as its client's query ends must not
+/// cancel what the next client runs on that server: the server waits for
+/// PostgreSQL to have taken the request before it is lent again (on the
+/// binary before this, about one round in four cancelled the bystander).
+#[tokio::test]
+async fn a_cancel_sent_as_the_query_ends_never_reaches_the_next_client() {
+    let cluster = app_cluster(ServerAuth::Trust);
+    let sluice = transaction_pool(&cluster, "1");
+    let canceller = connect_as(sluice.port(), APP_USER, "postgres").await;
+    let bystander = connect_as(sluice.port(), APP_USER, "postgres").await;
+    let token = canceller.cancel_token();
+    let (mut own, mut theirs) = (0, 0);
+    for round in 0..120u64 {
+        // The cancel lands from before to after the 5 ms query's end.
+        let delay = Duration::from_micros(2_000 + (round % 24) * 400);
+        let first = canceller.simple_query("select pg_sleep(0.005)");
+        let queued = async {
+            tokio::time::sleep(Duration::from_millis(1)).await;
+            bystander.simple_query("select pg_sleep(0.03)").await
+        };
+        let cancel = async {
+            tokio::time::sleep(delay).await;
+            token.cancel_query(NoTls).await
+        };
+        let (first, queued, cancel) = tokio::join!(first, queued, cancel);
+        cancel.expect("the cancel request is taken");
+        let cancelled =
+            |e: &tokio_postgres::Error| e.as_db_error().is_some_and(|d| d.code().code() == "57014");
+        if first.as_ref().is_err_and(cancelled) {
+            own += 1;
+        }
+        match queued {
+            Ok(_) => {}
+            Err(e) if cancelled(&e) => theirs += 1,
+            Err(e) => panic!("the bystander's query failed: {e}"),
+        }
+    }
+    assert_eq!(theirs, 0, "the bystander's query was cancelled ({own} own)");
+    assert!(own > 0, "some cancels must land while the query runs");
+}
+
 #[tokio::test]
 async fn cancelled_client_keeps_working() {
     let cluster = app_cluster(ServerAuth::Trust);

@@ -10,7 +10,7 @@
 //! the secret's two low bits count how many more times the request may be
 //! forwarded between peers (PgBouncer's scheme: 3, compared as all ones).
 
-use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU8, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU8, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
 use bytes::BytesMut;
@@ -36,6 +36,15 @@ struct Slot {
     /// The linked server's pool host (see `Pool::host`): 0, the client's
     /// own pool; `i + 1`, host `i` of its database.
     host: std::sync::atomic::AtomicU32,
+    /// Cancel requests for this client being forwarded now: its server
+    /// must not go to another client until they are done (PostgreSQL may
+    /// not have signalled the backend yet), as PgBouncer's
+    /// `sv_being_canceled`.
+    canceling: AtomicU32,
+    /// A cancel request for this client failed after it may have reached
+    /// PostgreSQL (timed out): whether its server was signalled, and
+    /// when, is not known.
+    cancel_unsure: AtomicBool,
     /// Waiting in line for a server.
     waiting: AtomicBool,
     /// Why an operator disconnects the client (`Kill`), 0 when not.
@@ -130,6 +139,8 @@ pub struct CancelRegistry {
     free: Mutex<(Vec<u32>, u32)>,
     /// `peer_id` (0: no peering), fixed at startup.
     peer_id: u32,
+    /// Told when a forwarded cancel request is done (any client's).
+    cancel_done: tokio::sync::Notify,
 }
 
 impl Default for CancelRegistry {
@@ -149,6 +160,7 @@ impl CancelRegistry {
             chunks: (0..MAX_CHUNKS).map(|_| OnceLock::new()).collect(),
             free: Mutex::new((Vec::new(), 0)),
             peer_id: peer_id.min(sluice_config::MAX_PEER_ID),
+            cancel_done: tokio::sync::Notify::new(),
         }
     }
 
@@ -317,10 +329,40 @@ impl CancelRegistry {
         }
     }
 
-    pub fn unlink(&self, handle: CancelHandle) {
-        if let Some(slot) = self.slot(handle.index) {
-            slot.server.store(0, Ordering::Release);
-        }
+    /// The client no longer runs on its server. Returns whether a cancel
+    /// request for it is being forwarded: the server may still receive
+    /// it, and must wait for it (`cancels_done`) before another client
+    /// gets it. (Sequentially consistent with `cancel`'s count-then-read:
+    /// either the request sees no server, or this sees the request.)
+    pub fn unlink(&self, handle: CancelHandle) -> bool {
+        let Some(slot) = self.slot(handle.index) else {
+            return false;
+        };
+        slot.server.store(0, Ordering::SeqCst);
+        slot.canceling.load(Ordering::SeqCst) != 0
+    }
+
+    /// Waits until no cancel request for the client is being forwarded,
+    /// at most `limit`. True when its server may go to another client;
+    /// false if a request still is forwarded, or one failed in a way that
+    /// leaves the server's state unknown (close it).
+    pub async fn cancels_done(&self, handle: CancelHandle, limit: std::time::Duration) -> bool {
+        let Some(slot) = self.slot(handle.index) else {
+            return true;
+        };
+        let wait = async {
+            loop {
+                let done = self.cancel_done.notified();
+                tokio::pin!(done);
+                done.as_mut().enable();
+                if slot.canceling.load(Ordering::SeqCst) == 0 {
+                    return;
+                }
+                done.await;
+            }
+        };
+        tokio::time::timeout(limit, wait).await.is_ok()
+            && !slot.cancel_unsure.swap(false, Ordering::Relaxed)
     }
 
     /// The client waits for a server (or no longer does).
@@ -465,33 +507,34 @@ impl CancelRegistry {
         req: CancelRequest,
         host_target: impl Fn(&Arc<Pool>, u32) -> Option<Arc<super::target::ServerTarget>>,
     ) -> std::io::Result<bool> {
-        let found = self
-            .slot(self.index_of(req.process_id))
-            .filter(|s| {
-                // A forwarded request spent some of its budget bits.
-                let secret = if self.peer_id == 0 {
-                    req.secret_key
-                } else {
-                    req.secret_key | TTL_MASK
-                };
-                req.process_id != 0
-                    && s.pid.load(Ordering::Acquire) == req.process_id
-                    && s.secret.load(Ordering::Relaxed) == secret
-            })
-            .and_then(|s| {
-                let server = s.server.load(Ordering::Acquire);
-                let host = s.host.load(Ordering::Relaxed);
-                let pool = s
-                    .meta
-                    .lock()
-                    .unwrap_or_else(|p| p.into_inner())
-                    .as_ref()
-                    .map(|m| m.pool.clone());
-                (server != 0)
-                    .then_some(())
-                    .and(pool)
-                    .map(|p| (p, host, unpack(server)))
-            });
+        let slot = self.slot(self.index_of(req.process_id)).filter(|s| {
+            // A forwarded request spent some of its budget bits.
+            let secret = if self.peer_id == 0 {
+                req.secret_key
+            } else {
+                req.secret_key | TTL_MASK
+            };
+            req.process_id != 0
+                && s.pid.load(Ordering::Acquire) == req.process_id
+                && s.secret.load(Ordering::Relaxed) == secret
+        });
+        // Counted before the server is read (see `unlink`), uncounted when
+        // done, whatever the outcome.
+        let mut forwarding = slot.map(|slot| Forwarding::new(slot, &self.cancel_done));
+        let found = slot.and_then(|s| {
+            let server = s.server.load(Ordering::SeqCst);
+            let host = s.host.load(Ordering::Relaxed);
+            let pool = s
+                .meta
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .as_ref()
+                .map(|m| m.pool.clone());
+            (server != 0)
+                .then_some(())
+                .and(pool)
+                .map(|p| (p, host, unpack(server)))
+        });
         let Some((pool, host, key)) = found else {
             return Ok(false);
         };
@@ -515,21 +558,29 @@ impl CancelRegistry {
                 None => return Ok(false),
             },
         };
+        // From here a failure leaves the server's state unknown.
+        if let Some(f) = forwarding.as_mut() {
+            f.clean = false;
+        }
         let mut buf = BytesMut::with_capacity(16);
         CancelRequest {
             process_id: key.process_id,
             secret_key: key.secret_key,
         }
         .encode(&mut buf);
+        // PostgreSQL closes the connection once it has signalled the
+        // backend: until then the server is not lent again (`unlink`).
         let send = async {
             match &target.addr {
                 ServerAddr::Tcp { host, port } => {
                     let mut s = crate::backend::dns::connect(host, *port, target.dns).await?;
-                    s.write_all(&buf).await
+                    s.write_all(&buf).await?;
+                    until_closed(&mut s).await
                 }
                 ServerAddr::Unix(p) => {
                     let mut s = tokio::net::UnixStream::connect(p).await?;
-                    s.write_all(&buf).await
+                    s.write_all(&buf).await?;
+                    until_closed(&mut s).await
                 }
             }
         };
@@ -542,7 +593,49 @@ impl CancelRegistry {
         tokio::time::timeout(wait, send)
             .await
             .map_err(|_| std::io::Error::new(std::io::ErrorKind::TimedOut, "cancel timed out"))??;
+        if let Some(f) = forwarding.as_mut() {
+            f.clean = true;
+        }
         Ok(true)
+    }
+}
+
+/// Reads until the server closes the cancel connection (it sends
+/// nothing; a few bytes at most are read and dropped).
+async fn until_closed(s: &mut (impl tokio::io::AsyncRead + Unpin)) -> std::io::Result<()> {
+    use tokio::io::AsyncReadExt;
+    let mut scrap = [0u8; 64];
+    while s.read(&mut scrap).await? != 0 {}
+    Ok(())
+}
+
+/// One cancel request being forwarded for a client's slot.
+struct Forwarding<'a> {
+    slot: &'a Slot,
+    done: &'a tokio::sync::Notify,
+    /// False while the request is on its way to PostgreSQL: dropped
+    /// then (a timeout), the server's state is unknown.
+    clean: bool,
+}
+
+impl<'a> Forwarding<'a> {
+    fn new(slot: &'a Slot, done: &'a tokio::sync::Notify) -> Self {
+        slot.canceling.fetch_add(1, Ordering::SeqCst);
+        Self {
+            slot,
+            done,
+            clean: true,
+        }
+    }
+}
+
+impl Drop for Forwarding<'_> {
+    fn drop(&mut self) {
+        if !self.clean {
+            self.slot.cancel_unsure.store(true, Ordering::Relaxed);
+        }
+        self.slot.canceling.fetch_sub(1, Ordering::SeqCst);
+        self.done.notify_waiters();
     }
 }
 
@@ -619,6 +712,41 @@ mod tests {
             (&newcomer_sock).write_all(b"x").is_err(),
             "shut for writing too"
         );
+    }
+
+    #[tokio::test]
+    async fn a_server_with_a_cancel_on_its_way_waits_for_it() {
+        use std::os::fd::AsRawFd;
+        use std::time::Duration;
+        let reg = CancelRegistry::new(0);
+        let pair = std::os::unix::net::UnixStream::pair().expect("pair");
+        let client = reg.register(meta(pair.0.as_raw_fd())).expect("slot");
+        let slot = reg.slot(client.index).expect("slot");
+        assert!(
+            !reg.unlink(client),
+            "no cancel: the server goes back at once"
+        );
+        // A request counted before the relay unlinks is seen by it.
+        let forwarding = Forwarding::new(slot, &reg.cancel_done);
+        assert!(reg.unlink(client));
+        assert!(
+            !reg.cancels_done(client, Duration::from_millis(30)).await,
+            "still on its way"
+        );
+        let waited = reg.cancels_done(client, Duration::from_secs(5));
+        let done = async {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            drop(forwarding);
+        };
+        let (settled, ()) = tokio::join!(waited, done);
+        assert!(settled, "done: the server may go to another client");
+        // A request dropped on its way (timed out) leaves the server's
+        // state unknown: it is closed, once.
+        let mut lost = Forwarding::new(slot, &reg.cancel_done);
+        lost.clean = false;
+        drop(lost);
+        assert!(!reg.cancels_done(client, Duration::from_secs(1)).await);
+        assert!(reg.cancels_done(client, Duration::from_secs(1)).await);
     }
 
     #[test]

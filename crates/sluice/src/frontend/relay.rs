@@ -477,7 +477,12 @@ pub async fn run(client: &mut Client, cbuf: &mut BytesMut, mut lease: Lease) -> 
             }
         }
     };
-    client.app.cancels.unlink(client.cancel);
+    let cancel_unsettled =
+        client.app.cancels.unlink(client.cancel) && !settle_cancels(client).await;
+    let end = match end {
+        Ok(Outcome::Release) if cancel_unsettled => Ok(Outcome::Close),
+        end => end,
+    };
     cycle.fill_stats(&mut lease.stats);
     let done_at = crate::clock::Mono::now();
     lease.stats.linked = done_at.saturating_duration_since(linked_at);
@@ -491,7 +496,11 @@ pub async fn run(client: &mut Client, cbuf: &mut BytesMut, mut lease: Lease) -> 
     };
     let ended = match end {
         Ok(Outcome::Retry) => {
-            lease.release();
+            if cancel_unsettled {
+                lease.close();
+            } else {
+                lease.release();
+            }
             RelayEnd::Retry
         }
         Ok(Outcome::Close) => {
@@ -626,6 +635,21 @@ pub async fn run(client: &mut Client, cbuf: &mut BytesMut, mut lease: Lease) -> 
     ended
 }
 
+/// A cancel request of the client's is on its way to the server the relay
+/// ends with: the server goes to no other client before PostgreSQL has
+/// signalled it (it would cancel that client's query). False when that
+/// cannot be known: the server is closed. Rare: only a cancel sent as the
+/// transaction ends waits here.
+#[inline(never)]
+async fn settle_cancels(client: &Client) -> bool {
+    // (as long as the forwarding itself may take)
+    let limit = match client.pool.settings().cancel_wait_timeout {
+        d if d.is_zero() => client.pool.settings_and_target().1.connect_timeout,
+        d => d,
+    };
+    client.app.cancels.cancels_done(client.cancel, limit).await
+}
+
 /// The server made to match the client's parameters and session settings
 /// (`needs_sync`): SQL run only for what differs. `Err` ends the relay
 /// before anything of the client's is sent. Boxed by its caller: rare, and
@@ -661,7 +685,7 @@ async fn sync_session(
             crate::session_vars::apply_sql(server.session.as_deref(), client.session().as_deref())
             && let Err(e) = Box::pin(run_query(server, &sql)).await
         {
-            client.app.cancels.unlink(client.cancel);
+            let canceling = client.app.cancels.unlink(client.cancel);
             if server_gone(&e)
                 && let Some(n) = unsent_retry(client, cbuf)
             {
@@ -670,8 +694,9 @@ async fn sync_session(
                 return Err(RelayEnd::Retry);
             }
             let error = ClientError::new(e.sqlstate(), e.to_string());
-            // A rejected SET rolls back whole: the server is as it was.
-            if matches!(e, crate::backend::login::LoginError::Rejected { .. }) {
+            // A rejected SET rolls back whole: the server is as it was
+            // (unless a cancel of the client's may still reach it).
+            if !canceling && matches!(e, crate::backend::login::LoginError::Rejected { .. }) {
                 lease.release();
             } else {
                 lease.close();
