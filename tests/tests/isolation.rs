@@ -504,6 +504,58 @@ async fn settings_changed_in_a_do_block_do_not_leak() {
     }
 }
 
+/// A custom setting (row-level security's `app.tenant`) set by a function
+/// or a DO block names nothing sluice sees, and PostgreSQL lists custom
+/// settings nowhere: the server is reset after opaque code, and the
+/// changer keeps what sluice knows of its session (found by a review: the
+/// next client ran as the previous one's tenant).
+#[tokio::test]
+async fn custom_settings_set_by_functions_do_not_leak() {
+    let cluster = app_cluster(ServerAuth::Trust);
+    cluster
+        .psql(
+            "postgres",
+            "create function set_tenant(t text) returns void language plpgsql \
+             as $$BEGIN PERFORM set_config('app.tenant', t, false); END$$",
+        )
+        .expect("create function");
+    let sluice = one_server(&cluster);
+    let changer = app_client(&sluice).await;
+    let other = app_client(&sluice).await;
+    changer
+        .batch_execute("SET search_path = changer_schema, public; SET application_name = 'changer'")
+        .await
+        .expect("settings");
+    let tenant = "select coalesce(current_setting('app.tenant', true), '<none>')";
+    for sql in [
+        "select set_tenant('tenant-A')",
+        "DO $$BEGIN EXECUTE 'SET app.tenant = ''tenant-A'''; END$$",
+    ] {
+        changer
+            .batch_execute(sql)
+            .await
+            .unwrap_or_else(|e| panic!("{sql:?} failed: {e:?}"));
+        let seen = bounded_scalar(&other, tenant, "other client").await;
+        assert!(
+            seen.is_empty() || seen == "<none>",
+            "{sql:?} leaked app.tenant = {seen:?} to another client"
+        );
+        // The changer's own settings, known to sluice, are still its own.
+        assert_eq!(
+            bounded_scalar(&changer, "show search_path", "changer").await,
+            "changer_schema, public"
+        );
+        assert_eq!(
+            bounded_scalar(&changer, "show application_name", "changer").await,
+            "changer"
+        );
+        assert_ne!(
+            bounded_scalar(&other, "show application_name", "other client").await,
+            "changer"
+        );
+    }
+}
+
 #[tokio::test]
 async fn role_set_in_a_do_block_does_not_leak() {
     let cluster = app_cluster(ServerAuth::Trust);

@@ -345,7 +345,19 @@ pub async fn run_query_rows(
     let mut out = BytesMut::with_capacity(sql.len() + 6);
     encode_query(&mut out, sql);
     server.stream.write_all(&out).await?;
-    Ok(read_rows(server, sql, usize::MAX).await?.0)
+    Ok(read_rows(server, sql, usize::MAX, false).await?.0)
+}
+
+/// Like [`run_query_rows`] for a text of several statements, returning the
+/// rows of the first one only (the others run for their effects).
+pub async fn run_query_first_rows(
+    server: &mut ServerConn,
+    sql: &str,
+) -> Result<Vec<TextRow>, LoginError> {
+    let mut out = BytesMut::with_capacity(sql.len() + 6);
+    encode_query(&mut out, sql);
+    server.stream.write_all(&out).await?;
+    Ok(read_rows(server, sql, usize::MAX, true).await?.0)
 }
 
 /// Runs `sql` with text parameters `$1…` (extended protocol, unnamed
@@ -379,19 +391,22 @@ pub async fn run_query_params(
         .finish();
     MessageBuilder::new(&mut out, frontend::SYNC).finish();
     server.stream.write_all(&out).await?;
-    read_rows(server, sql, max_rows).await
+    read_rows(server, sql, max_rows, false).await
 }
 
 /// Reads a query's results up to ReadyForQuery: its first `max_rows`
-/// DataRows and their count, or its error.
+/// DataRows and their count, or its error; with `first_only`, the rows
+/// of the first statement only.
 async fn read_rows(
     server: &mut ServerConn,
     sql: &str,
     max_rows: usize,
+    first_only: bool,
 ) -> Result<(Vec<TextRow>, usize), LoginError> {
     let mut rows = Vec::new();
     let mut count = 0usize;
     let mut failure = None;
+    let mut first_done = false;
     loop {
         let (tag, body) =
             read_message(&mut server.stream, &mut server.buf, LOGIN_MESSAGE_LIMIT).await?;
@@ -403,6 +418,8 @@ async fn read_rows(
                 }
             }
             backend::ERROR_RESPONSE => failure = Some(rejected(&body)),
+            backend::COMMAND_COMPLETE => first_done = first_only,
+            backend::DATA_ROW if first_done => {}
             backend::DATA_ROW => {
                 count += 1;
                 if rows.len() < max_rows {

@@ -1007,7 +1007,16 @@ pub(super) async fn after_transaction(
     if statements_gone {
         lease.server().statements.clear();
     }
-    if effects.settings && !capture_settings(lease, client, t).await {
+    // Opaque code may have set custom settings (`app.tenant`, by a
+    // function: the name is in no text sluice saw), which PostgreSQL lists
+    // nowhere: before the server can go to another client (not pinned, or
+    // no longer), its settings are reset whole and put back as the client
+    // is known to have them (see `capture_settings`). Not with a
+    // connect_query, whose own SETs a reset would undo.
+    let reset_all = (effects.opaque || t.pinned.is_some())
+        && !reason.any()
+        && client.pool.settings_and_target().1.connect_query.is_none();
+    if (effects.settings || reset_all) && !capture_settings(lease, client, t, reset_all).await {
         return AfterTx::Close;
     }
     t.custom_names.clear();
@@ -1022,11 +1031,18 @@ pub(super) async fn after_transaction(
     }
 }
 
-/// Reads the session's settings back into the client's view.
+/// Reads the session's settings back into the client's view. With
+/// `reset_all`, the same query then resets every setting of the server
+/// (custom ones too, which no view lists; role and session authorization,
+/// which RESET ALL leaves, explicitly) and applies what sluice knew of the
+/// client's settings before the transaction, and its tracked parameters:
+/// the server then holds nothing sluice does not know of, and the client
+/// keeps what it can be known to have.
 async fn capture_settings(
     lease: &mut crate::backend::pool::Lease,
     client: &mut super::client::Client,
     t: &Tracking,
+    reset_all: bool,
 ) -> bool {
     let mut custom = t.custom_names.clone();
     if let Some(vars) = client.session() {
@@ -1036,10 +1052,21 @@ async fn capture_settings(
             }
         }
     }
-    let capture = crate::session_vars::capture_sql(&custom);
+    let mut capture = crate::session_vars::capture_sql(&custom);
+    let before = client.session().clone();
+    if reset_all {
+        capture.push_str(";RESET ALL;RESET SESSION AUTHORIZATION;RESET ROLE;");
+        if let Some(sql) = crate::session_vars::apply_sql(None, before.as_deref()) {
+            capture.push_str(&sql);
+            capture.push(';');
+        }
+        if let Some(sql) = client.params.diff_sql(&crate::params::ParamSet::default()) {
+            capture.push_str(&sql);
+        }
+    }
     let read = tokio::time::timeout(
         super::client::CLEANUP_TIMEOUT,
-        crate::backend::login::run_query_rows(lease.server(), &capture),
+        crate::backend::login::run_query_first_rows(lease.server(), &capture),
     )
     .await;
     let Ok(Ok(rows)) = read else {
@@ -1052,6 +1079,17 @@ async fn capture_settings(
         }
     }));
     let vars = (!vars.is_empty()).then(|| std::sync::Arc::new(vars));
+    if reset_all {
+        lease.server().params = client.params.clone();
+        // What the transaction itself changed is put back too (rare: a
+        // second query), so that the server is as the client now is.
+        if !crate::session_vars::same(&before, &vars)
+            && let Some(sql) = crate::session_vars::apply_sql(before.as_deref(), vars.as_deref())
+            && !reset(lease, &sql).await
+        {
+            return false;
+        }
+    }
     lease.server().session = vars.clone();
     client.set_session(vars);
     true
