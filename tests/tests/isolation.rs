@@ -556,6 +556,54 @@ async fn custom_settings_set_by_functions_do_not_leak() {
     }
 }
 
+/// The protocol's FunctionCall message (libpq's PQfn, large objects) runs
+/// code sluice cannot read, as a call in a query does: what it leaves
+/// (here a session advisory lock and a setting) is found and removed
+/// (found by a review: the message was not looked at).
+#[tokio::test]
+async fn a_function_call_message_leaves_nothing_for_the_next_client() {
+    let cluster = app_cluster(ServerAuth::Trust);
+    let sluice = one_server(&cluster);
+    let mut caller = raw_login(&sluice, APP_USER).await;
+    // FunctionCall: oid, one argument format (text), the argument, the
+    // result's format (text).
+    let call = |oid: u32, args: &[&str]| {
+        let mut body = oid.to_be_bytes().to_vec();
+        body.extend_from_slice(&1i16.to_be_bytes());
+        body.extend_from_slice(&0i16.to_be_bytes());
+        body.extend_from_slice(&(args.len() as i16).to_be_bytes());
+        for a in args {
+            body.extend_from_slice(&(a.len() as i32).to_be_bytes());
+            body.extend_from_slice(a.as_bytes());
+        }
+        body.extend_from_slice(&0i16.to_be_bytes());
+        message(b'F', &body)
+    };
+    // pg_advisory_lock(bigint) is 2880, set_config(text, text, bool) 2078.
+    let reply = exchange(&mut caller, &call(2880, &["77"]), "pg_advisory_lock").await;
+    assert!(reply.errors.is_empty(), "{reply:?}");
+    let reply = exchange(
+        &mut caller,
+        &call(2078, &["work_mem", "1234kB", "false"]),
+        "set_config",
+    )
+    .await;
+    assert!(reply.errors.is_empty(), "{reply:?}");
+    drop(caller);
+    let next = app_client(&sluice).await;
+    assert_fresh_session(&next, "after a FunctionCall message").await;
+    assert_ne!(
+        bounded_scalar(&next, "show work_mem", "next client").await,
+        "1234kB"
+    );
+    let direct = superuser_connect(&cluster, "postgres").await;
+    assert_eq!(
+        bounded_scalar(&direct, "select pg_try_advisory_lock(77)::text", "direct").await,
+        "true",
+        "the lock taken through FunctionCall is still held on the pooled server"
+    );
+}
+
 #[tokio::test]
 async fn role_set_in_a_do_block_does_not_leak() {
     let cluster = app_cluster(ServerAuth::Trust);

@@ -175,6 +175,7 @@ pub(super) fn rewrite_client(
 ) -> Result<(), WireError> {
     loop {
         let mut terminated = false;
+        let mut function_called = false;
         let cap = cycle.cap;
         let expected = &mut t.expected;
         let end = cycle
@@ -194,8 +195,12 @@ pub(super) fn rewrite_client(
                 }
                 match cycle.req.client(tag) {
                     Counted::Sync => expected.push(pass(Reply::Sync)),
-                    // FunctionCall (Query is rewritten, so never here).
-                    Counted::Request => expected.push(pass(Reply::Query)),
+                    // FunctionCall (Query is rewritten, so never here):
+                    // code sluice cannot read, as a call in a query.
+                    Counted::Request => {
+                        function_called = true;
+                        expected.push(pass(Reply::Query))
+                    }
                     Counted::Execute => expected.push(pass(Reply::Execute)),
                     Counted::CopyEnded { ignored_syncs } => {
                         expected.forget_ignored_syncs(ignored_syncs)
@@ -209,6 +214,13 @@ pub(super) fn rewrite_client(
                 }
                 Visit::Forward
             })?;
+        if function_called {
+            t.effects.merge(crate::prepared::sql::Effects {
+                opaque: true,
+                settings: true,
+                ..Default::default()
+            });
+        }
         t.out.extend_from_slice(&cbuf[..end.forward_to]);
         cbuf.advance(end.forward_to);
         // (a message the scan waits for is measured from the new start:

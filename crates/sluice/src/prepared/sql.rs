@@ -24,19 +24,59 @@ pub enum Special {
 /// Splits `text` into statements at semicolons outside quotes, comments
 /// and dollar quotes.
 fn statements(text: &[u8]) -> Vec<&[u8]> {
+    split(text).0
+}
+
+/// A byte that continues an identifier in PostgreSQL's scanner (`$`
+/// included, and every byte of a multibyte character).
+fn continues_identifier(c: u8) -> bool {
+    c.is_ascii_alphanumeric() || c == b'_' || c == b'$' || c >= 0x80
+}
+
+/// The statements of `text`, and whether the split may not be the
+/// server's: a quote, comment or dollar quote left open at the end, or a
+/// backslash inside a plain string (with `standard_conforming_strings`
+/// off, the server reads it as an escape, and a quote after it does not
+/// close the string). Such a text is judged as opaque code: the server is
+/// checked afterwards rather than the text believed.
+fn split(text: &[u8]) -> (Vec<&[u8]>, bool) {
     let mut out = Vec::new();
+    let mut doubtful = false;
     let mut start = 0;
     let mut i = 0;
     while i < text.len() {
+        let after_identifier = i > 0 && continues_identifier(text[i - 1]);
         match text[i] {
-            b'\'' | b'"' => i = skip_quoted(text, i, text[i]),
+            b'\'' => {
+                // E'…' (not the end of an identifier like `namE'…'`).
+                let escapes = i > 0
+                    && matches!(text[i - 1], b'e' | b'E')
+                    && !(i > 1 && continues_identifier(text[i - 2]));
+                let (end, open, backslash) = skip_string(text, i, escapes);
+                doubtful |= open || (backslash && !escapes);
+                i = end;
+            }
+            b'"' => {
+                let end = skip_quoted(text, i, b'"');
+                doubtful |= end == text.len() && text.last() != Some(&b'"');
+                i = end;
+            }
             b'-' if text.get(i + 1) == Some(&b'-') => {
                 while i < text.len() && text[i] != b'\n' {
                     i += 1;
                 }
             }
-            b'/' if text.get(i + 1) == Some(&b'*') => i = skip_block_comment(text, i),
-            b'$' => i = skip_dollar_quoted(text, i),
+            b'/' if text.get(i + 1) == Some(&b'*') => {
+                i = skip_block_comment(text, i);
+                doubtful |= i == text.len() && !text.ends_with(b"*/");
+            }
+            // In an identifier (`price$usd$`) a `$` opens nothing.
+            b'$' if after_identifier => i += 1,
+            b'$' => {
+                let end = skip_dollar_quoted(text, i);
+                doubtful |= end == text.len() && !text.ends_with(b"$");
+                i = end;
+            }
             b';' => {
                 out.push(&text[start..i]);
                 start = i + 1;
@@ -47,7 +87,27 @@ fn statements(text: &[u8]) -> Vec<&[u8]> {
     }
     out.push(&text[start..]);
     out.retain(|s| !skip_space(s).is_empty());
-    out
+    (out, doubtful)
+}
+
+/// A string constant opening at `open`: where it ends, whether it is left
+/// open, and whether a backslash is in it. With `escapes` (`E'…'`) a
+/// backslash escapes the next byte.
+fn skip_string(text: &[u8], open: usize, escapes: bool) -> (usize, bool, bool) {
+    let mut backslash = false;
+    let mut i = open + 1;
+    while i < text.len() {
+        match text[i] {
+            b'\\' => {
+                backslash = true;
+                i += if escapes { 2 } else { 1 };
+            }
+            b'\'' if text.get(i + 1) == Some(&b'\'') => i += 2,
+            b'\'' => return (i + 1, false, backslash),
+            _ => i += 1,
+        }
+    }
+    (text.len(), true, backslash)
 }
 
 fn skip_quoted(text: &[u8], open: usize, quote: u8) -> usize {
@@ -89,7 +149,11 @@ fn skip_block_comment(text: &[u8], open: usize) -> usize {
 /// passed over.
 fn skip_dollar_quoted(text: &[u8], open: usize) -> usize {
     let mut end = open + 1;
-    while end < text.len() && (text[end].is_ascii_alphanumeric() || text[end] == b'_') {
+    // (a tag's bytes: letters, digits, `_`, and those of multibyte
+    // characters, as PostgreSQL's scanner has them)
+    while end < text.len()
+        && (text[end].is_ascii_alphanumeric() || text[end] == b'_' || text[end] >= 0x80)
+    {
         end += 1;
     }
     if end >= text.len()
@@ -732,7 +796,11 @@ impl Effects {
 /// The effects of `text` (call only where `may_matter` said yes).
 pub fn effects(text: &[u8]) -> Effects {
     let mut e = Effects::default();
-    for s in statements(text) {
+    let (statements, doubtful) = split(text);
+    // (where the server may split it otherwise, what follows the doubt
+    // may be anything: the server is checked afterwards)
+    e.opaque = doubtful;
+    for s in statements {
         let (first, _) = word(s);
         let is = |k: &[u8]| first.eq_ignore_ascii_case(k);
         if is(b"set") || is(b"reset") {
@@ -1202,6 +1270,41 @@ mod tests {
         for list in [HARMLESS_CALLS, NOT_CALLS, TABLE_BEFORE] {
             assert!(list.windows(2).all(|w| w[0] < w[1]), "{list:?}");
         }
+    }
+
+    #[test]
+    fn a_string_or_dollar_sign_hides_no_statement() {
+        // Found by a review: each text hid the SET, PREPARE, cursor and
+        // temporary table after it in one "string".
+        let tail = "; set search_path = pg_catalog; prepare p as select 1; \
+                    declare c cursor with hold for select 1; create temp table t as select 1";
+        for head in [
+            r"select E'it\'s'",
+            r"select e'\\'",
+            "select 1 as price$usd$",
+            "select $é$x$é$",
+        ] {
+            let text = format!("{head}{tail}");
+            let e = effects(text.as_bytes());
+            assert!(
+                e.settings && e.statements && e.cursors && e.temp && !e.opaque,
+                "{text}: {e:?}"
+            );
+            assert_eq!(statements(text.as_bytes()).len(), 5, "{text}");
+        }
+        // A backslash in a plain string is an escape when the client has
+        // standard_conforming_strings off: which statements follow is not
+        // known from the text, so the server is checked afterwards.
+        for text in [
+            r"select '\''; set statement_timeout = 1; select ''",
+            "select 'unterminated; set role r",
+            "select 1 /* open; set role r",
+            "select $q$ open; set role r",
+        ] {
+            assert!(effects(text.as_bytes()).opaque, "{text}");
+        }
+        assert!(!effects(b"select 'it''s'; set role r").opaque);
+        assert!(!effects(b"select name$1 from t; set role r").opaque);
     }
 
     #[test]
