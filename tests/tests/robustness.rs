@@ -809,3 +809,66 @@ async fn a_client_killed_behind_full_buffers_is_gone() {
     assert_eq!(scalar_text(&next, "select 3").await, "3");
     drop(writer);
 }
+
+/// Messages that need no server, or that PostgreSQL would refuse in a way
+/// that leaves its server out of step, cost the pool nothing (found by a
+/// hostile review: a lone Flush closed a server each time, as "released
+/// with a send in flight", and an unknown message type made PostgreSQL
+/// end the server).
+#[tokio::test]
+async fn odd_messages_between_transactions_cost_no_server() {
+    let cluster = app_cluster(ServerAuth::Trust);
+    let sluice = ConfigBuilder::for_cluster(&cluster)
+        .set("pool_mode", "transaction")
+        .set("default_pool_size", "1")
+        .set("query_wait_timeout", "5")
+        .start();
+    let watcher = connect_as(sluice.port(), APP_USER, "postgres").await;
+    let pid = scalar_text(&watcher, "select pg_backend_pid()::text").await;
+    let mut odd = RawClient::logged_in(sluice.port(), APP_USER, "postgres").await;
+    for round in 0..100 {
+        let message = match round % 3 {
+            0 => msg::flush(),
+            1 => msg::copy_data(b"stray"),
+            _ => msg::copy_done(),
+        };
+        odd.send(&message).await.expect("send");
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    assert_eq!(
+        odd.simple_query("select 'still here'", Duration::from_secs(10))
+            .await,
+        vec![Some("still here".to_owned())]
+    );
+    for (what, message, text) in [
+        (
+            "an unknown message type",
+            msg::message(b'A', b"junk"),
+            "invalid frontend message type 65",
+        ),
+        (
+            "a Flush with a body",
+            msg::message(b'H', b"x"),
+            "invalid message format",
+        ),
+        (
+            "a Sync with a body",
+            msg::message(b'S', b"x"),
+            "invalid message format",
+        ),
+    ] {
+        let mut client = RawClient::logged_in(sluice.port(), APP_USER, "postgres").await;
+        client.send(&message).await.expect("send");
+        let fields = client
+            .expect_error_or_close(Duration::from_secs(10))
+            .await
+            .unwrap_or_else(|| panic!("{what}: an error, not a bare close"));
+        assert_eq!(error_field(&fields, b'C'), Some("08P01"), "{what}");
+        assert_eq!(error_field(&fields, b'M'), Some(text), "{what}");
+    }
+    assert_eq!(
+        scalar_text(&watcher, "select pg_backend_pid()::text").await,
+        pid,
+        "the pool's one server is the same: none was closed"
+    );
+}

@@ -18,6 +18,17 @@ pub mod frontend {
     pub const QUERY: u8 = b'Q';
     pub const SYNC: u8 = b'S';
     pub const TERMINATE: u8 = b'X';
+
+    /// Whether `tag` is a message a client may send once logged in, and
+    /// whether its body must be empty (Sync, Flush, CopyDone, Terminate).
+    pub fn after_login(tag: u8) -> Option<bool> {
+        match tag {
+            SYNC | FLUSH | COPY_DONE | TERMINATE => Some(true),
+            BIND | CLOSE | COPY_DATA | COPY_FAIL | DESCRIBE | EXECUTE | FUNCTION_CALL | PARSE
+            | QUERY => Some(false),
+            _ => None,
+        }
+    }
 }
 
 /// Messages a server (backend) sends.

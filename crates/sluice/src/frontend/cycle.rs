@@ -30,6 +30,10 @@ pub(super) struct Cycle {
     /// "PQexec disallowed"); set when one is seen, nothing of it sent.
     pub(super) no_pqexec: bool,
     pub(super) pqexec_seen: bool,
+    /// A message PostgreSQL would refuse with a protocol error that may
+    /// leave its server out of step (an unknown type, a Sync or Flush with
+    /// a body): the client is ended before it reaches the server.
+    pub(super) bad_message: Option<String>,
     /// Statement mode saw a transaction block open.
     pub(super) refused_transaction: bool,
     /// ReadyForQuery messages seen, and those with status 'I'.
@@ -101,6 +105,7 @@ impl Cycle {
             client_terminated: false,
             no_pqexec,
             pqexec_seen: false,
+            bad_message: None,
             refused_transaction: false,
             cycles_done: 0,
             xacts_done: 0,

@@ -128,6 +128,9 @@ pub async fn run(client: &mut Client, cbuf: &mut BytesMut, mut lease: Lease) -> 
         if cycle.pqexec_seen {
             break Err(End::Client(pqexec_disallowed()));
         }
+        if let Some(why) = cycle.bad_message.take() {
+            break Err(End::Client(ClientError::protocol(why)));
+        }
         let held = cycle.client_scan.wanted();
         if held > CLIENT_HELD_LIMIT {
             break Err(End::Client(held_too_large(held)));
@@ -481,6 +484,15 @@ pub async fn run(client: &mut Client, cbuf: &mut BytesMut, mut lease: Lease) -> 
         client.app.cancels.unlink(client.cancel) && !settle_cancels(client).await;
     let end = match end {
         Ok(Outcome::Release) if cancel_unsettled => Ok(Outcome::Close),
+        // A request with no reply (a lone Flush, CopyData outside a COPY)
+        // ends as soon as it is written: its send may still be in the
+        // worker's ring, which a server going back must not have.
+        Ok(Outcome::Release) if !lease.server().stream.settled() => {
+            match settle_send(&mut lease).await {
+                true => Ok(Outcome::Release),
+                false => Ok(Outcome::Close),
+            }
+        }
         end => end,
     };
     cycle.fill_stats(&mut lease.stats);
@@ -633,6 +645,19 @@ pub async fn run(client: &mut Client, cbuf: &mut BytesMut, mut lease: Lease) -> 
         t.give_back();
     }
     ended
+}
+
+/// Waits (briefly: the server reads) for what was written to the server
+/// to leave the worker's ring; false if it did not.
+#[inline(never)]
+async fn settle_send(lease: &mut Lease) -> bool {
+    use tokio::io::AsyncWriteExt;
+    let flushed = tokio::time::timeout(
+        std::time::Duration::from_secs(1),
+        lease.server().stream.flush(),
+    )
+    .await;
+    matches!(flushed, Ok(Ok(()))) && lease.server().stream.settled()
 }
 
 /// A cancel request of the client's is on its way to the server the relay

@@ -156,6 +156,24 @@ fn rewritten(tag: u8) -> bool {
     matches!(tag, f::PARSE | f::BIND | f::DESCRIBE | f::CLOSE | f::QUERY)
 }
 
+/// Messages the client scan needs whole: those it rewrites, and those
+/// whose body must be empty (five bytes, so at once).
+fn needs_body(tag: u8) -> bool {
+    rewritten(tag) || tags::frontend::after_login(tag) == Some(true)
+}
+
+/// Why PostgreSQL would refuse this client message in a way that leaves
+/// its server out of step with the pool (its error, unasked, would reach
+/// the next client, or it ends the server): an unknown type, or a Sync,
+/// Flush or CopyDone with a body (`body` is whole for those).
+fn bad_message(tag: u8, body: &[u8]) -> Option<String> {
+    match tags::frontend::after_login(tag) {
+        None => Some(format!("invalid frontend message type {tag}")),
+        Some(true) if !body.is_empty() => Some("invalid message format".to_owned()),
+        Some(_) => None,
+    }
+}
+
 /// Where the rewriter's shared state lives.
 pub(super) struct Statements<'a> {
     pub(super) names: &'a mut ClientNames,
@@ -180,8 +198,12 @@ pub(super) fn rewrite_client(
         let expected = &mut t.expected;
         let end = cycle
             .client_scan
-            .scan(cbuf, 0, limit, rewritten, |tag, _| {
+            .scan(cbuf, 0, limit, needs_body, |tag, body| {
                 if cap.is_some_and(|c| cycle.req.sent() >= c) {
+                    return Visit::StopBefore;
+                }
+                if let Some(why) = bad_message(tag, body) {
+                    cycle.bad_message = Some(why);
                     return Visit::StopBefore;
                 }
                 if tag == tags::frontend::QUERY && cycle.no_pqexec {
@@ -229,7 +251,7 @@ pub(super) fn rewrite_client(
         if terminated {
             cycle.client_terminated = true;
         }
-        if !end.stopped || terminated || cycle.pqexec_seen {
+        if !end.stopped || terminated || cycle.pqexec_seen || cycle.bad_message.is_some() {
             break;
         }
         // What the server or the client has not taken yet bounds what is
