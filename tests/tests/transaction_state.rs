@@ -760,3 +760,37 @@ async fn errors_name_the_clients_statements_as_postgresql_does() {
     assert!(seen[0].contains("\"s1\" requires 1"), "{seen:?}");
     assert!(seen[3].contains("\"s2\" does not exist"), "{seen:?}");
 }
+
+/// One client's LISTEN that PostgreSQL refuses costs the others nothing,
+/// and a channel name past 63 bytes is heard under the name PostgreSQL
+/// cuts it to (found by a review: `LISTEN ""` made the pool's listening
+/// connection drop every LISTEN sent with it, and long names were never
+/// heard).
+#[tokio::test]
+async fn a_refused_listen_costs_other_listeners_nothing() {
+    let cluster = app_cluster(ServerAuth::Trust);
+    let sluice = one_server(&cluster);
+    let (alice, mut inbox) = connect_listening(sluice.port(), APP_USER, "postgres").await;
+    let mallory = connect_as(sluice.port(), APP_USER, "postgres").await;
+    let bob = connect_as(sluice.port(), APP_USER, "postgres").await;
+    let long = "l".repeat(70);
+    // Sent together, so that the hub takes them in one turn.
+    let listens = format!("LISTEN news; LISTEN {long}");
+    let (refused, listened) = tokio::join!(
+        mallory.batch_execute(r#"LISTEN """#),
+        alice.batch_execute(&listens)
+    );
+    assert!(refused.is_err(), "PostgreSQL refuses an empty channel name");
+    listened.expect("alice listens");
+    for channel in ["news", long.as_str()] {
+        bob.batch_execute(&format!("NOTIFY {channel}, 'hello'"))
+            .await
+            .unwrap();
+        let n = tokio::time::timeout(Duration::from_secs(10), inbox.recv())
+            .await
+            .unwrap_or_else(|_| panic!("a notification on {channel} within 10 s"))
+            .expect("connection open");
+        assert_eq!(n.channel(), &channel[..channel.len().min(63)]);
+        assert_eq!(n.payload(), "hello");
+    }
+}

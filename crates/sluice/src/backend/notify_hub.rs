@@ -207,34 +207,55 @@ async fn serve(pool: &Weak<dyn HubOwner>, server: &mut super::server::ServerConn
         if stop_if_unused(&*p) {
             return Served::Unused;
         }
-        // Bring the server's LISTENs in line with the wanted channels.
-        let sql = {
+        // Bring the server's LISTENs in line with the wanted channels: one
+        // query each, so that a channel PostgreSQL refuses costs no other.
+        let ops: Vec<(String, bool)> = {
             let st = p.hub().lock();
-            let mut sql = String::new();
-            for name in st.channels.keys().filter(|c| !st.listening.contains(*c)) {
-                sql.push_str(&format!("LISTEN {};", quote_ident(name)));
-            }
-            for name in st
+            let listen = st
+                .channels
+                .keys()
+                .filter(|c| !st.listening.contains(*c))
+                .map(|c| (c.clone(), true));
+            let unlisten = st
                 .listening
                 .iter()
                 .filter(|c| !st.channels.contains_key(*c))
-            {
-                sql.push_str(&format!("UNLISTEN {};", quote_ident(name)));
-            }
-            sql
+                .map(|c| (c.clone(), false));
+            listen.chain(unlisten).collect()
         };
-        if !sql.is_empty() {
-            let wanted: HashSet<String> = p.hub().lock().channels.keys().cloned().collect();
-            if let Err(e) = query(&*p, server, &sql).await {
-                return Served::Failed(e);
-            }
+        if !ops.is_empty() {
+            let statements: Vec<String> = ops
+                .iter()
+                .map(|(name, listen)| match listen {
+                    true => format!("LISTEN {}", quote_ident(name)),
+                    false => format!("UNLISTEN {}", quote_ident(name)),
+                })
+                .collect();
+            let done = match query_each(&*p, server, &statements).await {
+                Ok(done) => done,
+                Err(e) => return Served::Failed(e),
+            };
             let mut st = p.hub().lock();
-            st.listening = wanted;
+            for ((name, listen), ok) in ops.into_iter().zip(done) {
+                match (listen, ok) {
+                    (true, true) => {
+                        st.listening.insert(name);
+                    }
+                    // Refused: its listeners hear nothing (their own
+                    // server refused it too), and it is not asked again.
+                    (true, false) => {
+                        st.channels.remove(&name);
+                    }
+                    (false, _) => {
+                        st.listening.remove(&name);
+                    }
+                }
+            }
             let confirm = std::mem::take(&mut st.confirm);
             for (channel, done) in confirm {
                 if st.listening.contains(&channel) {
                     let _ = done.send(());
-                } else {
+                } else if st.channels.contains_key(&channel) {
                     st.confirm.push((channel, done));
                 }
             }
@@ -267,20 +288,26 @@ fn on_message(pool: &dyn HubOwner, tag: u8, body: BytesMut) {
 
 /// Runs `sql` on the hub's server, delivering notifications that arrive
 /// meanwhile.
-async fn query(
+/// Runs each statement as its own query (sent in one write): whether each
+/// succeeded. Notifications that arrive meanwhile are handed on.
+async fn query_each(
     pool: &dyn HubOwner,
     server: &mut super::server::ServerConn,
-    sql: &str,
-) -> Result<(), String> {
+    statements: &[String],
+) -> Result<Vec<bool>, String> {
     let mut out = BytesMut::new();
-    sluice_wire::encode_query(&mut out, sql);
+    for sql in statements {
+        sluice_wire::encode_query(&mut out, sql);
+    }
     server
         .stream
         .write_all(&out)
         .await
         .map_err(|e| e.to_string())?;
     let deadline = Duration::from_secs(30);
-    loop {
+    let mut done = Vec::with_capacity(statements.len());
+    let mut failed = false;
+    while done.len() < statements.len() {
         let read = tokio::time::timeout(
             deadline,
             read_message(&mut server.stream, &mut server.buf, MESSAGE_LIMIT),
@@ -289,8 +316,9 @@ async fn query(
         .map_err(|_| "LISTEN timed out".to_string())?;
         let (tag, body) = read.map_err(|e| e.to_string())?;
         match tag {
-            tags::backend::READY_FOR_QUERY => return Ok(()),
+            tags::backend::READY_FOR_QUERY => done.push(!std::mem::take(&mut failed)),
             tags::backend::ERROR_RESPONSE => {
+                failed = true;
                 let why = sluice_wire::ErrorFields::decode(&body)
                     .map(|f| f.message.to_owned())
                     .unwrap_or_default();
@@ -299,4 +327,5 @@ async fn query(
             _ => on_message(pool, tag, body),
         }
     }
+    Ok(done)
 }

@@ -907,7 +907,10 @@ fn special_statement(one: &[u8]) -> Option<Special> {
     }
     if first.eq_ignore_ascii_case(b"listen") {
         let (name, tail) = identifier(rest)?;
-        return is_end(tail).then(|| Special::Listen(String::from_utf8_lossy(&name).into_owned()));
+        return is_end(tail)
+            .then(|| channel(&name))
+            .flatten()
+            .map(Special::Listen);
     }
     if first.eq_ignore_ascii_case(b"unlisten") {
         let after = skip_space(rest);
@@ -916,9 +919,23 @@ fn special_statement(one: &[u8]) -> Option<Special> {
         }
         let (name, tail) = identifier(rest)?;
         return is_end(tail)
-            .then(|| Special::Unlisten(Some(String::from_utf8_lossy(&name).into_owned())));
+            .then(|| channel(&name))
+            .flatten()
+            .map(|c| Special::Unlisten(Some(c)));
     }
     None
+}
+
+/// A channel name as PostgreSQL keeps it: an identifier cut to 63 bytes
+/// (NAMEDATALEN - 1) on a character boundary, as notifications then name
+/// it. None for an empty name, which PostgreSQL refuses (42601).
+fn channel(name: &[u8]) -> Option<String> {
+    let name = String::from_utf8_lossy(name);
+    let mut end = name.len().min(63);
+    while !name.is_char_boundary(end) {
+        end -= 1;
+    }
+    (end > 0).then(|| name[..end].to_owned())
 }
 
 /// Names of custom (dotted) settings that `text` may set: the variable of
@@ -1270,6 +1287,22 @@ mod tests {
         for list in [HARMLESS_CALLS, NOT_CALLS, TABLE_BEFORE] {
             assert!(list.windows(2).all(|w| w[0] < w[1]), "{list:?}");
         }
+    }
+
+    #[test]
+    fn channels_are_named_as_postgresql_keeps_them() {
+        assert_eq!(special(br#"LISTEN """#), None, "refused by PostgreSQL");
+        let long = "c".repeat(70);
+        assert_eq!(
+            special(format!("listen {long}").as_bytes()),
+            Some(Special::Listen("c".repeat(63)))
+        );
+        // Cut on a character boundary: 62 bytes, not half an é.
+        let accented = format!("\"{}é\"", "c".repeat(62));
+        assert_eq!(
+            special(format!("unlisten {accented}").as_bytes()),
+            Some(Special::Unlisten(Some("c".repeat(62))))
+        );
     }
 
     #[test]
