@@ -794,3 +794,43 @@ async fn a_refused_listen_costs_other_listeners_nothing() {
         assert_eq!(n.payload(), "hello");
     }
 }
+
+/// A client that turns standard_conforming_strings off leaves it on its
+/// server only for itself: the next client's parameters, applied there in
+/// one query, are written so that any value reads right (found by a
+/// review: a backslash in application_name ended the next client with
+/// 42601).
+#[tokio::test]
+async fn a_backslash_in_a_parameter_survives_a_previous_clients_string_setting() {
+    let cluster = app_cluster(ServerAuth::Trust);
+    let sluice = one_server(&cluster);
+    let old_style = connect_as(sluice.port(), APP_USER, "postgres").await;
+    old_style
+        .batch_execute("SET standard_conforming_strings = off")
+        .await
+        .expect("SET");
+    assert_eq!(
+        scalar_text(&old_style, "show standard_conforming_strings").await,
+        "off"
+    );
+    let mut config = tokio_postgres::Config::new();
+    config
+        .host("127.0.0.1")
+        .port(sluice.port())
+        .user(APP_USER)
+        .dbname("postgres")
+        .application_name(r"C:\apps\it's");
+    let next = connect_config(&config).await.expect("connect");
+    assert_eq!(
+        scalar_text(&next, "show application_name").await,
+        r"C:\apps\it's"
+    );
+    assert_eq!(
+        scalar_text(&next, "show standard_conforming_strings").await,
+        "on"
+    );
+    assert_eq!(
+        scalar_text(&old_style, "show standard_conforming_strings").await,
+        "off"
+    );
+}

@@ -116,12 +116,18 @@ impl ParamInterner {
     }
 }
 
-/// Appends `v` as a standard-conforming SQL string literal.
+/// A string literal read the same whatever the session's
+/// `standard_conforming_strings` (a previous client may have turned it
+/// off on the server): a value with a backslash is written `E'…'`, its
+/// backslashes doubled.
 pub fn push_literal(sql: &mut String, v: &str) {
+    if v.contains('\\') {
+        sql.push('E');
+    }
     sql.push('\'');
     for c in v.chars() {
-        if c == '\'' {
-            sql.push('\'');
+        if c == '\'' || c == '\\' {
+            sql.push(c);
         }
         sql.push(c);
     }

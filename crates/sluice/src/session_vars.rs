@@ -182,7 +182,9 @@ pub fn apply_sql(server: Option<&SessionVars>, client: Option<&SessionVars>) -> 
 }
 
 fn quote_literal(s: &str) -> String {
-    format!("'{}'", s.replace('\'', "''"))
+    let mut out = String::with_capacity(s.len() + 3);
+    crate::params::push_literal(&mut out, s);
+    out
 }
 
 fn quote_ident(s: &str) -> String {
