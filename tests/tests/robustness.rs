@@ -872,3 +872,32 @@ async fn odd_messages_between_transactions_cost_no_server() {
         "the pool's one server is the same: none was closed"
     );
 }
+
+/// A request written with the login packet, before ReadyForQuery, is
+/// answered after the login, as PostgreSQL does (found by a review: it
+/// was dropped, and the client waited for ever).
+#[tokio::test]
+async fn a_query_sent_with_the_login_packet_is_answered() {
+    let cluster = app_cluster(ServerAuth::Trust);
+    let sluice = ConfigBuilder::for_cluster(&cluster)
+        .set("pool_mode", "transaction")
+        .start();
+    let mut client = RawClient::connect(sluice.port()).await;
+    let startup = startup_packet(&[("user", APP_USER), ("database", "postgres")]);
+    client
+        .send(&[startup, msg::query("select 'early'")].concat())
+        .await
+        .expect("send");
+    client.read_until_ready(Duration::from_secs(10)).await;
+    let mut rows = Vec::new();
+    loop {
+        match client.read_message(Duration::from_secs(10)).await {
+            RawReply::Message(b'D', body) => rows.push(body),
+            RawReply::Message(b'Z', _) => break,
+            RawReply::Message(..) => {}
+            other => panic!("the early query's reply, not {other:?}"),
+        }
+    }
+    assert_eq!(rows.len(), 1);
+    assert!(rows[0].ends_with(b"early"), "{:?}", rows[0]);
+}

@@ -85,6 +85,9 @@ pub struct Carried {
     pub session: Option<Arc<crate::session_vars::SessionVars>>,
     /// Channels the client LISTENs to through the pool's hub.
     pub listen: Option<Box<Listening>>,
+    /// Bytes the client sent with its login, after it (a request written
+    /// without waiting for ReadyForQuery): the session reads them first.
+    pub early: bytes::BytesMut,
 }
 
 /// A client's subscription to its pool's LISTEN hub; leaving unsubscribes.
@@ -152,6 +155,15 @@ impl Client {
     /// What the client carries, created on first use.
     pub fn carried(&mut self) -> &mut Carried {
         self.carried.get_or_insert_with(Box::default)
+    }
+
+    /// What the client sent after its login packet before the session
+    /// began (empty, nearly always).
+    pub fn take_early(&mut self) -> bytes::BytesMut {
+        self.carried
+            .as_deref_mut()
+            .map(|c| std::mem::take(&mut c.early))
+            .unwrap_or_default()
     }
 
     /// The client's named statements, if it has any state at all.

@@ -162,6 +162,8 @@ struct LoggedIn {
     session: Option<Arc<SessionVars>>,
     cancel: crate::backend::cancel::CancelHandle,
     user: String,
+    /// What the client sent after its login (see `Carried::early`).
+    early: BytesMut,
 }
 
 impl LoggedIn {
@@ -175,6 +177,9 @@ impl LoggedIn {
             self.user,
         );
         client.set_session(self.session);
+        if !self.early.is_empty() {
+            client.carried().early = self.early;
+        }
         client
     }
 }
@@ -444,6 +449,7 @@ async fn login_inner(
         session,
         cancel,
         user,
+        early: buf,
     }))))
 }
 

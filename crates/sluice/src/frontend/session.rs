@@ -906,7 +906,7 @@ fn first_message_incomplete(buf: &[u8], tracked: bool) -> Result<bool, ClientErr
 /// long as the client, idle or not, so it holds only the client, an empty
 /// buffer while idle, and a readiness wait; everything else is boxed.
 pub async fn run(client: &mut Client) -> SessionEnd {
-    let mut buf = BytesMut::new();
+    let mut buf = client.take_early();
     let end = run_with(client, &mut buf).await;
     spare_buffers::give_back(buf);
     end
