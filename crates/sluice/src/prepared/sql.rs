@@ -572,14 +572,11 @@ const NOT_CALLS: &[&[u8]] = &[
     b"cast",
     b"char",
     b"character",
-    b"conflict",
-    b"cube",
     b"decimal",
     b"distinct",
     b"else",
     b"except",
     b"exists",
-    b"filter",
     b"float",
     b"from",
     b"group",
@@ -598,14 +595,10 @@ const NOT_CALLS: &[&[u8]] = &[
     b"offset",
     b"on",
     b"or",
-    b"over",
-    b"partition",
     b"returning",
-    b"rollup",
     b"row",
     b"select",
     b"set",
-    b"sets",
     b"some",
     b"then",
     b"time",
@@ -617,8 +610,34 @@ const NOT_CALLS: &[&[u8]] = &[
     b"when",
     b"where",
     b"with",
-    b"within",
 ];
+
+/// Keywords PostgreSQL also takes as function names (unreserved), which
+/// open no call only where the grammar puts them: `ON CONFLICT (`,
+/// `GROUP BY CUBE (` / `ROLLUP (` (or after a comma there), `GROUPING SETS
+/// (`, and `FILTER (` / `OVER (` after a call's `)`. Anywhere else they
+/// are calls (a review hid a user function `rollup(…)` this way).
+fn keyword_in_place(text: &[u8], start: usize, word: &[u8]) -> bool {
+    let is = |k: &[u8]| word.eq_ignore_ascii_case(k);
+    let mut end = start;
+    while end > 0 && text[end - 1].is_ascii_whitespace() {
+        end -= 1;
+    }
+    let before = word_before(text, end).1;
+    let after = |k: &[u8]| before.eq_ignore_ascii_case(k);
+    let prev = end.checked_sub(1).map(|i| text[i]);
+    if is(b"conflict") {
+        after(b"on")
+    } else if is(b"cube") || is(b"rollup") {
+        after(b"by") || prev == Some(b',')
+    } else if is(b"sets") {
+        after(b"grouping")
+    } else if is(b"filter") || is(b"over") {
+        prev == Some(b')')
+    } else {
+        false
+    }
+}
 
 /// Words after which the next word names a table, so that `word (` is a
 /// column list, not a call.
@@ -698,12 +717,21 @@ fn unknown_call_at(text: &[u8], at: usize) -> bool {
     if follows_table_keyword(text, start) {
         return false;
     }
-    if start > 0 && text[start - 1] == b'.' {
-        // Schema-qualified: only pg_catalog's harmless functions.
-        let (_, schema) = word_before(text, start - 1);
+    // Schema-qualified (white space may stand around the dot: `public.
+    // md5(…)`): only pg_catalog's harmless functions.
+    let mut dot = start;
+    while dot > 0 && text[dot - 1].is_ascii_whitespace() {
+        dot -= 1;
+    }
+    if dot > 0 && text[dot - 1] == b'.' {
+        let mut schema_end = dot - 1;
+        while schema_end > 0 && text[schema_end - 1].is_ascii_whitespace() {
+            schema_end -= 1;
+        }
+        let (_, schema) = word_before(text, schema_end);
         return !(schema.eq_ignore_ascii_case(b"pg_catalog") && in_list(HARMLESS_CALLS, word));
     }
-    if in_list(NOT_CALLS, word) {
+    if in_list(NOT_CALLS, word) || keyword_in_place(text, start, word) {
         return false;
     }
     !in_list(HARMLESS_CALLS, word)
@@ -716,11 +744,25 @@ fn follows_table_keyword(text: &[u8], start: usize) -> bool {
     if end > 0 && text[end - 1] == b'.' {
         end = word_before(text, end - 1).0;
     }
+    let mut newline = false;
     while end > 0 && text[end - 1].is_ascii_whitespace() {
+        newline |= text[end - 1] == b'\n';
         end -= 1;
     }
-    let (_, word) = word_before(text, end);
-    in_list(TABLE_BEFORE, word)
+    let (word_start, word) = word_before(text, end);
+    if !in_list(TABLE_BEFORE, word) {
+        return false;
+    }
+    // A keyword at the end of an earlier line may be a comment's last
+    // word (`-- copy into`): only if that line has no `--` (a review hid
+    // a call this way).
+    !newline || {
+        let line = text[..word_start]
+            .iter()
+            .rposition(|&c| c == b'\n')
+            .map_or(0, |i| i + 1);
+        !text[line..word_start].windows(2).any(|w| w == b"--")
+    }
 }
 
 /// Whether `s` has the word TEMP or TEMPORARY (not "attempts").
@@ -1286,6 +1328,33 @@ mod tests {
     fn harmless_lists_are_sorted() {
         for list in [HARMLESS_CALLS, NOT_CALLS, TABLE_BEFORE] {
             assert!(list.windows(2).all(|w| w[0] < w[1]), "{list:?}");
+        }
+    }
+
+    #[test]
+    fn calls_hidden_by_keywords_comments_or_spacing_are_calls() {
+        // Found by a review, each hiding a user function's call.
+        for text in [
+            "select 1 -- load into\nset_tenant('a')",
+            "select 1 -- the table\n, take_lock(1)",
+            "select within(1)",
+            "select rollup(1)",
+            "select cube(1, 2)",
+            "select over(1)",
+            "select public. md5(42)",
+            "select public . lower(42)",
+        ] {
+            assert!(calls_unknown_function(text.as_bytes()), "{text}");
+        }
+        // The grammar's own places still open no call.
+        for text in [
+            "select a, count(*) filter (where b) over (partition by c) from t group by rollup (a, b), cube (c)",
+            "select a from t group by grouping sets ((a), ())",
+            "insert into t (a) values (1) on conflict (a) do nothing",
+            "insert into\n t (a) values (1)",
+            "select percentile_cont(0.5) within group (order by a) from t",
+        ] {
+            assert!(!calls_unknown_function(text.as_bytes()), "{text}");
         }
     }
 
