@@ -863,9 +863,13 @@ pub fn effects(text: &[u8]) -> Effects {
         }
         // Any CREATE may make a temporary object (`pg_temp.f`, a temporary
         // type or function that would shadow a built-in for the next
-        // client), as may `… INTO TEMP` and anything naming pg_temp.
+        // client), also under EXPLAIN ANALYZE, as may `… INTO TEMP`, a
+        // SELECT … INTO (a table in pg_temp when pg_temp comes first in
+        // search_path) and anything naming pg_temp.
         if is(b"create")
+            || (is(b"explain") && contains_ignore_case(s, b"create"))
             || (temp_keyword(s) && contains_ignore_case(s, b"into"))
+            || ((is(b"select") || is(b"with")) && has_word(s, b"into"))
             || contains_ignore_case(s, b"pg_temp")
         {
             e.temp = true;
@@ -1025,6 +1029,15 @@ pub fn custom_names(text: &[u8]) -> Vec<String> {
         }
     }
     names
+}
+
+/// Whether `word` is in `s` as a word of its own (not inside another).
+fn has_word(s: &[u8], word: &[u8]) -> bool {
+    s.windows(word.len()).enumerate().any(|(at, w)| {
+        w.eq_ignore_ascii_case(word)
+            && (at == 0 || !is_ident(s[at - 1]))
+            && s.get(at + word.len()).is_none_or(|&c| !is_ident(c))
+    })
 }
 
 fn contains_ignore_case(haystack: &[u8], needle: &[u8]) -> bool {
@@ -1414,6 +1427,11 @@ mod tests {
         assert!(effects(b"DECLARE c CURSOR WITH HOLD FOR select 1").cursors);
         assert!(!effects(b"DECLARE c CURSOR FOR select 1").cursors);
         assert!(effects(b"select 1 as x into temp t").temp);
+        // Found by a review: a temporary table made where the text did not
+        // say so.
+        assert!(effects(b"explain analyze create temp table t as select 1").temp);
+        assert!(effects(b"select 1 as x into t").temp);
+        assert!(!effects(b"select 1 as intox from t").temp);
         assert!(effects(b"create temporary table t (x int)").temp);
         assert!(effects(b"create table pg_temp.t (x int)").temp);
         assert!(effects(b"create function f() returns int language sql as 'select 1'").temp);
