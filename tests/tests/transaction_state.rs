@@ -834,3 +834,68 @@ async fn a_backslash_in_a_parameter_survives_a_previous_clients_string_setting()
         "off"
     );
 }
+
+/// A client's idle_session_timeout is its own: a server idle in the pool
+/// does not carry it, so PostgreSQL does not end the session under the
+/// next client (found by a review: the next client's requests failed now
+/// and then).
+#[tokio::test]
+async fn idle_session_timeout_stays_with_its_client() {
+    let cluster = app_cluster(ServerAuth::Trust);
+    let sluice = one_server(&cluster);
+    let (alice, bob) = two_clients(&sluice).await;
+    let before = pid(&bob).await;
+    alice
+        .batch_execute("SET idle_session_timeout = '100ms'")
+        .await
+        .expect("SET");
+    assert_eq!(
+        scalar_text(&alice, "show idle_session_timeout").await,
+        "100ms"
+    );
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    assert_eq!(pid(&bob).await, before, "the pool's server lived on");
+    assert_eq!(scalar_text(&bob, "show idle_session_timeout").await, "0");
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    assert_eq!(
+        scalar_text(&alice, "show idle_session_timeout").await,
+        "100ms"
+    );
+    assert_eq!(pid(&bob).await, before);
+}
+
+/// A client's named statements are bounded in bytes as well as in number
+/// (16 MiB of text; any one statement may be larger): past the bound a
+/// Parse is run unnamed, and a Bind of that name gets PostgreSQL's 26000,
+/// while the names within the bound keep working (a review grew sluice by
+/// 600 MB in 6 s with 1 MB statements).
+#[tokio::test]
+async fn a_clients_statement_texts_are_bounded_in_bytes() {
+    let cluster = app_cluster(ServerAuth::Trust);
+    let sluice = one_server(&cluster);
+    let mut client = raw_client(&sluice).await;
+    use raw::*;
+    let filler = "x".repeat(1 << 20);
+    for i in 0..20 {
+        let sql = format!("select {i} as n, '{filler}' as filler");
+        let tags = exchange(&mut client, &[parse(&format!("big{i}"), &sql), sync()], 2).await;
+        assert_eq!(tags, "1Z", "statement {i}");
+    }
+    let run = |name: &str| [bind(name), execute(), sync()];
+    assert_eq!(exchange(&mut client, &run("big0"), 4).await, "2DCZ");
+    assert_eq!(exchange(&mut client, &run("big14"), 4).await, "2DCZ");
+    assert_eq!(exchange(&mut client, &run("big19"), 2).await, "E(26000)Z");
+    // Closing names makes room again.
+    let closes: Vec<Vec<u8>> = (0..10)
+        .map(|i| close_statement(&format!("big{i}")))
+        .collect();
+    let mut batch = closes;
+    batch.push(sync());
+    exchange(&mut client, &batch, 11).await;
+    let sql = format!("select 99 as n, '{filler}' as filler");
+    assert_eq!(
+        exchange(&mut client, &[parse("again", &sql), sync()], 2).await,
+        "1Z"
+    );
+    assert_eq!(exchange(&mut client, &run("again"), 4).await, "2DCZ");
+}

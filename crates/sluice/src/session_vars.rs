@@ -79,6 +79,17 @@ impl SessionVars {
         self.vars.is_empty()
     }
 
+    /// The same settings without `name` (None when nothing is left).
+    pub fn without(&self, name: &str) -> Option<Arc<SessionVars>> {
+        let vars: Vec<_> = self
+            .vars
+            .iter()
+            .filter(|(n, _)| !n.eq_ignore_ascii_case(name))
+            .cloned()
+            .collect();
+        (!vars.is_empty()).then(|| Arc::new(SessionVars { vars }))
+    }
+
     /// Names of custom (dotted) settings, which pg_settings does not list.
     pub fn custom_names(&self) -> impl Iterator<Item = &str> {
         self.vars
@@ -98,7 +109,7 @@ impl SessionVars {
                 .is_some_and(|v| v.eq_ignore_ascii_case("serializable"))
     }
 
-    fn get(&self, name: &str) -> Option<&str> {
+    pub fn get(&self, name: &str) -> Option<&str> {
         self.vars
             .iter()
             .find(|(n, _)| n.eq_ignore_ascii_case(name))

@@ -280,6 +280,13 @@ pub async fn run(client: &mut Client, cbuf: &mut BytesMut, mut lease: Lease) -> 
                     }
                 }
                 Some(t) if t.pinned.is_some() => {}
+                _ if tracked::holds_idle_timeout(lease.server()) => {
+                    blocked.clear();
+                    match Box::pin(tracked::idle_timeout_reset(&mut lease)).await {
+                        true => break Ok(Outcome::Release),
+                        false => break Ok(Outcome::Close),
+                    }
+                }
                 _ => break Ok(Outcome::Release),
             }
         }

@@ -1061,6 +1061,7 @@ pub(super) async fn after_transaction(
     }
     match t.pinned {
         Some(_) => AfterTx::Pinned,
+        None if !idle_timeout_reset(lease).await => AfterTx::Close,
         None => AfterTx::Release,
     }
 }
@@ -1127,6 +1128,37 @@ async fn capture_settings(
     lease.server().session = vars.clone();
     client.set_session(vars);
     true
+}
+
+/// A client's `idle_session_timeout` stays its own: on a server idle in
+/// the pool, PostgreSQL would end the session under the next client (a
+/// review saw requests fail). It is reset before the server goes back,
+/// and applied again when the client next needs a server (one query more,
+/// only for clients that set it).
+pub(super) async fn idle_timeout_reset(lease: &mut crate::backend::pool::Lease) -> bool {
+    let Some(applied) = lease.server().session.clone() else {
+        return true;
+    };
+    if applied.get(IDLE_TIMEOUT).is_none() {
+        return true;
+    }
+    if !reset(lease, "RESET idle_session_timeout").await {
+        return false;
+    }
+    lease.server().session = applied.without(IDLE_TIMEOUT);
+    true
+}
+
+const IDLE_TIMEOUT: &str = "idle_session_timeout";
+
+/// Whether the server holds a client's `idle_session_timeout`
+/// (`idle_timeout_reset` is due before it goes back).
+#[inline]
+pub(super) fn holds_idle_timeout(server: &crate::backend::server::ServerConn) -> bool {
+    server
+        .session
+        .as_deref()
+        .is_some_and(|v| v.get(IDLE_TIMEOUT).is_some())
 }
 
 /// Runs the reset query; false when the server is not clean after it.

@@ -13,7 +13,7 @@
 use bytes::BytesMut;
 use sluice_wire::{HEADER_LEN, MessageBuilder, Reader, TransactionStatus, tags};
 
-use super::client_names::{ClientNames, MAX_CLIENT_STATEMENTS};
+use super::client_names::{ClientNames, MAX_CLIENT_STATEMENT_BYTES, MAX_CLIENT_STATEMENTS};
 use super::registry::Registry;
 
 /// Messages one batch answered here may hold (a longer one goes to a
@@ -119,11 +119,14 @@ fn plan<'a>(buf: &'a [u8], names: &ClientNames, registry: &Registry, scope: u64)
         }
         pos = next;
     };
-    let parses = steps
-        .iter()
-        .filter(|s| matches!(s, Step::Parse(..)))
-        .count();
-    if names.count() + parses > MAX_CLIENT_STATEMENTS {
+    let (parses, bytes) = steps.iter().fold((0, 0), |(n, b), s| match s {
+        Step::Parse(_, statement) => (n + 1, b + statement.text.len()),
+        Step::Close(_) => (n, b),
+    });
+    // (past the client's limits, the server path parses it unnamed)
+    if names.count() + parses > MAX_CLIENT_STATEMENTS
+        || names.bytes() + bytes > MAX_CLIENT_STATEMENT_BYTES
+    {
         return Plan::Server;
     }
     Plan::Whole(steps, end)

@@ -82,13 +82,31 @@ impl Statement {
 pub struct Registry {
     map: Mutex<Interned>,
     next_id: AtomicU64,
+    /// Keys the texts' hashes (seeded per process: texts come from
+    /// clients, who must not aim collisions at one bucket).
+    hasher: std::hash::RandomState,
 }
 
+/// Statements by a hash of their text. Only weak references are kept, and
+/// no copy of the text: a statement no client uses any more frees its
+/// text at once (a key holding the text kept up to a thousand dead texts,
+/// each up to 64 MiB, until a sweep; found by a review), leaving an empty
+/// entry until the next sweep.
 #[derive(Debug, Default)]
 struct Interned {
-    by_text: HashMap<Bytes, Weak<Statement>>,
+    by_text: HashMap<u64, Vec<Weak<Statement>>>,
     /// Size at which dead entries are swept next.
     sweep_at: usize,
+}
+
+impl Interned {
+    fn find(&self, hash: u64, text: &[u8]) -> Option<Arc<Statement>> {
+        self.by_text
+            .get(&hash)?
+            .iter()
+            .filter_map(Weak::upgrade)
+            .find(|s| s.text == text)
+    }
 }
 
 /// Entries kept before the first sweep of statements no client uses.
@@ -98,12 +116,16 @@ impl Registry {
     /// The statement for `text` (a Parse body after the name), shared with
     /// every client that parsed the same text.
     pub fn intern(&self, text: &[u8]) -> Arc<Statement> {
+        let hash = self.hash(text);
         let mut map = self.map.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(found) = map.by_text.get(text).and_then(Weak::upgrade) {
+        if let Some(found) = map.find(hash, text) {
             return found;
         }
         if map.by_text.len() >= map.sweep_at.max(FIRST_SWEEP) {
-            map.by_text.retain(|_, weak| weak.strong_count() > 0);
+            map.by_text.retain(|_, weaks| {
+                weaks.retain(|w| w.strong_count() > 0);
+                !weaks.is_empty()
+            });
             map.sweep_at = map.by_text.len() * 2;
         }
         let id = self.next_id.fetch_add(1, Ordering::Relaxed) + 1;
@@ -122,8 +144,16 @@ impl Registry {
             read_only: std::sync::OnceLock::new(),
             proven: Default::default(),
         });
-        map.by_text.insert(text, Arc::downgrade(&statement));
+        map.by_text
+            .entry(hash)
+            .or_default()
+            .push(Arc::downgrade(&statement));
         statement
+    }
+
+    fn hash(&self, text: &[u8]) -> u64 {
+        use std::hash::BuildHasher;
+        self.hasher.hash_one(text)
     }
 }
 
@@ -131,11 +161,9 @@ impl Registry {
     /// The statement for `text` if a client uses it and a server of
     /// `scope` has accepted its Parse; nothing is interned.
     pub fn proven(&self, text: &[u8], scope: u64) -> Option<Arc<Statement>> {
+        let hash = self.hash(text);
         let map = self.map.lock().unwrap_or_else(|p| p.into_inner());
-        map.by_text
-            .get(text)
-            .and_then(Weak::upgrade)
-            .filter(|s| s.proven_in(scope))
+        map.find(hash, text).filter(|s| s.proven_in(scope))
     }
 }
 
@@ -155,6 +183,17 @@ mod tests {
         let old = a.id;
         drop((a, b));
         assert_ne!(registry.intern(b"select 1\0\0\0").id, old);
+    }
+
+    #[test]
+    fn a_statement_nobody_uses_frees_its_text() {
+        let registry = Registry::default();
+        let big = vec![b'x'; 1 << 20];
+        let statement = registry.intern(&big);
+        let text = statement.text.clone();
+        assert!(!text.is_unique(), "shared with the statement only");
+        drop(statement);
+        assert!(text.is_unique(), "the registry keeps no copy");
     }
 
     #[test]
