@@ -930,3 +930,33 @@ async fn a_killed_waiter_that_pipelines_never_has_its_queries_run() {
         "0"
     );
 }
+
+/// A console command too long to hold, or a message with a length that
+/// lies, is told with FATAL 08P01 before the connection ends, as
+/// PgBouncer tells it (found by a review: the connection just closed).
+#[tokio::test]
+async fn a_console_message_too_long_or_badly_framed_is_told() {
+    let cluster = app_cluster(ServerAuth::Trust);
+    let sluice = console(&cluster, 1);
+    for (what, message) in [
+        (
+            "too long",
+            msg::query(&format!("SHOW {}", "x".repeat(70_000))),
+        ),
+        (
+            "bad length",
+            [b'Q'].into_iter().chain((-1i32).to_be_bytes()).collect(),
+        ),
+    ] {
+        let mut raw = RawClient::connect(sluice.port()).await;
+        raw.startup("admin", "pgbouncer").await;
+        raw.read_until_ready(T).await;
+        raw.send(&message).await.expect("send");
+        let fields = raw
+            .expect_error_or_close(T)
+            .await
+            .unwrap_or_else(|| panic!("{what}: an error, not a bare close"));
+        assert_eq!(error_field(&fields, b'C'), Some("08P01"), "{what}");
+    }
+    assert_eq!(show(sluice.port(), "admin", "SHOW VERSION").await.len(), 1);
+}

@@ -901,3 +901,50 @@ async fn a_query_sent_with_the_login_packet_is_answered() {
     assert_eq!(rows.len(), 1);
     assert!(rows[0].ends_with(b"early"), "{:?}", rows[0]);
 }
+
+/// Startup oddities answered as PostgreSQL answers them (found by a
+/// review): SSLRequest asked again after 'N' ends the connection (it used
+/// to be answered 'N' for ever), a user named twice is the last one, and
+/// an old protocol is 0A000.
+#[tokio::test]
+async fn startup_oddities_are_answered_as_postgresql_answers_them() {
+    let cluster = app_cluster(ServerAuth::Trust);
+    let sluice = ConfigBuilder::for_cluster(&cluster)
+        .set("pool_mode", "transaction")
+        .start();
+    let wait = Duration::from_secs(10);
+    let mut twice = RawClient::connect(sluice.port()).await;
+    twice.send(&ssl_request()).await.expect("send");
+    assert!(matches!(
+        twice.read_byte(wait).await,
+        RawReply::Message(b'N', _)
+    ));
+    twice.send(&ssl_request()).await.expect("send");
+    let fields = twice
+        .expect_error_or_close(wait)
+        .await
+        .expect("an error, not a bare close");
+    assert_eq!(error_field(&fields, b'C'), Some("08P01"));
+
+    let mut named_twice = RawClient::connect(sluice.port()).await;
+    let startup = startup_packet(&[
+        ("user", "nobody_at_all"),
+        ("user", APP_USER),
+        ("database", "postgres"),
+    ]);
+    named_twice.send(&startup).await.expect("send");
+    named_twice.read_until_ready(wait).await;
+    assert_eq!(
+        named_twice
+            .simple_query("select current_user::text", wait)
+            .await,
+        vec![Some(APP_USER.to_owned())]
+    );
+
+    let mut old = RawClient::connect(sluice.port()).await;
+    let mut packet = 8u32.to_be_bytes().to_vec();
+    packet.extend_from_slice(&0x0002_0000u32.to_be_bytes());
+    old.send(&packet).await.expect("send");
+    let fields = old.expect_error_or_close(wait).await.expect("an error");
+    assert_eq!(error_field(&fields, b'C'), Some("0A000"));
+}

@@ -19,9 +19,12 @@ const MAX_STARTUP_LEN: usize = 10_000;
 pub struct StartupParams(pub Vec<(String, String)>);
 
 impl StartupParams {
+    /// The value of `key`; the last one when it is given twice, as
+    /// PostgreSQL takes it.
     pub fn get(&self, key: &str) -> Option<&str> {
         self.0
             .iter()
+            .rev()
             .find(|(k, _)| k == key)
             .map(|(_, v)| v.as_str())
     }

@@ -87,6 +87,20 @@ pub async fn serve(app: Arc<App>, mut stream: Stream, role: Role) {
     loop {
         let (tag, body) = match read_message(&mut stream, &mut buf, COMMAND_LIMIT).await {
             Ok(m) => m,
+            // A message too long or badly framed is told, as PostgreSQL
+            // tells it, before the connection ends.
+            Err(crate::codec::ReadError::Protocol(e)) => {
+                out.clear();
+                sluice_wire::ErrorFields::new(
+                    sluice_wire::Severity::Fatal,
+                    "08P01",
+                    &e.to_string(),
+                )
+                .encode(&mut out);
+                let _ = stream.write_all(&out).await;
+                let _ = stream.flush().await;
+                return;
+            }
             Err(_) => return,
         };
         out.clear();

@@ -50,12 +50,19 @@ impl ClientError {
 
 impl From<crate::codec::ReadError> for ClientError {
     fn from(e: crate::codec::ReadError) -> Self {
-        Self::protocol(e.to_string())
+        match e {
+            crate::codec::ReadError::Protocol(e) => e.into(),
+            e => Self::protocol(e.to_string()),
+        }
     }
 }
 
 impl From<sluice_wire::WireError> for ClientError {
     fn from(e: sluice_wire::WireError) -> Self {
-        Self::protocol(e.to_string())
+        match e {
+            // PostgreSQL's code for it: feature_not_supported.
+            sluice_wire::WireError::UnsupportedProtocol { .. } => Self::new("0A000", e.to_string()),
+            e => Self::protocol(e.to_string()),
+        }
     }
 }

@@ -192,6 +192,7 @@ async fn login_inner(
 ) -> Result<Option<Decided>, ClientError> {
     let mut buf = BytesMut::new();
     let mut first = true;
+    let (mut ssl_asked, mut gss_asked) = (false, false);
     let (minor, params, unknown_options) = loop {
         let packet = match read_startup(stream, &mut buf).await {
             Ok(packet) => packet,
@@ -233,6 +234,17 @@ async fn login_inner(
                 ));
             }
             StartupPacket::SslRequest | StartupPacket::GssEncRequest => {
+                // Each may be asked once (libpq may ask GSSAPI, then SSL);
+                // PostgreSQL ends a connection that asks again.
+                let asked = match packet {
+                    StartupPacket::SslRequest => &mut ssl_asked,
+                    _ => &mut gss_asked,
+                };
+                if std::mem::replace(asked, true) {
+                    return Err(ClientError::protocol(
+                        "encryption negotiation requested twice",
+                    ));
+                }
                 stream
                     .write_all(b"N")
                     .await
