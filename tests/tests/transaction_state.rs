@@ -899,3 +899,38 @@ async fn a_clients_statement_texts_are_bounded_in_bytes() {
     );
     assert_eq!(exchange(&mut client, &run("again"), 4).await, "2DCZ");
 }
+
+/// The same text under two search_paths names two statements: clients
+/// with different search_paths share no server-side statement (found by a
+/// review: the second client's first use failed with "cached plan must
+/// not change result type" where PostgreSQL runs it).
+#[tokio::test]
+async fn one_text_under_two_search_paths_is_two_statements() {
+    let cluster = app_cluster(ServerAuth::Trust);
+    cluster
+        .psql(
+            "postgres",
+            &format!(
+                "create schema sa authorization {APP_USER}; create schema sb authorization {APP_USER}; \
+                 create table sa.t (x int); insert into sa.t values (1); \
+                 create table sb.t (x text); insert into sb.t values ('from sb'); \
+                 grant all on all tables in schema sa, sb to {APP_USER}"
+            ),
+        )
+        .expect("schemas");
+    let sluice = one_server(&cluster);
+    let (alice, bob) = two_clients(&sluice).await;
+    alice.batch_execute("SET search_path = sa").await.unwrap();
+    bob.batch_execute("SET search_path = sb").await.unwrap();
+    let a = alice
+        .prepare("select x from t")
+        .await
+        .expect("alice prepares");
+    let b = bob.prepare("select x from t").await.expect("bob prepares");
+    for _ in 0..2 {
+        let row = alice.query_one(&a, &[]).await.expect("alice runs");
+        assert_eq!(row.get::<_, i32>(0), 1);
+        let row = bob.query_one(&b, &[]).await.expect("bob runs");
+        assert_eq!(row.get::<_, String>(0), "from sb");
+    }
+}

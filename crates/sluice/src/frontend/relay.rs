@@ -109,18 +109,22 @@ pub async fn run(client: &mut Client, cbuf: &mut BytesMut, mut lease: Lease) -> 
         let scanned = match tracking.as_deref_mut() {
             _ if skip_scans => Ok(()),
             None => scan_client(&mut cycle, cbuf, limit),
-            Some(t) => tracked::rewrite_client(
-                &mut cycle,
-                cbuf,
-                t,
-                &mut tracked::Statements {
-                    names: &mut client.carried().statements,
-                    server: &mut server.statements,
-                    registry: &app.statements,
-                    capacity: settings.max_prepared_statements,
-                },
-                limit,
-            ),
+            Some(t) => {
+                let carried = client.carried();
+                tracked::rewrite_client(
+                    &mut cycle,
+                    cbuf,
+                    t,
+                    &mut tracked::Statements {
+                        names: &mut carried.statements,
+                        search_path: carried.session.as_deref(),
+                        server: &mut server.statements,
+                        registry: &app.statements,
+                        capacity: settings.max_prepared_statements,
+                    },
+                    limit,
+                )
+            }
         };
         if let Err(e) = scanned {
             break Err(End::Client(ClientError::protocol(e.to_string())));

@@ -314,8 +314,8 @@ mod tests {
     #[test]
     fn only_batches_of_named_statements_that_open_no_transaction_are_retried() {
         let registry = crate::prepared::registry::Registry::default();
-        let read = registry.intern(b"select 1\0\0\0");
-        let begin = registry.intern(b"begin read only\0\0\0");
+        let read = registry.intern(b"select 1\0\0\0", None);
+        let begin = registry.intern(b"begin read only\0\0\0", None);
         let named = |name: &[u8]| match name {
             b"r" => Some(read.clone()),
             b"b" => Some(begin.clone()),

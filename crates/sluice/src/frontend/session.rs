@@ -691,8 +691,13 @@ impl Client {
         let (app, scope) = (self.app.clone(), self.pool.scope);
         let mut out = BytesMut::new();
         loop {
-            let names = &mut self.carried().statements;
-            match answer(buf, names, &app.statements, scope, &mut out) {
+            let carried = self.carried();
+            let search_path = carried
+                .session
+                .as_deref()
+                .and_then(|s| s.get("search_path"));
+            let names = &mut carried.statements;
+            match answer(buf, names, &app.statements, (scope, search_path), &mut out) {
                 Answer::Done(n) => {
                     bytes::Buf::advance(buf, n);
                     break;

@@ -177,6 +177,9 @@ fn bad_message(tag: u8, body: &[u8]) -> Option<String> {
 /// Where the rewriter's shared state lives.
 pub(super) struct Statements<'a> {
     pub(super) names: &'a mut ClientNames,
+    /// The client's session settings: its search_path keeps its statements
+    /// apart from those of clients with another.
+    pub(super) search_path: Option<&'a crate::session_vars::SessionVars>,
     pub(super) server: &'a mut ServerStatements,
     pub(super) registry: &'a Registry,
     pub(super) capacity: usize,
@@ -305,6 +308,7 @@ fn handle_message(
     let names = &mut *st.names;
     let mut rewriter = Rewriter {
         names,
+        search_path: st.search_path.and_then(|s| s.get("search_path")),
         server: st.server,
         registry: st.registry,
         capacity: st.capacity,

@@ -572,8 +572,8 @@ mod tests {
     #[test]
     fn error_skips_to_sync_and_undoes_assumptions() {
         let registry = super::super::registry::Registry::default();
-        let one = registry.intern(b"select 1\0\0\0");
-        let two = registry.intern(b"select 2\0\0\0");
+        let one = registry.intern(b"select 1\0\0\0", None);
+        let two = registry.intern(b"select 2\0\0\0", None);
         let mut server = ServerStatements::default();
         server.insert(&one, 0);
         server.insert(&two, 0);

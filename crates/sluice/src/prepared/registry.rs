@@ -17,6 +17,12 @@ pub struct Statement {
     /// The Parse body after the statement name: query, NUL, parameter count
     /// and type OIDs, exactly as the client sent them.
     pub text: Bytes,
+    /// The search_path of the clients that share it (None: the server's
+    /// own): the same text under another search_path may name other
+    /// tables, and sharing one server-side statement between the two
+    /// made PostgreSQL re-plan it and fail ("cached plan must not change
+    /// result type"; found by a review).
+    pub search_path: Option<Box<str>>,
     /// What running it may leave on a server (see `sql::effects`): a Bind
     /// of it counts as sending its text again.
     pub effects: super::sql::Effects,
@@ -100,12 +106,12 @@ struct Interned {
 }
 
 impl Interned {
-    fn find(&self, hash: u64, text: &[u8]) -> Option<Arc<Statement>> {
+    fn find(&self, hash: u64, text: &[u8], search_path: Option<&str>) -> Option<Arc<Statement>> {
         self.by_text
             .get(&hash)?
             .iter()
             .filter_map(Weak::upgrade)
-            .find(|s| s.text == text)
+            .find(|s| s.text == text && s.search_path.as_deref() == search_path)
     }
 }
 
@@ -114,11 +120,12 @@ const FIRST_SWEEP: usize = 1024;
 
 impl Registry {
     /// The statement for `text` (a Parse body after the name), shared with
-    /// every client that parsed the same text.
-    pub fn intern(&self, text: &[u8]) -> Arc<Statement> {
-        let hash = self.hash(text);
+    /// every client that parsed the same text under the same
+    /// `search_path` (the client's own, None when it set none).
+    pub fn intern(&self, text: &[u8], search_path: Option<&str>) -> Arc<Statement> {
+        let hash = self.hash(text, search_path);
         let mut map = self.map.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(found) = map.find(hash, text) {
+        if let Some(found) = map.find(hash, text, search_path) {
             return found;
         }
         if map.by_text.len() >= map.sweep_at.max(FIRST_SWEEP) {
@@ -140,6 +147,7 @@ impl Registry {
             id,
             name: super::server_name(id).into_boxed_str(),
             text: text.clone(),
+            search_path: search_path.map(Box::from),
             effects,
             read_only: std::sync::OnceLock::new(),
             proven: Default::default(),
@@ -151,19 +159,25 @@ impl Registry {
         statement
     }
 
-    fn hash(&self, text: &[u8]) -> u64 {
+    fn hash(&self, text: &[u8], search_path: Option<&str>) -> u64 {
         use std::hash::BuildHasher;
-        self.hasher.hash_one(text)
+        self.hasher.hash_one((text, search_path))
     }
 }
 
 impl Registry {
     /// The statement for `text` if a client uses it and a server of
     /// `scope` has accepted its Parse; nothing is interned.
-    pub fn proven(&self, text: &[u8], scope: u64) -> Option<Arc<Statement>> {
-        let hash = self.hash(text);
+    pub fn proven(
+        &self,
+        text: &[u8],
+        scope: u64,
+        search_path: Option<&str>,
+    ) -> Option<Arc<Statement>> {
+        let hash = self.hash(text, search_path);
         let map = self.map.lock().unwrap_or_else(|p| p.into_inner());
-        map.find(hash, text).filter(|s| s.proven_in(scope))
+        map.find(hash, text, search_path)
+            .filter(|s| s.proven_in(scope))
     }
 }
 
@@ -174,22 +188,22 @@ mod tests {
     #[test]
     fn same_text_same_statement_until_nobody_uses_it() {
         let registry = Registry::default();
-        let a = registry.intern(b"select 1\0\0\0");
-        let b = registry.intern(b"select 1\0\0\0");
-        let c = registry.intern(b"select 2\0\0\0");
+        let a = registry.intern(b"select 1\0\0\0", None);
+        let b = registry.intern(b"select 1\0\0\0", None);
+        let c = registry.intern(b"select 2\0\0\0", None);
         assert_eq!(a.id, b.id);
         assert_ne!(a.id, c.id);
         assert_eq!(&*a.name, format!("sluice_{}", a.id));
         let old = a.id;
         drop((a, b));
-        assert_ne!(registry.intern(b"select 1\0\0\0").id, old);
+        assert_ne!(registry.intern(b"select 1\0\0\0", None).id, old);
     }
 
     #[test]
     fn a_statement_nobody_uses_frees_its_text() {
         let registry = Registry::default();
         let big = vec![b'x'; 1 << 20];
-        let statement = registry.intern(&big);
+        let statement = registry.intern(&big, None);
         let text = statement.text.clone();
         assert!(!text.is_unique(), "shared with the statement only");
         drop(statement);
@@ -199,25 +213,25 @@ mod tests {
     #[test]
     fn proven_only_once_a_server_accepted_it() {
         let registry = Registry::default();
-        assert!(registry.proven(b"select 1\0\0\0", 7).is_none());
-        let a = registry.intern(b"select 1\0\0\0");
-        assert!(registry.proven(b"select 1\0\0\0", 7).is_none());
+        assert!(registry.proven(b"select 1\0\0\0", 7, None).is_none());
+        let a = registry.intern(b"select 1\0\0\0", None);
+        assert!(registry.proven(b"select 1\0\0\0", 7, None).is_none());
         a.prove(7);
         assert_eq!(
-            registry.proven(b"select 1\0\0\0", 7).map(|s| s.id),
+            registry.proven(b"select 1\0\0\0", 7, None).map(|s| s.id),
             Some(a.id)
         );
         // Not in another database or for another user, until proven there.
-        assert!(registry.proven(b"select 1\0\0\0", 9).is_none());
+        assert!(registry.proven(b"select 1\0\0\0", 9, None).is_none());
         a.prove(9);
-        assert!(registry.proven(b"select 1\0\0\0", 9).is_some());
-        assert!(registry.proven(b"select 1\0\0\0", 7).is_some());
+        assert!(registry.proven(b"select 1\0\0\0", 9, None).is_some());
+        assert!(registry.proven(b"select 1\0\0\0", 7, None).is_some());
         // Refuted in one scope only.
         a.refute(7);
-        assert!(registry.proven(b"select 1\0\0\0", 7).is_none());
-        assert!(registry.proven(b"select 1\0\0\0", 9).is_some());
+        assert!(registry.proven(b"select 1\0\0\0", 7, None).is_none());
+        assert!(registry.proven(b"select 1\0\0\0", 9, None).is_some());
         a.prove(7);
         drop(a);
-        assert!(registry.proven(b"select 1\0\0\0", 7).is_none());
+        assert!(registry.proven(b"select 1\0\0\0", 7, None).is_none());
     }
 }

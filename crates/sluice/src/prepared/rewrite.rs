@@ -18,6 +18,8 @@ use super::sql::{self, Special};
 /// Rewrites one client's messages for the server it holds now.
 pub struct Rewriter<'a> {
     pub names: &'a mut ClientNames,
+    /// The client's search_path, if it set one (see `Statement::search_path`).
+    pub search_path: Option<&'a str>,
     pub server: &'a mut ServerStatements,
     pub registry: &'a Registry,
     /// `max_prepared_statements` per server; 0 turns tracking off (names
@@ -84,7 +86,7 @@ impl Rewriter<'_> {
             }
             return Ok(());
         }
-        let statement = self.registry.intern(text);
+        let statement = self.registry.intern(text, self.search_path);
         if !self.names.insert(name, statement.clone()) {
             // Too many names: parsed as the unnamed statement, which leaves
             // nothing behind on the server; a later Bind of the name gets

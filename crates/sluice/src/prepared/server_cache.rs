@@ -170,7 +170,7 @@ mod tests {
     #[test]
     fn evicts_least_recently_used() {
         let registry = super::super::registry::Registry::default();
-        let [a, b, c] = [b"1\0\0\0", b"2\0\0\0", b"3\0\0\0"].map(|t| registry.intern(t));
+        let [a, b, c] = [b"1\0\0\0", b"2\0\0\0", b"3\0\0\0"].map(|t| registry.intern(t, None));
         let mut s = ServerStatements::default();
         assert_eq!(s.insert(&a, 2), None);
         assert_eq!(s.insert(&b, 2), None);
@@ -187,10 +187,10 @@ mod tests {
     fn a_statement_on_a_server_keeps_its_id() {
         let registry = super::super::registry::Registry::default();
         let mut s = ServerStatements::default();
-        let first = registry.intern(b"select 1\0\0\0");
+        let first = registry.intern(b"select 1\0\0\0", None);
         s.insert(&first, 10);
         let id = first.id;
         drop(first);
-        assert_eq!(registry.intern(b"select 1\0\0\0").id, id);
+        assert_eq!(registry.intern(b"select 1\0\0\0", None).id, id);
     }
 }
