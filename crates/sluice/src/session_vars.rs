@@ -165,6 +165,34 @@ pub fn apply_sql(server: Option<&SessionVars>, client: Option<&SessionVars>) -> 
             .collect(),
     };
     let client = &client_rest;
+    // Other settings are made as the session's own user, the role last: a
+    // setting only the session user may make (a superuser's
+    // session_replication_role) fails under the client's role (a review
+    // saw the next client of that server ended with 42501).
+    let is_role = |n: &str| n.eq_ignore_ascii_case("role");
+    let others_change = server
+        .vars
+        .iter()
+        .any(|(n, _)| !is_role(n) && !n.eq_ignore_ascii_case(AUTH) && client.get(n).is_none())
+        || client
+            .vars
+            .iter()
+            .any(|(n, v)| !is_role(n) && server.get(n) != Some(&**v));
+    let without_role;
+    let server = if others_change && server.get("role").is_some() {
+        sql.push_str("RESET ROLE;");
+        without_role = SessionVars {
+            vars: server
+                .vars
+                .iter()
+                .filter(|(n, _)| !is_role(n))
+                .cloned()
+                .collect(),
+        };
+        &without_role
+    } else {
+        server
+    };
     for (name, _) in &server.vars {
         if name.eq_ignore_ascii_case(AUTH) {
             continue;
@@ -173,10 +201,14 @@ pub fn apply_sql(server: Option<&SessionVars>, client: Option<&SessionVars>) -> 
             sql.push_str(&format!("RESET {};", quote_ident(name)));
         }
     }
-    let sets: Vec<String> = client
+    let (role, others): (Vec<_>, Vec<_>) = client
         .vars
         .iter()
         .filter(|(name, value)| server.get(name) != Some(&**value))
+        .partition(|(name, _)| is_role(name));
+    let sets: Vec<String> = others
+        .into_iter()
+        .chain(role)
         .map(|(name, value)| {
             format!(
                 "pg_catalog.set_config({}, {}, false)",
@@ -209,6 +241,28 @@ fn quote_ident(s: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_role_is_set_after_the_other_settings() {
+        let client =
+            SessionVars::from_pairs([("role", "bob"), ("session_replication_role", "replica")]);
+        let sql = apply_sql(None, Some(&client)).expect("something to set");
+        let (srr, role) = (
+            sql.find("session_replication_role").expect("srr"),
+            sql.find("'role'").expect("role"),
+        );
+        assert!(srr < role, "{sql}");
+        // A server already under the role drops it first.
+        let server = SessionVars::from_pairs([("role", "bob")]);
+        let sql = apply_sql(Some(&server), Some(&client)).expect("something to set");
+        assert!(sql.starts_with("RESET ROLE;"), "{sql}");
+        assert!(
+            sql.find("session_replication_role") < sql.find("'role'"),
+            "{sql}"
+        );
+        // Nothing else to change: the role stays as it is.
+        assert_eq!(apply_sql(Some(&client), Some(&client)), None);
+    }
 
     #[test]
     fn sessions_that_keep_reads_on_the_primary() {
