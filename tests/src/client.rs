@@ -34,7 +34,7 @@ impl Tracked {
 
 /// tokio-postgres settings for sluice on 127.0.0.1:`port`; an empty
 /// password means none is sent.
-fn config_for(port: u16, user: &str, password: &str, db: &str) -> Config {
+pub fn config_for(port: u16, user: &str, password: &str, db: &str) -> Config {
     let mut config = Config::new();
     config
         .host("127.0.0.1")

@@ -24,8 +24,9 @@ mod wait;
 pub use backends::{count_backends, count_backends_psql, wait_for_backends};
 pub use certs::Certs;
 pub use client::{
-    Tracked, column, connect, connect_as, connect_config, connect_listening, connect_tracked,
-    expect_sqlstate, scalar, scalar_text, spawn_query, sqlstate, superuser_connect,
+    Tracked, column, config_for, connect, connect_as, connect_config, connect_listening,
+    connect_tracked, expect_sqlstate, scalar, scalar_text, spawn_query, sqlstate,
+    superuser_connect,
 };
 pub use clusters::{app_cluster, app_cluster_with, app_table, grant_create};
 pub use config::ConfigBuilder;

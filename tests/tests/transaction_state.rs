@@ -813,13 +813,8 @@ async fn a_backslash_in_a_parameter_survives_a_previous_clients_string_setting()
         scalar_text(&old_style, "show standard_conforming_strings").await,
         "off"
     );
-    let mut config = tokio_postgres::Config::new();
-    config
-        .host("127.0.0.1")
-        .port(sluice.port())
-        .user(APP_USER)
-        .dbname("postgres")
-        .application_name(r"C:\apps\it's");
+    let mut config = config_for(sluice.port(), APP_USER, "", "postgres");
+    config.application_name(r"C:\apps\it's");
     let next = connect_config(&config).await.expect("connect");
     assert_eq!(
         scalar_text(&next, "show application_name").await,

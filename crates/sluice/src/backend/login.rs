@@ -342,10 +342,7 @@ pub async fn run_query_rows(
     server: &mut ServerConn,
     sql: &str,
 ) -> Result<Vec<TextRow>, LoginError> {
-    let mut out = BytesMut::with_capacity(sql.len() + 6);
-    encode_query(&mut out, sql);
-    server.stream.write_all(&out).await?;
-    Ok(read_rows(server, sql, usize::MAX, false).await?.0)
+    query_rows(server, sql, false).await
 }
 
 /// Like [`run_query_rows`] for a text of several statements, returning the
@@ -354,10 +351,18 @@ pub async fn run_query_first_rows(
     server: &mut ServerConn,
     sql: &str,
 ) -> Result<Vec<TextRow>, LoginError> {
+    query_rows(server, sql, true).await
+}
+
+async fn query_rows(
+    server: &mut ServerConn,
+    sql: &str,
+    first_only: bool,
+) -> Result<Vec<TextRow>, LoginError> {
     let mut out = BytesMut::with_capacity(sql.len() + 6);
     encode_query(&mut out, sql);
     server.stream.write_all(&out).await?;
-    Ok(read_rows(server, sql, usize::MAX, true).await?.0)
+    Ok(read_rows(server, sql, usize::MAX, first_only).await?.0)
 }
 
 /// Runs `sql` with text parameters `$1…` (extended protocol, unnamed
