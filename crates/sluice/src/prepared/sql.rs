@@ -1372,6 +1372,12 @@ mod tests {
     #[test]
     fn channels_are_named_as_postgresql_keeps_them() {
         assert_eq!(special(br#"LISTEN """#), None, "refused by PostgreSQL");
+        // Unquoted names with `$` or letters beyond ASCII (a review).
+        assert_eq!(
+            special("listen chän".as_bytes()),
+            Some(Special::Listen("chän".into()))
+        );
+        assert_eq!(special(b"listen a$b"), Some(Special::Listen("a$b".into())));
         let long = "c".repeat(70);
         assert_eq!(
             special(format!("listen {long}").as_bytes()),
