@@ -230,3 +230,32 @@ async fn failed_copy_leaves_the_connection_usable() {
     );
     assert_server_released(sluice.port()).await;
 }
+
+/// A cancel request sent just after a transaction that changed settings
+/// ended (a driver's timeout firing late) reaches nothing: not the
+/// settings read-back sluice runs on the server then, which lost the
+/// client's committed SET and the server (found by a review: 42 of 60).
+#[tokio::test]
+async fn a_late_cancel_loses_no_committed_setting() {
+    let cluster = app_cluster(ServerAuth::Trust);
+    let sluice = transaction_pool(&cluster, "1");
+    let client = connect_as(sluice.port(), APP_USER, "postgres").await;
+    let token = client.cancel_token();
+    for round in 0..40 {
+        let path = format!("s{round}, public");
+        client
+            .batch_execute(&format!("SET search_path = s{round}, public"))
+            .await
+            .expect("SET");
+        token.cancel_query(NoTls).await.expect("cancel sent");
+        let shown = client
+            .simple_query("show search_path")
+            .await
+            .expect("the client goes on");
+        let value = shown.iter().find_map(|m| match m {
+            tokio_postgres::SimpleQueryMessage::Row(row) => row.get(0).map(str::to_owned),
+            _ => None,
+        });
+        assert_eq!(value.as_deref(), Some(path.as_str()), "round {round}");
+    }
+}

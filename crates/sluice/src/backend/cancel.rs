@@ -342,6 +342,14 @@ impl CancelRegistry {
         slot.canceling.load(Ordering::SeqCst) != 0
     }
 
+    /// The client runs on the server with `server_key` again (after
+    /// `unlink`, while sluice ran its own queries on it).
+    pub fn relink(&self, handle: CancelHandle, server_key: BackendKeyData) {
+        if let Some(slot) = self.slot(handle.index) {
+            slot.server.store(pack(server_key), Ordering::Release);
+        }
+    }
+
     /// Waits until no cancel request for the client is being forwarded,
     /// at most `limit`. True when its server may go to another client;
     /// false if a request still is forwarded, or one failed in a way that

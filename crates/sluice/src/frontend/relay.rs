@@ -263,6 +263,12 @@ pub async fn run(client: &mut Client, cbuf: &mut BytesMut, mut lease: Lease) -> 
                 Some(t) if t.needs_after() => {
                     // It waits, and uses the server's socket itself.
                     blocked.clear();
+                    // sluice's own queries follow: the client's cancel
+                    // requests no longer reach the server (a late one
+                    // cancelled the settings read-back; found by a review).
+                    if !own_queries_uncancelled(client).await {
+                        break Ok(Outcome::Close);
+                    }
                     match Box::pin(tracked::after_transaction(&mut lease, client, t)).await {
                         AfterTx::Release => break Ok(Outcome::Release),
                         AfterTx::Close => break Ok(Outcome::Close),
@@ -280,12 +286,18 @@ pub async fn run(client: &mut Client, cbuf: &mut BytesMut, mut lease: Lease) -> 
                             )));
                         }
                         // Pinned: stay linked, wait for the client.
-                        AfterTx::Pinned => {}
+                        AfterTx::Pinned => {
+                            let key = lease.server().key;
+                            client.app.cancels.relink(client.cancel, key);
+                        }
                     }
                 }
                 Some(t) if t.pinned.is_some() => {}
                 _ if tracked::holds_idle_timeout(lease.server()) => {
                     blocked.clear();
+                    if !own_queries_uncancelled(client).await {
+                        break Ok(Outcome::Close);
+                    }
                     match Box::pin(tracked::idle_timeout_reset(&mut lease)).await {
                         true => break Ok(Outcome::Release),
                         false => break Ok(Outcome::Close),
@@ -656,6 +668,13 @@ pub async fn run(client: &mut Client, cbuf: &mut BytesMut, mut lease: Lease) -> 
         t.give_back();
     }
     ended
+}
+
+/// Before sluice runs queries of its own on the client's server: the
+/// client's cancel requests stop reaching it, and one already on its way
+/// is waited for. False when that cannot be known (close the server).
+async fn own_queries_uncancelled(client: &Client) -> bool {
+    !client.app.cancels.unlink(client.cancel) || settle_cancels(client).await
 }
 
 /// Waits (briefly: the server reads) for what was written to the server
