@@ -76,6 +76,11 @@ pub enum Expect {
     Unprepare { id: u64 },
     /// Answered by sluice when its turn comes.
     Local(Local),
+    /// A client Parse sluice does not keep (past the client's limits): a
+    /// Parse sent in its place fails on the server, which then skips the
+    /// rest of the batch as PostgreSQL would, and its error is told to the
+    /// client as this one (SQLSTATE 54000, this message).
+    Refused(Box<str>),
 }
 
 impl Expect {
@@ -237,6 +242,7 @@ impl Expected {
                 done
             }
             Some(Expect::Local(_)) => false,
+            Some(Expect::Refused(_)) => tag == b::PARSE_COMPLETE,
             Some(Expect::Pass { reply, .. }) => ends(*reply, tag),
         };
         if done {
@@ -253,6 +259,7 @@ impl Expected {
                 ..
             }
             | Expect::Local(_) => return,
+            Expect::Refused(_) => {}
             Expect::Prepare { id, client_name } => {
                 // Class 42 (syntax, undefined objects, privileges) is about
                 // the text; others (a failed block, cancel) are not.
@@ -300,6 +307,11 @@ impl Expected {
     /// message then passes as it is). Errors are rare: the search costs
     /// nothing on the path of rows.
     pub fn renamed_error(&self, body: &[u8]) -> Option<BytesMut> {
+        if let Some(Expect::Refused(why)) = self.queue.front() {
+            let mut out = BytesMut::new();
+            ErrorFields::new(Severity::Error, "54000", why).encode(&mut out);
+            return Some(out);
+        }
         let Some(Expect::Pass {
             statement: Some(id),
             name: Some(client),
@@ -378,7 +390,7 @@ impl Expected {
                     self.ignored_requests = self.ignored_requests.saturating_add(1);
                     self.queue.pop_front();
                 }
-                Some(Expect::Pass { .. } | Expect::Local(_)) => {
+                Some(Expect::Pass { .. } | Expect::Local(_) | Expect::Refused(_)) => {
                     self.queue.pop_front();
                 }
             }

@@ -88,10 +88,28 @@ impl Rewriter<'_> {
         }
         let statement = self.registry.intern(text, self.search_path);
         if !self.names.insert(name, statement.clone()) {
-            // Too many names: parsed as the unnamed statement, which leaves
-            // nothing behind on the server; a later Bind of the name gets
-            // PostgreSQL's 26000.
-            self.parse_unnamed(text);
+            // Past the client's limits: refused, as PostgreSQL refuses what
+            // it cannot hold (an error, the rest of the batch skipped). A
+            // Parse that fails at once goes in its place, so the server
+            // skips the batch too, and nothing is made there (running it
+            // unnamed replaced the client's own unnamed statement; found
+            // by a review).
+            MessageBuilder::new(self.out, tags::frontend::PARSE)
+                .cstr("sluice_refused")
+                .cstr("sluice refused this statement")
+                .i16(0)
+                .finish();
+            self.expected.push(Expect::Refused(
+                format!(
+                    "prepared statement \"{}\" not kept: this connection's prepared \
+                     statements are at sluice's limit ({} statements, {} MiB of text); \
+                     close some first",
+                    String::from_utf8_lossy(name),
+                    super::client_names::MAX_CLIENT_STATEMENTS,
+                    super::client_names::MAX_CLIENT_STATEMENT_BYTES >> 20
+                )
+                .into(),
+            ));
             return Ok(());
         }
         if self.server.touch(statement.id) && statement.proven_in(self.server.scope) {
