@@ -128,99 +128,79 @@ pub fn same(a: &Option<Arc<SessionVars>>, b: &Option<Arc<SessionVars>>) -> bool 
 
 /// SQL turning a server whose session settings are `server` into one with
 /// `client`'s; one simple query, so it applies whole or not at all.
+/// Settings are made as the session's own user, the session authorization
+/// and the role last: a setting only the session user may make (a
+/// superuser's session_replication_role) fails under the client's
+/// identity (a review saw clients ended with 42501). So the server's
+/// identity is dropped first when anything else changes (RESET SESSION
+/// AUTHORIZATION resets the role too), and setting the session
+/// authorization, which resets the role, comes before the role.
 pub fn apply_sql(server: Option<&SessionVars>, client: Option<&SessionVars>) -> Option<String> {
+    const AUTH: &str = "session_authorization";
+    const ROLE: &str = "role";
     let empty = SessionVars::default();
     let server = server.unwrap_or(&empty);
     let client = client.unwrap_or(&empty);
-    let mut sql = String::new();
-    // A new session authorization resets the role: it goes first, and the
-    // role is then applied as if the server had none.
-    const AUTH: &str = "session_authorization";
-    let auth_changed = server.get(AUTH) != client.get(AUTH);
-    let server = if auth_changed {
-        match client.get(AUTH) {
-            Some(user) => sql.push_str(&format!(
-                "SELECT pg_catalog.set_config('{AUTH}', {}, false);",
-                quote_literal(user)
-            )),
-            None => sql.push_str("RESET SESSION AUTHORIZATION;"),
-        }
-        &SessionVars {
-            vars: server
-                .vars
-                .iter()
-                .filter(|(n, _)| !n.eq_ignore_ascii_case(AUTH) && !n.eq_ignore_ascii_case("role"))
-                .cloned()
-                .collect(),
-        }
-    } else {
-        server
-    };
-    let client_rest = SessionVars {
-        vars: client
-            .vars
-            .iter()
-            .filter(|(n, _)| !n.eq_ignore_ascii_case(AUTH))
-            .cloned()
-            .collect(),
-    };
-    let client = &client_rest;
-    // Other settings are made as the session's own user, the role last: a
-    // setting only the session user may make (a superuser's
-    // session_replication_role) fails under the client's role (a review
-    // saw the next client of that server ended with 42501).
-    let is_role = |n: &str| n.eq_ignore_ascii_case("role");
+    let identity = |n: &str| n.eq_ignore_ascii_case(AUTH) || n.eq_ignore_ascii_case(ROLE);
     let others_change = server
         .vars
         .iter()
-        .any(|(n, _)| !is_role(n) && !n.eq_ignore_ascii_case(AUTH) && client.get(n).is_none())
+        .any(|(n, _)| !identity(n) && client.get(n).is_none())
         || client
             .vars
             .iter()
-            .any(|(n, v)| !is_role(n) && server.get(n) != Some(&**v));
-    let without_role;
-    let server = if others_change && server.get("role").is_some() {
+            .any(|(n, v)| !identity(n) && server.get(n) != Some(&**v));
+    let (server_auth, server_role) = (server.get(AUTH), server.get(ROLE));
+    let reset_auth = server_auth.is_some() && (others_change || server_auth != client.get(AUTH));
+    let reset_role =
+        !reset_auth && server_role.is_some() && (others_change || server_role != client.get(ROLE));
+    let mut sql = String::new();
+    if reset_auth {
+        sql.push_str("RESET SESSION AUTHORIZATION;");
+    } else if reset_role {
         sql.push_str("RESET ROLE;");
-        without_role = SessionVars {
-            vars: server
-                .vars
-                .iter()
-                .filter(|(n, _)| !is_role(n))
-                .cloned()
-                .collect(),
-        };
-        &without_role
+    }
+    let now_auth = if reset_auth { None } else { server_auth };
+    let mut now_role = if reset_auth || reset_role {
+        None
     } else {
-        server
+        server_role
     };
     for (name, _) in &server.vars {
-        if name.eq_ignore_ascii_case(AUTH) {
-            continue;
-        }
-        if client.get(name).is_none() {
+        if !identity(name) && client.get(name).is_none() {
             sql.push_str(&format!("RESET {};", quote_ident(name)));
         }
     }
-    let (role, others): (Vec<_>, Vec<_>) = client
+    let set = |name: &str, value: &str| {
+        format!(
+            "pg_catalog.set_config({}, {}, false)",
+            quote_literal(name),
+            quote_literal(value)
+        )
+    };
+    let sets: Vec<String> = client
         .vars
         .iter()
-        .filter(|(name, value)| server.get(name) != Some(&**value))
-        .partition(|(name, _)| is_role(name));
-    let sets: Vec<String> = others
-        .into_iter()
-        .chain(role)
-        .map(|(name, value)| {
-            format!(
-                "pg_catalog.set_config({}, {}, false)",
-                quote_literal(name),
-                quote_literal(value)
-            )
-        })
+        .filter(|(name, value)| !identity(name) && server.get(name) != Some(&**value))
+        .map(|(name, value)| set(name, value))
         .collect();
+    // (each identity change a statement of its own, in this order)
+    let mut statements = Vec::new();
     if !sets.is_empty() {
-        sql.push_str("SELECT ");
-        sql.push_str(&sets.join(", "));
+        statements.push(format!("SELECT {}", sets.join(", ")));
     }
+    if let Some(auth) = client.get(AUTH)
+        && now_auth != Some(auth)
+    {
+        statements.push(format!("SELECT {}", set(AUTH, auth)));
+        now_role = None;
+    }
+    if let Some(role) = client.get(ROLE)
+        && now_role != Some(role)
+    {
+        statements.push(format!("SELECT {}", set(ROLE, role)));
+    }
+    sql.push_str(&statements.join(";"));
     (!sql.is_empty()).then_some(sql)
 }
 
@@ -262,6 +242,21 @@ mod tests {
         );
         // Nothing else to change: the role stays as it is.
         assert_eq!(apply_sql(Some(&client), Some(&client)), None);
+        // The same with a session authorization (a review's variant).
+        let client = SessionVars::from_pairs([
+            ("session_authorization", "alice"),
+            ("session_replication_role", "replica"),
+        ]);
+        let server = SessionVars::from_pairs([
+            ("session_authorization", "alice"),
+            ("session_replication_role", "origin"),
+        ]);
+        let sql = apply_sql(Some(&server), Some(&client)).expect("something to set");
+        assert!(sql.starts_with("RESET SESSION AUTHORIZATION;"), "{sql}");
+        assert!(
+            sql.find("session_replication_role") < sql.rfind("'session_authorization'"),
+            "{sql}"
+        );
     }
 
     #[test]

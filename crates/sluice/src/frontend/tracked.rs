@@ -1049,11 +1049,8 @@ pub(super) async fn after_transaction(
     // function: the name is in no text sluice saw), which PostgreSQL lists
     // nowhere: before the server can go to another client (not pinned, or
     // no longer), its settings are reset whole and put back as the client
-    // is known to have them (see `capture_settings`). Not with a
-    // connect_query, whose own SETs a reset would undo.
-    let reset_all = (effects.opaque || t.pinned.is_some())
-        && !reason.any()
-        && client.pool.settings_and_target().1.connect_query.is_none();
+    // is known to have them (see `capture_settings`).
+    let reset_all = (effects.opaque || t.pinned.is_some()) && !reason.any();
     if (effects.settings || reset_all) && !capture_settings(lease, client, t, reset_all).await {
         return AfterTx::Close;
     }
