@@ -565,7 +565,6 @@ const NOT_CALLS: &[&[u8]] = &[
     b"as",
     b"between",
     b"bit",
-    b"by",
     b"case",
     b"cast",
     b"char",
@@ -583,10 +582,7 @@ const NOT_CALLS: &[&[u8]] = &[
     b"in",
     b"intersect",
     b"interval",
-    b"is",
-    b"join",
     b"lateral",
-    b"like",
     b"limit",
     b"not",
     b"numeric",
@@ -596,7 +592,6 @@ const NOT_CALLS: &[&[u8]] = &[
     b"returning",
     b"row",
     b"select",
-    b"set",
     b"some",
     b"then",
     b"time",
@@ -610,31 +605,129 @@ const NOT_CALLS: &[&[u8]] = &[
     b"with",
 ];
 
-/// Keywords PostgreSQL also takes as function names (unreserved), which
-/// open no call only where the grammar puts them: `ON CONFLICT (`,
-/// `GROUP BY CUBE (` / `ROLLUP (` (or after a comma there), `GROUPING SETS
-/// (`, and `FILTER (` / `OVER (` after a call's `)`. Anywhere else they
-/// are calls (a review hid a user function `rollup(…)` this way).
-fn keyword_in_place(text: &[u8], start: usize, word: &[u8]) -> bool {
+/// Keywords PostgreSQL also takes as function names, which open no call
+/// only where the grammar puts them: `GROUP BY CUBE (` / `ROLLUP (`,
+/// `GROUPING SETS (`, `ON CONFLICT (…) DO`, `FILTER (` / `OVER (` after a
+/// call's `)`, `ORDER`/`GROUP`/`PARTITION BY (`, and `JOIN (`, `LIKE (`,
+/// `SET (` after an operand (a table, a column, a value). Anywhere else
+/// they are calls (reviews hid user functions named `rollup`, `set`,
+/// `join`… this way).
+fn keyword_in_place(text: &[u8], start: usize, at: usize, word: &[u8]) -> bool {
     let is = |k: &[u8]| word.eq_ignore_ascii_case(k);
+    let (before, prev, before_start) = previous_word(text, start);
+    let after = |k: &[u8]| before.eq_ignore_ascii_case(k);
+    if is(b"cube") || is(b"rollup") {
+        after(b"by")
+            && previous_word(text, before_start)
+                .0
+                .eq_ignore_ascii_case(b"group")
+    } else if is(b"sets") {
+        after(b"grouping")
+    } else if is(b"conflict") {
+        after(b"on") && next_word_after_group(text, at).eq_ignore_ascii_case(b"do")
+    } else if is(b"filter") || is(b"over") {
+        prev == Some(b')')
+    } else if is(b"by") {
+        after(b"order") || after(b"group") || after(b"partition")
+    } else if is(b"join") {
+        [
+            &b"inner"[..],
+            b"left",
+            b"right",
+            b"full",
+            b"cross",
+            b"natural",
+            b"outer",
+        ]
+        .iter()
+        .any(|k| after(k))
+            || operand_before(before, prev)
+    } else if is(b"like") || is(b"set") {
+        operand_before(before, prev) || (is(b"set") && after(b"update"))
+    } else {
+        false
+    }
+}
+
+/// The word before `start` (skipping white space), the byte before it,
+/// and where that word starts.
+fn previous_word(text: &[u8], start: usize) -> (&[u8], Option<u8>, usize) {
     let mut end = start;
     while end > 0 && text[end - 1].is_ascii_whitespace() {
         end -= 1;
     }
-    let before = word_before(text, end).1;
-    let after = |k: &[u8]| before.eq_ignore_ascii_case(k);
-    let prev = end.checked_sub(1).map(|i| text[i]);
-    if is(b"conflict") {
-        after(b"on")
-    } else if is(b"cube") || is(b"rollup") {
-        after(b"by") || prev == Some(b',')
-    } else if is(b"sets") {
-        after(b"grouping")
-    } else if is(b"filter") || is(b"over") {
-        prev == Some(b')')
-    } else {
-        false
+    let (word_start, word) = word_before(text, end);
+    (word, end.checked_sub(1).map(|i| text[i]), word_start)
+}
+
+/// Whether what ends before a keyword is an operand (a name, a value, a
+/// closing parenthesis), not a keyword that a call could follow.
+fn operand_before(word: &[u8], prev: Option<u8>) -> bool {
+    match prev {
+        Some(b')' | b'\'' | b'"' | b']') => true,
+        Some(c) if is_ident(c) => !word.is_empty() && !in_list(CALL_MAY_FOLLOW, word),
+        _ => false,
     }
+}
+
+/// Keywords after which an expression (and so a call) may begin. Sorted,
+/// lower case.
+const CALL_MAY_FOLLOW: &[&[u8]] = &[
+    b"all",
+    b"and",
+    b"any",
+    b"as",
+    b"between",
+    b"by",
+    b"case",
+    b"distinct",
+    b"do",
+    b"else",
+    b"except",
+    b"exists",
+    b"from",
+    b"having",
+    b"ilike",
+    b"in",
+    b"intersect",
+    b"is",
+    b"join",
+    b"like",
+    b"limit",
+    b"not",
+    b"offset",
+    b"on",
+    b"or",
+    b"returning",
+    b"select",
+    b"set",
+    b"some",
+    b"then",
+    b"union",
+    b"using",
+    b"values",
+    b"when",
+    b"where",
+    b"with",
+];
+
+/// The word after the parenthesized group that opens at `open` (bounded
+/// look: a long group is taken for no match).
+fn next_word_after_group(text: &[u8], open: usize) -> &[u8] {
+    let mut depth = 0usize;
+    for (i, &c) in text.iter().enumerate().skip(open).take(4096) {
+        match c {
+            b'(' => depth += 1,
+            b')' => {
+                depth = depth.saturating_sub(1);
+                if depth == 0 {
+                    return word(&text[i + 1..]).0;
+                }
+            }
+            _ => {}
+        }
+    }
+    &[]
 }
 
 /// Words after which the next word names a table, so that `word (` is a
@@ -716,10 +809,16 @@ fn unknown_call_at(text: &[u8], at: usize) -> bool {
         return false;
     }
     // Schema-qualified (white space may stand around the dot: `public.
-    // md5(…)`): only pg_catalog's harmless functions.
+    // md5(…)`): only pg_catalog's harmless functions. A comment before the
+    // name may hide a dot (`evil./**/lower(`): a call.
     let mut dot = start;
+    let mut crossed_line = false;
     while dot > 0 && text[dot - 1].is_ascii_whitespace() {
+        crossed_line |= matches!(text[dot - 1], b'\n' | b'\r');
         dot -= 1;
+    }
+    if (dot >= 2 && &text[dot - 2..dot] == b"*/") || (crossed_line && line_has_comment(text, dot)) {
+        return true;
     }
     if dot > 0 && text[dot - 1] == b'.' {
         let mut schema_end = dot - 1;
@@ -729,7 +828,7 @@ fn unknown_call_at(text: &[u8], at: usize) -> bool {
         let (_, schema) = word_before(text, schema_end);
         return !(schema.eq_ignore_ascii_case(b"pg_catalog") && in_list(HARMLESS_CALLS, word));
     }
-    if in_list(NOT_CALLS, word) || keyword_in_place(text, start, word) {
+    if in_list(NOT_CALLS, word) || keyword_in_place(text, start, at, word) {
         return false;
     }
     !in_list(HARMLESS_CALLS, word)
@@ -754,13 +853,16 @@ fn follows_table_keyword(text: &[u8], start: usize) -> bool {
     // A keyword at the end of an earlier line may be a comment's last
     // word (`-- copy into`): only if that line has no `--` (a review hid
     // a call this way).
-    !newline || {
-        let line = text[..word_start]
-            .iter()
-            .rposition(|&c| matches!(c, b'\n' | b'\r'))
-            .map_or(0, |i| i + 1);
-        !text[line..word_start].windows(2).any(|w| w == b"--")
-    }
+    !newline || !line_has_comment(text, word_start)
+}
+
+/// Whether the line that holds byte `at` has a `--` before it.
+fn line_has_comment(text: &[u8], at: usize) -> bool {
+    let line = text[..at]
+        .iter()
+        .rposition(|&c| matches!(c, b'\n' | b'\r'))
+        .map_or(0, |i| i + 1);
+    text[line..at].windows(2).any(|w| w == b"--")
 }
 
 /// Whether `s` has the word TEMP or TEMPORARY (not "attempts").
@@ -1337,7 +1439,7 @@ mod tests {
 
     #[test]
     fn harmless_lists_are_sorted() {
-        for list in [HARMLESS_CALLS, NOT_CALLS, TABLE_BEFORE] {
+        for list in [HARMLESS_CALLS, NOT_CALLS, TABLE_BEFORE, CALL_MAY_FOLLOW] {
             assert!(list.windows(2).all(|w| w[0] < w[1]), "{list:?}");
         }
     }
@@ -1354,16 +1456,34 @@ mod tests {
             "select over(1)",
             "select public. md5(42)",
             "select public . lower(42)",
+            // From the review of the fixes.
+            "select 1, rollup('a')",
+            "select 1 order by rollup('k')",
+            "select 1 from (select 1) x join (select 1) y on conflict('c')",
+            "select set('d')",
+            "select by('e')",
+            "select is('f')",
+            "select like('g')",
+            "select join('h')",
+            "select evil./**/lower('i')",
+            "select evil.--x\nlower('j')",
         ] {
             assert!(calls_unknown_function(text.as_bytes()), "{text}");
         }
         // The grammar's own places still open no call.
         for text in [
-            "select a, count(*) filter (where b) over (partition by c) from t group by rollup (a, b), cube (c)",
+            "select a, count(*) filter (where b) over (partition by c) from t group by rollup (a, b)",
             "select a from t group by grouping sets ((a), ())",
             "insert into t (a) values (1) on conflict (a) do nothing",
             "insert into\n t (a) values (1)",
             "select percentile_cont(0.5) within group (order by a) from t",
+            "select a from t order by (a) limit 1",
+            "select * from a join (select 1) b on true",
+            "select * from a left join (select 1) b on true",
+            "update t set (a, b) = (1, 2)",
+            "insert into t (a) values (1) on conflict (a) do update set (a) = (excluded.a)",
+            "select a from t where a like ('x%')",
+            "select sum(a) over (order by b) from t",
         ] {
             assert!(!calls_unknown_function(text.as_bytes()), "{text}");
         }
