@@ -27,21 +27,34 @@ fn statements(text: &[u8]) -> Vec<&[u8]> {
     split(text).0
 }
 
+/// [`split_as`] with standard_conforming_strings on; a backslash in a
+/// plain string casts doubt only if the split with it off differs.
+fn split(text: &[u8]) -> (Vec<&[u8]>, bool) {
+    let (statements, open, backslash) = split_as(text, false);
+    if open || !backslash {
+        return (statements, open);
+    }
+    let (other, other_open, _) = split_as(text, true);
+    let same = !other_open && other == statements;
+    (statements, !same)
+}
+
 /// A byte that continues an identifier in PostgreSQL's scanner (`$`
 /// included, and every byte of a multibyte character).
 fn continues_identifier(c: u8) -> bool {
     c.is_ascii_alphanumeric() || c == b'_' || c == b'$' || c >= 0x80
 }
 
-/// The statements of `text`, and whether the split may not be the
-/// server's: a quote, comment or dollar quote left open at the end, or a
-/// backslash inside a plain string (with `standard_conforming_strings`
-/// off, the server reads it as an escape, and a quote after it does not
-/// close the string). Such a text is judged as opaque code: the server is
-/// checked afterwards rather than the text believed.
-fn split(text: &[u8]) -> (Vec<&[u8]>, bool) {
+/// The statements of `text`; whether a quote, comment or dollar quote is
+/// left open at the end; whether a plain string holds a backslash (with
+/// `standard_conforming_strings` off, `off_escapes`, the server reads it
+/// as an escape, and a quote after it does not close the string). A text
+/// whose split may not be the server's is judged as opaque code: the
+/// server is checked afterwards rather than the text believed.
+fn split_as(text: &[u8], off_escapes: bool) -> (Vec<&[u8]>, bool, bool) {
     let mut out = Vec::new();
     let mut doubtful = false;
+    let mut backslashes = false;
     let mut start = 0;
     let mut i = 0;
     while i < text.len() {
@@ -52,8 +65,9 @@ fn split(text: &[u8]) -> (Vec<&[u8]>, bool) {
                 let escapes = i > 0
                     && matches!(text[i - 1], b'e' | b'E')
                     && !(i > 1 && continues_identifier(text[i - 2]));
-                let (end, open, backslash) = skip_string(text, i, escapes);
-                doubtful |= open || (backslash && !escapes);
+                let (end, open, backslash) = skip_string(text, i, escapes || off_escapes);
+                doubtful |= open;
+                backslashes |= backslash && !escapes;
                 i = end;
             }
             b'"' => {
@@ -87,7 +101,7 @@ fn split(text: &[u8]) -> (Vec<&[u8]>, bool) {
     }
     out.push(&text[start..]);
     out.retain(|s| !skip_space(s).is_empty());
-    (out, doubtful)
+    (out, doubtful, backslashes)
 }
 
 /// A string constant opening at `open`: where it ends, whether it is left
@@ -391,11 +405,16 @@ const HARMLESS_CALLS: &[&[u8]] = &[
     b"array_agg",
     b"array_append",
     b"array_cat",
+    b"array_dims",
     b"array_fill",
     b"array_length",
+    b"array_lower",
     b"array_position",
+    b"array_prepend",
     b"array_remove",
+    b"array_replace",
     b"array_to_string",
+    b"array_upper",
     b"ascii",
     b"avg",
     b"bit_length",
@@ -403,6 +422,7 @@ const HARMLESS_CALLS: &[&[u8]] = &[
     b"bool_or",
     b"btrim",
     b"cardinality",
+    b"cbrt",
     b"ceil",
     b"ceiling",
     b"char_length",
@@ -422,6 +442,7 @@ const HARMLESS_CALLS: &[&[u8]] = &[
     b"date_trunc",
     b"decode",
     b"dense_rank",
+    b"div",
     b"encode",
     b"every",
     b"exp",
@@ -429,6 +450,7 @@ const HARMLESS_CALLS: &[&[u8]] = &[
     b"first_value",
     b"floor",
     b"format",
+    b"gcd",
     b"gen_random_uuid",
     b"generate_series",
     b"greatest",
@@ -438,22 +460,33 @@ const HARMLESS_CALLS: &[&[u8]] = &[
     b"int8",
     b"isfinite",
     b"json_agg",
+    b"json_array_elements",
+    b"json_array_elements_text",
     b"json_array_length",
     b"json_build_array",
     b"json_build_object",
+    b"json_each",
+    b"json_each_text",
     b"json_extract_path",
     b"json_extract_path_text",
     b"json_object_agg",
+    b"json_object_keys",
+    b"json_typeof",
     b"jsonb_agg",
     b"jsonb_array_elements",
+    b"jsonb_array_elements_text",
     b"jsonb_array_length",
     b"jsonb_build_array",
     b"jsonb_build_object",
     b"jsonb_each",
+    b"jsonb_each_text",
     b"jsonb_extract_path",
     b"jsonb_extract_path_text",
+    b"jsonb_insert",
     b"jsonb_object_agg",
+    b"jsonb_object_keys",
     b"jsonb_path_query",
+    b"jsonb_pretty",
     b"jsonb_set",
     b"jsonb_strip_nulls",
     b"jsonb_typeof",
@@ -461,6 +494,7 @@ const HARMLESS_CALLS: &[&[u8]] = &[
     b"lag",
     b"last_value",
     b"lastval",
+    b"lcm",
     b"lead",
     b"least",
     b"left",
@@ -499,6 +533,8 @@ const HARMLESS_CALLS: &[&[u8]] = &[
     b"pg_total_relation_size",
     b"pg_try_advisory_xact_lock",
     b"pg_try_advisory_xact_lock_shared",
+    b"pg_typeof",
+    b"pi",
     b"plainto_tsquery",
     b"position",
     b"power",
@@ -511,6 +547,7 @@ const HARMLESS_CALLS: &[&[u8]] = &[
     b"regexp_matches",
     b"regexp_replace",
     b"regexp_split_to_array",
+    b"regexp_split_to_table",
     b"repeat",
     b"replace",
     b"reverse",
@@ -528,6 +565,7 @@ const HARMLESS_CALLS: &[&[u8]] = &[
     b"statement_timestamp",
     b"stddev",
     b"string_agg",
+    b"string_to_array",
     b"strpos",
     b"substr",
     b"substring",
@@ -554,6 +592,7 @@ const HARMLESS_CALLS: &[&[u8]] = &[
     b"variance",
     b"version",
     b"websearch_to_tsquery",
+    b"width_bucket",
 ];
 
 /// Words after which `(` opens no function call (clauses, operators, types).
@@ -827,6 +866,14 @@ fn unknown_call_at(text: &[u8], at: usize) -> bool {
         }
         let (_, schema) = word_before(text, schema_end);
         return !(schema.eq_ignore_ascii_case(b"pg_catalog") && in_list(HARMLESS_CALLS, word));
+    }
+    // `AS v(a, b)`, `WITH c(a) AS`: a column list, not a call.
+    let (before, _, _) = previous_word(text, start);
+    if [&b"as"[..], b"with", b"recursive"]
+        .iter()
+        .any(|k| before.eq_ignore_ascii_case(k))
+    {
+        return false;
     }
     if in_list(NOT_CALLS, word) || keyword_in_place(text, start, at, word) {
         return false;
@@ -1484,6 +1531,10 @@ mod tests {
             "insert into t (a) values (1) on conflict (a) do update set (a) = (excluded.a)",
             "select a from t where a like ('x%')",
             "select sum(a) over (order by b) from t",
+            // Column lists and common built-ins (the review's costs).
+            "select * from (values (1, 'a')) as v(id, name)",
+            "with c(a) as (select 1) select * from c",
+            "select string_to_array('a,b', ',')",
         ] {
             assert!(!calls_unknown_function(text.as_bytes()), "{text}");
         }
@@ -1555,6 +1606,10 @@ mod tests {
             assert!(effects(text.as_bytes()).opaque, "{text}");
         }
         assert!(!effects(b"select 'it''s'; set role r").opaque);
+        // A backslash that changes nothing either way casts no doubt.
+        assert!(
+            !effects(br"insert into readings (temperature, note) values (21, 'C:\data')").opaque
+        );
         assert!(!effects(b"select name$1 from t; set role r").opaque);
     }
 
