@@ -160,6 +160,50 @@ async fn set_role_does_not_leak() {
     );
 }
 
+/// A setting PostgreSQL refuses on one server because of what another
+/// client did there (`temp_buffers` is fixed once a session touches a temp
+/// table) does not end the client whose setting it is: that server can
+/// never hold it, so it is closed and the request goes to another. A
+/// setting no server takes any more (its role dropped) ends the client
+/// after a few servers, not all of them.
+#[tokio::test]
+async fn a_setting_refused_for_another_clients_history_takes_another_server() {
+    let cluster = app_cluster(ServerAuth::Trust);
+    cluster
+        .psql(
+            "postgres",
+            &format!("create role passing; grant passing to {APP_USER}"),
+        )
+        .unwrap();
+    let sluice = one_server(&cluster);
+    let (alice, bob) = two_clients(&sluice).await;
+    alice
+        .batch_execute("SET temp_buffers = '2MB'")
+        .await
+        .unwrap();
+    let first = pid(&alice).await;
+    bob.batch_execute(
+        "create temp table scratch (x int); insert into scratch values (1); drop table scratch",
+    )
+    .await
+    .unwrap();
+    assert_eq!(pid(&bob).await, first, "one shared server");
+    assert_eq!(scalar_text(&alice, "show temp_buffers").await, "2MB");
+    assert_ne!(pid(&alice).await, first, "the refusing server was closed");
+    assert_eq!(scalar_text(&bob, "show temp_buffers").await, "8MB");
+
+    // A role dropped under the client: refused everywhere.
+    let carol = connect_as(sluice.port(), APP_USER, "postgres").await;
+    carol.batch_execute("SET ROLE passing").await.unwrap();
+    cluster.psql("postgres", "drop role passing").unwrap();
+    // (the server drops carol's role for bob's turn)
+    assert_eq!(scalar_text(&bob, "select 1::text").await, "1");
+    let refused = carol.batch_execute("select 1").await;
+    let error = expect_sqlstate(refused, "22023");
+    assert!(format!("{error:?}").contains("passing"), "{error:?}");
+    assert_eq!(scalar_text(&bob, "select 1::text").await, "1");
+}
+
 /// `track_session_objects = discard`: temporary tables and session
 /// advisory locks are removed when the transaction ends.
 #[tokio::test]

@@ -47,6 +47,8 @@ pub struct Client {
     pub(super) on_routed_primary: bool,
     /// Requests run again in a row because their server was found dead.
     pub(super) lost_retries: u8,
+    /// Servers in a row that refused the client's settings (`relay::SYNC_TRIES`).
+    pub(super) sync_refusals: u8,
     /// The client has sent a transaction that reads only: the primary's
     /// WAL position is read after its writes (read-your-writes). A client
     /// that only ever writes does not pay for it.
@@ -147,6 +149,7 @@ impl Client {
             force_primary: false,
             on_routed_primary: false,
             lost_retries: 0,
+            sync_refusals: 0,
             reads_routed: false,
             route_cache: None,
         }

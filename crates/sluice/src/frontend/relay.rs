@@ -36,6 +36,11 @@ pub enum RelayEnd {
     /// the replica before anything reached the client: run it again on
     /// the primary.
     Retry,
+    /// The server refused the client's session settings for something of
+    /// its own history (another client's temp table fixed its
+    /// `temp_buffers`) and was closed; nothing of the request was sent:
+    /// it takes another server.
+    Again,
     ClientLeft,
     Error(ClientError),
 }
@@ -752,16 +757,33 @@ async fn sync_session(
             // A rejected SET rolls back whole: the server is as it was
             // (unless a cancel of the client's may still reach it).
             if !canceling && matches!(e, crate::backend::login::LoginError::Rejected { .. }) {
+                // The client's settings were taken by a server before: this
+                // one refuses them for what another client did there (a
+                // temp table fixes temp_buffers for the session). It can
+                // never hold them: closed, and the request, untouched, goes
+                // to another, a few times in a row at most (a setting no
+                // server takes any more, a dropped role, must not close
+                // every server).
+                if client.sync_refusals + 1 < SYNC_TRIES {
+                    client.sync_refusals += 1;
+                    lease.close();
+                    return Err(RelayEnd::Again);
+                }
                 lease.release();
             } else {
                 lease.close();
             }
+            client.sync_refusals = 0;
             return Err(RelayEnd::Error(error));
         }
         server.session = client.session().clone();
     }
+    client.sync_refusals = 0;
     Ok(lease)
 }
+
+/// Servers a request may try when each refuses the client's settings.
+const SYNC_TRIES: u8 = 3;
 
 /// Whether the server's parameters or session settings differ from the
 /// client's (a pointer compare when they are the same).

@@ -523,6 +523,11 @@ impl Client {
         let on_replica = lease.host() != 0;
         self.on_routed_primary = topology.is_some() && !on_replica;
         let end = relay::run(self, buf, lease).await;
+        if let RelayEnd::Again = end {
+            // (the request is still whole in `buf`)
+            self.retry_query = None;
+            return None;
+        }
         if let RelayEnd::Retry = end
             && let Some(query) = self.retry_query.take()
         {
@@ -554,7 +559,7 @@ impl Client {
         }
         self.want_commit_lsn = false;
         match end {
-            RelayEnd::Released | RelayEnd::Retry => None,
+            RelayEnd::Released | RelayEnd::Retry | RelayEnd::Again => None,
             RelayEnd::ClientLeft => Some(SessionEnd::ClientLeft),
             RelayEnd::Error(e) => Some(SessionEnd::Error(e)),
         }
