@@ -155,22 +155,37 @@ impl RawClient {
     /// Runs `sql` with the simple protocol and returns the first column of
     /// every row (NULL as `None`); panics on an error.
     pub async fn simple_query(&mut self, sql: &str, timeout: Duration) -> Vec<Option<String>> {
+        self.simple_query_bytes(sql.as_bytes(), timeout)
+            .await
+            .into_iter()
+            .map(|cell| cell.map(|b| String::from_utf8_lossy(&b).into_owned()))
+            .collect()
+    }
+
+    /// `simple_query` in bytes, for a session whose client_encoding is
+    /// not UTF-8.
+    pub async fn simple_query_bytes(
+        &mut self,
+        sql: &[u8],
+        timeout: Duration,
+    ) -> Vec<Option<Vec<u8>>> {
         let mut message = vec![b'Q'];
         let len = i32::try_from(4 + sql.len() + 1).expect("query fits");
         message.extend_from_slice(&len.to_be_bytes());
-        message.extend_from_slice(sql.as_bytes());
+        message.extend_from_slice(sql);
         message.push(0);
         self.send(&message).await.expect("send query");
+        let shown = String::from_utf8_lossy(sql);
         let mut rows = Vec::new();
         loop {
             match self.read_message(timeout).await {
                 RawReply::Message(b'D', body) => rows.push(first_column(&body)),
                 RawReply::Message(b'Z', _) => return rows,
                 RawReply::Message(b'E', body) => {
-                    panic!("query {sql:?} failed: {:?}", error_fields(&body))
+                    panic!("query {shown:?} failed: {:?}", error_fields(&body))
                 }
                 RawReply::Message(..) => continue,
-                other => panic!("query {sql:?} got no answer: {other:?}"),
+                other => panic!("query {shown:?} got no answer: {other:?}"),
             }
         }
     }
@@ -218,8 +233,8 @@ pub fn error_field(fields: &[(u8, String)], code: u8) -> Option<&str> {
         .map(|(_, v)| v.as_str())
 }
 
-fn first_column(data_row: &[u8]) -> Option<String> {
+fn first_column(data_row: &[u8]) -> Option<Vec<u8>> {
     let len = i32::from_be_bytes(data_row.get(2..6)?.try_into().ok()?);
     let len = usize::try_from(len).ok()?;
-    Some(String::from_utf8_lossy(data_row.get(6..6 + len)?).into_owned())
+    Some(data_row.get(6..6 + len)?.to_vec())
 }

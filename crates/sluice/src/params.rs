@@ -134,6 +134,42 @@ pub fn push_literal(sql: &mut String, v: &str) {
     sql.push('\'');
 }
 
+/// `push_literal` in ASCII alone: other characters are Unicode escapes of
+/// an `E'…'` string, which PostgreSQL reads the same whatever the
+/// session's client_encoding (raw UTF-8 bytes on a LATIN1 session would be
+/// read as other characters).
+pub fn push_literal_ascii(sql: &mut String, v: &str) {
+    use std::fmt::Write as _;
+    if v.is_ascii() {
+        return push_literal(sql, v);
+    }
+    sql.push_str("E'");
+    for c in v.chars() {
+        match c {
+            '\'' | '\\' => {
+                sql.push(c);
+                sql.push(c);
+            }
+            c if c.is_ascii() => sql.push(c),
+            c if u32::from(c) <= 0xFFFF => {
+                let _ = write!(sql, "\\u{:04x}", u32::from(c));
+            }
+            c => {
+                let _ = write!(sql, "\\U{:08x}", u32::from(c));
+            }
+        }
+    }
+    sql.push('\'');
+}
+
+/// Whether a session with these parameters exchanges text with the server
+/// in UTF-8 (`client_encoding`; a client that never named one is taken
+/// to, as PostgreSQL's default databases do).
+pub fn utf8(set: &ParamSet) -> bool {
+    set.get("client_encoding")
+        .is_none_or(|e| e.eq_ignore_ascii_case("UTF8") || e.eq_ignore_ascii_case("UNICODE"))
+}
+
 /// Updates a shared set copy-on-write; returns whether anything changed.
 pub fn update_shared(set: &mut Arc<ParamSet>, name: &'static str, value: &str) -> bool {
     if set.get(name) == Some(value) {
@@ -145,6 +181,17 @@ pub fn update_shared(set: &mut Arc<ParamSet>, name: &'static str, value: &str) -
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn ascii_literals_escape_the_rest() {
+        let mut sql = String::new();
+        push_literal_ascii(&mut sql, "caf\u{e9} o'h\\ \u{1f600}");
+        assert_eq!(sql, "E'caf\\u00e9 o''h\\\\ \\U0001f600'");
+        assert!(sql.is_ascii());
+        let mut plain = String::new();
+        push_literal_ascii(&mut plain, "o'hara");
+        assert_eq!(plain, "'o''hara'");
+    }
 
     #[test]
     fn diff_quotes_and_skips_equal() {

@@ -21,21 +21,31 @@ pub struct SessionVars {
 
 /// Reads back the settings a session changed: pg_settings with source
 /// 'session' (minus the tracked six, kept by `params`), plus the role,
-/// which pg_settings does not list.
-pub fn capture_sql(custom: &[String]) -> String {
+/// which pg_settings does not list. On a session whose client_encoding is
+/// not UTF-8 (`utf8` false), values come as the hex of their UTF-8 bytes
+/// (`decode_value`): sluice keeps text in UTF-8, and a LATIN1 `é` read as
+/// it comes would be no UTF-8 at all.
+pub fn capture_sql(custom: &[String], utf8: bool) -> String {
+    let value = |expr: &str| match utf8 {
+        true => expr.to_owned(),
+        false => format!("pg_catalog.encode(pg_catalog.convert_to({expr}, 'UTF8'), 'hex')"),
+    };
     let tracked = TRACKED
         .iter()
         .map(|n| format!("'{n}'"))
         .collect::<Vec<_>>()
         .join(",");
     let mut sql = format!(
-        "SELECT name, setting FROM pg_catalog.pg_settings \
+        "SELECT name, {} FROM pg_catalog.pg_settings \
          WHERE source = 'session' AND name NOT IN ({tracked}) \
-         UNION ALL SELECT 'role', pg_catalog.current_setting('role') \
+         UNION ALL SELECT 'role', {} \
          WHERE pg_catalog.current_setting('role') <> 'none' \
-         UNION ALL SELECT 'session_authorization', session_user::text \
+         UNION ALL SELECT 'session_authorization', {} \
          WHERE session_user <> (SELECT usename FROM pg_catalog.pg_stat_activity \
-         WHERE pid = pg_catalog.pg_backend_pid())"
+         WHERE pid = pg_catalog.pg_backend_pid())",
+        value("setting"),
+        value("pg_catalog.current_setting('role')"),
+        value("session_user::text"),
     );
     if !custom.is_empty() {
         let names = custom
@@ -44,12 +54,33 @@ pub fn capture_sql(custom: &[String]) -> String {
             .collect::<Vec<_>>()
             .join(",");
         sql.push_str(&format!(
-            " UNION ALL SELECT n, pg_catalog.current_setting(n, true) \
+            " UNION ALL SELECT n, {} \
              FROM pg_catalog.unnest(ARRAY[{names}]::text[]) AS n \
-             WHERE coalesce(pg_catalog.current_setting(n, true), '') <> ''"
+             WHERE coalesce(pg_catalog.current_setting(n, true), '') <> ''",
+            value("pg_catalog.current_setting(n, true)")
         ));
     }
     sql
+}
+
+/// A value `capture_sql` read: as it came on a UTF-8 session, else from
+/// the hex of its UTF-8 bytes.
+pub fn decode_value(value: String, utf8: bool) -> String {
+    if utf8 {
+        return value;
+    }
+    let hex = value.as_bytes();
+    let bytes: Vec<u8> = hex
+        .chunks(2)
+        .filter_map(|pair| {
+            let digit = |b: u8| (b as char).to_digit(16);
+            match pair {
+                [h, l] => Some((digit(*h)? * 16 + digit(*l)?) as u8),
+                _ => None,
+            }
+        })
+        .collect();
+    String::from_utf8_lossy(&bytes).into_owned()
 }
 
 impl SessionVars {
@@ -135,7 +166,13 @@ pub fn same(a: &Option<Arc<SessionVars>>, b: &Option<Arc<SessionVars>>) -> bool 
 /// identity is dropped first when anything else changes (RESET SESSION
 /// AUTHORIZATION resets the role too), and setting the session
 /// authorization, which resets the role, comes before the role.
-pub fn apply_sql(server: Option<&SessionVars>, client: Option<&SessionVars>) -> Option<String> {
+/// `utf8`: whether the session's client_encoding is UTF-8; if not, values
+/// are written in ASCII (`push_literal_ascii`).
+pub fn apply_sql(
+    server: Option<&SessionVars>,
+    client: Option<&SessionVars>,
+    utf8: bool,
+) -> Option<String> {
     const AUTH: &str = "session_authorization";
     const ROLE: &str = "role";
     let empty = SessionVars::default();
@@ -172,10 +209,14 @@ pub fn apply_sql(server: Option<&SessionVars>, client: Option<&SessionVars>) -> 
         }
     }
     let set = |name: &str, value: &str| {
+        let mut value_sql = String::with_capacity(value.len() + 3);
+        match utf8 {
+            true => crate::params::push_literal(&mut value_sql, value),
+            false => crate::params::push_literal_ascii(&mut value_sql, value),
+        }
         format!(
-            "pg_catalog.set_config({}, {}, false)",
+            "pg_catalog.set_config({}, {value_sql}, false)",
             quote_literal(name),
-            quote_literal(value)
         )
     };
     let sets: Vec<String> = client
@@ -223,10 +264,23 @@ mod tests {
     use super::*;
 
     #[test]
+    fn values_of_another_encoding_travel_as_utf8_hex_and_escapes() {
+        assert_eq!(decode_value("636166c3a9".into(), false), "caf\u{e9}");
+        assert_eq!(decode_value("caf\u{e9}".into(), true), "caf\u{e9}");
+        assert!(capture_sql(&["app.x".into()], false).contains("convert_to"));
+        assert!(!capture_sql(&["app.x".into()], true).contains("convert_to"));
+        let client = SessionVars::from_pairs([("app.x", "caf\u{e9}")]);
+        let sql = apply_sql(None, Some(&client), false).expect("something to set");
+        assert!(sql.contains("E'caf\\u00e9'"), "{sql}");
+        let raw = apply_sql(None, Some(&client), true).expect("something to set");
+        assert!(raw.contains("'caf\u{e9}'"), "{raw}");
+    }
+
+    #[test]
     fn the_role_is_set_after_the_other_settings() {
         let client =
             SessionVars::from_pairs([("role", "bob"), ("session_replication_role", "replica")]);
-        let sql = apply_sql(None, Some(&client)).expect("something to set");
+        let sql = apply_sql(None, Some(&client), true).expect("something to set");
         let (srr, role) = (
             sql.find("session_replication_role").expect("srr"),
             sql.find("'role'").expect("role"),
@@ -234,14 +288,14 @@ mod tests {
         assert!(srr < role, "{sql}");
         // A server already under the role drops it first.
         let server = SessionVars::from_pairs([("role", "bob")]);
-        let sql = apply_sql(Some(&server), Some(&client)).expect("something to set");
+        let sql = apply_sql(Some(&server), Some(&client), true).expect("something to set");
         assert!(sql.starts_with("RESET ROLE;"), "{sql}");
         assert!(
             sql.find("session_replication_role") < sql.find("'role'"),
             "{sql}"
         );
         // Nothing else to change: the role stays as it is.
-        assert_eq!(apply_sql(Some(&client), Some(&client)), None);
+        assert_eq!(apply_sql(Some(&client), Some(&client), true), None);
         // The same with a session authorization (a review's variant).
         let client = SessionVars::from_pairs([
             ("session_authorization", "alice"),
@@ -251,7 +305,7 @@ mod tests {
             ("session_authorization", "alice"),
             ("session_replication_role", "origin"),
         ]);
-        let sql = apply_sql(Some(&server), Some(&client)).expect("something to set");
+        let sql = apply_sql(Some(&server), Some(&client), true).expect("something to set");
         assert!(sql.starts_with("RESET SESSION AUTHORIZATION;"), "{sql}");
         assert!(
             sql.find("session_replication_role") < sql.rfind("'session_authorization'"),
@@ -274,13 +328,13 @@ mod tests {
         let server = SessionVars::from_pairs([("search_path", "a"), ("work_mem", "64")]);
         let client = SessionVars::from_pairs([("search_path", "b, c"), ("myapp.tenant", "it's")]);
         assert_eq!(
-            apply_sql(Some(&server), Some(&client)).unwrap(),
+            apply_sql(Some(&server), Some(&client), true).unwrap(),
             "RESET \"work_mem\";SELECT pg_catalog.set_config('myapp.tenant', 'it''s', false), \
              pg_catalog.set_config('search_path', 'b, c', false)"
         );
-        assert_eq!(apply_sql(Some(&client), Some(&client)), None);
+        assert_eq!(apply_sql(Some(&client), Some(&client), true), None);
         assert_eq!(
-            apply_sql(Some(&server), None).unwrap(),
+            apply_sql(Some(&server), None, true).unwrap(),
             "RESET \"search_path\";RESET \"work_mem\";"
         );
         assert!(same(&None, &Some(Arc::new(SessionVars::default()))));
@@ -291,14 +345,14 @@ mod tests {
         let server = SessionVars::from_pairs([("role", "r")]);
         let client = SessionVars::from_pairs([("role", "r"), ("session_authorization", "bob")]);
         assert_eq!(
-            apply_sql(Some(&server), Some(&client)).unwrap(),
+            apply_sql(Some(&server), Some(&client), true).unwrap(),
             "SELECT pg_catalog.set_config('session_authorization', 'bob', false);\
              SELECT pg_catalog.set_config('role', 'r', false)"
         );
         // Back to the login user: RESET SESSION AUTHORIZATION (resets the
         // role too), then nothing else to undo.
         assert_eq!(
-            apply_sql(Some(&client), None).unwrap(),
+            apply_sql(Some(&client), None, true).unwrap(),
             "RESET SESSION AUTHORIZATION;"
         );
     }

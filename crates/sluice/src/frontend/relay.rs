@@ -741,9 +741,11 @@ async fn sync_session(
         server.params = client.params.clone();
     }
     if !crate::session_vars::same(&server.session, client.session()) {
-        if let Some(sql) =
-            crate::session_vars::apply_sql(server.session.as_deref(), client.session().as_deref())
-            && let Err(e) = Box::pin(run_query(server, &sql)).await
+        if let Some(sql) = crate::session_vars::apply_sql(
+            server.session.as_deref(),
+            client.session().as_deref(),
+            crate::params::utf8(&client.params),
+        ) && let Err(e) = Box::pin(run_query(server, &sql)).await
         {
             let canceling = client.app.cancels.unlink(client.cancel);
             if server_gone(&e)

@@ -1088,11 +1088,13 @@ async fn capture_settings(
             }
         }
     }
-    let mut capture = crate::session_vars::capture_sql(&custom);
+    // (the server's client_encoding is the client's for its transaction)
+    let utf8 = crate::params::utf8(&client.params);
+    let mut capture = crate::session_vars::capture_sql(&custom, utf8);
     let before = client.session().clone();
     if reset_all {
         capture.push_str(";RESET ALL;RESET SESSION AUTHORIZATION;RESET ROLE;");
-        if let Some(sql) = crate::session_vars::apply_sql(None, before.as_deref()) {
+        if let Some(sql) = crate::session_vars::apply_sql(None, before.as_deref(), utf8) {
             capture.push_str(&sql);
             capture.push(';');
         }
@@ -1110,7 +1112,10 @@ async fn capture_settings(
     };
     let vars = crate::session_vars::SessionVars::from_pairs(rows.into_iter().filter_map(|row| {
         match row.as_slice() {
-            [Some(name), Some(value)] => Some((name.clone(), value.clone())),
+            [Some(name), Some(value)] => Some((
+                name.clone(),
+                crate::session_vars::decode_value(value.clone(), utf8),
+            )),
             _ => None,
         }
     }));
@@ -1120,7 +1125,8 @@ async fn capture_settings(
         // What the transaction itself changed is put back too (rare: a
         // second query), so that the server is as the client now is.
         if !crate::session_vars::same(&before, &vars)
-            && let Some(sql) = crate::session_vars::apply_sql(before.as_deref(), vars.as_deref())
+            && let Some(sql) =
+                crate::session_vars::apply_sql(before.as_deref(), vars.as_deref(), utf8)
             && !reset(lease, &sql).await
         {
             return false;
