@@ -248,6 +248,64 @@ async fn settings_keep_their_characters_under_another_client_encoding() {
     }
 }
 
+/// `currval` and `lastval` never answer with another client's values: on
+/// a shared server the session's sequence state is whatever its last
+/// client drew (an order number, or a wrong key for an application that
+/// inserts, then asks `currval` in another transaction). sluice clears it
+/// before a request that reads it on a server last lent to someone else;
+/// the client gets PostgreSQL's "not yet defined in this session". Within
+/// a transaction, or a query that draws first, the client's own values
+/// answer as on PostgreSQL.
+#[tokio::test]
+async fn sequence_values_are_no_other_clients() {
+    let cluster = app_cluster(ServerAuth::Trust);
+    grant_create(&cluster);
+    let sluice = one_server(&cluster);
+    let (alice, bob) = two_clients(&sluice).await;
+    alice
+        .batch_execute("create table orders (id serial primary key, item text)")
+        .await
+        .unwrap();
+    alice
+        .batch_execute("insert into orders (item) values ('secret')")
+        .await
+        .unwrap();
+    let server = pid(&alice).await;
+    for sql in [
+        "select currval('orders_id_seq')::text",
+        "select lastval()::text",
+    ] {
+        // simple protocol, then extended
+        expect_sqlstate(bob.simple_query(sql).await, "55000");
+        expect_sqlstate(bob.query(sql, &[]).await, "55000");
+    }
+    assert_eq!(pid(&bob).await, server, "the server stayed in the pool");
+    // The client's own draw, in one query and in one transaction.
+    assert_eq!(
+        scalar_text(
+            &bob,
+            "insert into orders (item) values ('b'); select currval('orders_id_seq')::text"
+        )
+        .await,
+        "2"
+    );
+    let mut alice = alice;
+    let tx = alice.transaction().await.unwrap();
+    tx.execute("insert into orders (item) values ('c')", &[])
+        .await
+        .unwrap();
+    let row = tx.query_one("select lastval()::text", &[]).await.unwrap();
+    assert_eq!(row.get::<_, String>(0), "3");
+    tx.commit().await.unwrap();
+    // A statement prepared before another client's draw.
+    let statement = bob.prepare("select lastval()::text").await.unwrap();
+    alice
+        .batch_execute("insert into orders (item) values ('d')")
+        .await
+        .unwrap();
+    expect_sqlstate(bob.query(&statement, &[]).await, "55000");
+}
+
 /// `track_session_objects = discard`: temporary tables and session
 /// advisory locks are removed when the transaction ends.
 #[tokio::test]

@@ -46,6 +46,10 @@ pub struct ServerConn {
     /// Which host of its target's list it is on (0: the first, or the only
     /// one): a cancel request for it goes there.
     pub alternate: u8,
+    /// The client this server was last lent to (its cancel key, packed;
+    /// 0: none yet): what it left of the session's sequence state
+    /// (`lastval`) is no other client's to read.
+    pub last_client: u64,
 }
 
 impl ServerConn {
@@ -67,6 +71,7 @@ impl ServerConn {
             lent_at: now,
             home_worker: super::worker_id::current_worker(),
             alternate: 0,
+            last_client: 0,
             statements: Box::default(),
             session: None,
             standby: false,
@@ -96,6 +101,7 @@ impl ServerConn {
             standby,
             tls,
             alternate,
+            last_client,
             ..
         } = *self;
         Ok(Box::new(Self {
@@ -117,6 +123,7 @@ impl ServerConn {
             standby,
             tls,
             alternate,
+            last_client,
         }))
     }
 

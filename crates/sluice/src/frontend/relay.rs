@@ -101,6 +101,12 @@ pub async fn run(client: &mut Client, cbuf: &mut BytesMut, mut lease: Lease) -> 
     // Transaction and statement mode: statements, session state and
     // LISTEN follow the client, so its messages are rewritten.
     let mut tracking = release_each.map(|_| Tracking::take());
+    if let Some(t) = tracking.as_deref_mut() {
+        // (a fresh server holds no sequence state; see `discard_sequences`)
+        let me = crate::backend::cancel::pack(client.cancel.key);
+        let before = std::mem::replace(&mut lease.server().last_client, me);
+        t.sequences_mine = before == me || before == 0;
+    }
     let app = client.app.clone();
     let mut blocked = Blocked::default();
     // The last poll only flushed the last replies, whole, and nothing is

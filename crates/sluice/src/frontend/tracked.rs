@@ -42,6 +42,13 @@ pub(super) struct Tracking {
     /// How many bytes had been queued for the server (written and in
     /// `out`) after sluice's last Flush (see `rewrite_client`); none: MAX.
     pub(super) flush_mark: u64,
+    /// The server's sequence state (currval, lastval) is the client's own
+    /// or none: it was this client's last, or the link has sent a request
+    /// (see `handle_message`).
+    pub(super) sequences_mine: bool,
+    /// An extended-protocol batch is open on the server (a message sent
+    /// since the last Sync): no simple query of sluice's may go in.
+    pub(super) in_batch: bool,
 }
 
 impl Default for Tracking {
@@ -55,6 +62,8 @@ impl Default for Tracking {
             custom_names: Vec::new(),
             pinned: None,
             flush_mark: u64::MAX,
+            sequences_mine: false,
+            in_batch: false,
         }
     }
 }
@@ -126,6 +135,8 @@ impl Tracking {
         self.custom_names.clear();
         self.pinned = None;
         self.flush_mark = u64::MAX;
+        self.sequences_mine = false;
+        self.in_batch = false;
         SPARE.with(|s| {
             let mut spare = s.borrow_mut();
             if spare.len() < SPARES {
@@ -197,6 +208,8 @@ pub(super) fn rewrite_client(
     loop {
         let mut terminated = false;
         let mut function_called = false;
+        let in_batch = &mut t.in_batch;
+        let mut executed = false;
         let cap = cycle.cap;
         let expected = &mut t.expected;
         let end = cycle
@@ -219,14 +232,20 @@ pub(super) fn rewrite_client(
                     return Visit::StopBefore;
                 }
                 match cycle.req.client(tag) {
-                    Counted::Sync => expected.push(pass(Reply::Sync)),
+                    Counted::Sync => {
+                        *in_batch = false;
+                        expected.push(pass(Reply::Sync))
+                    }
                     // FunctionCall (Query is rewritten, so never here):
                     // code sluice cannot read, as a call in a query.
                     Counted::Request => {
                         function_called = true;
                         expected.push(pass(Reply::Query))
                     }
-                    Counted::Execute => expected.push(pass(Reply::Execute)),
+                    Counted::Execute => {
+                        (*in_batch, executed) = (true, true);
+                        expected.push(pass(Reply::Execute))
+                    }
                     Counted::CopyEnded { ignored_syncs } => {
                         expected.forget_ignored_syncs(ignored_syncs)
                     }
@@ -239,6 +258,9 @@ pub(super) fn rewrite_client(
                 }
                 Visit::Forward
             })?;
+        if executed || function_called {
+            t.sequences_mine = true;
+        }
         if function_called {
             t.effects.merge(crate::prepared::sql::Effects {
                 opaque: true,
@@ -305,6 +327,15 @@ fn handle_message(
     st: &mut Statements<'_>,
 ) -> Result<(), WireError> {
     use tags::frontend as f;
+    // Where a simple query of sluice's may go first (see
+    // `discard_sequences`): a new request, nothing owed, not in a block.
+    let first = !t.sequences_mine
+        && !t.in_batch
+        && t.expected.quiet()
+        && cycle.status == TransactionStatus::Idle
+        && cycle.req.outstanding == 0;
+    t.in_batch |= tag != f::QUERY;
+    let (out_at, expected_at) = (t.out.len(), t.expected.len());
     let names = &mut *st.names;
     let mut rewriter = Rewriter {
         names,
@@ -315,6 +346,7 @@ fn handle_message(
         expected: &mut t.expected,
         out: &mut t.out,
     };
+    let mut reads_sequences = false;
     match tag {
         f::PARSE => {
             // PostgreSQL refuses a Parse in a failed transaction block,
@@ -327,7 +359,9 @@ fn handle_message(
             let text = parse_query(message);
             if let Some(text) = text.filter(|text| sql::may_matter(text)) {
                 follow_listens(t, sql::specials(text));
-                note_text(t, text);
+                let effects = sql::effects(text);
+                reads_sequences = effects.sequences;
+                note_effects(t, effects, text);
             }
         }
         f::BIND => {
@@ -338,6 +372,7 @@ fn handle_message(
             if let Some(statement) = bound
                 && statement.effects != Effects::default()
             {
+                reads_sequences = statement.effects.sequences;
                 note_effects(t, statement.effects, statement.query());
             }
         }
@@ -357,13 +392,42 @@ fn handle_message(
                 cycle.req.request_sent();
                 follow_listens(t, specials);
                 if matters {
-                    note_text(t, &message[sluice_wire::HEADER_LEN..]);
+                    let text = &message[sluice_wire::HEADER_LEN..];
+                    let effects = sql::effects(text);
+                    reads_sequences = effects.sequences;
+                    note_effects(t, effects, text);
                 }
             }
         }
     }
+    if first && reads_sequences {
+        discard_sequences(t, out_at, expected_at);
+    }
+    // (what the client runs from now on may draw: its own values)
+    t.sequences_mine |= tag == f::QUERY;
     Ok(())
 }
+
+/// The sequence state a server's previous client left (`currval`,
+/// `lastval` answer from it: another client's order number, or, where an
+/// application inserts and then asks `currval` in two transactions, a
+/// wrong key) is cleared with `DISCARD SEQUENCES` before a request that
+/// reads it, sent ahead of the request's messages (from `out_at` in
+/// `t.out`, owing from `expected_at`) and answered to nobody. The client
+/// then gets PostgreSQL's "not yet defined in this session", as it does
+/// from a fresh server. Only while nothing of the client's has run in the
+/// link (after that the state may hold its own draws), with nothing owed
+/// and no batch open: the query must run alone. A request pipelined
+/// behind another keeps what the server has (see docs/architecture.md).
+fn discard_sequences(t: &mut Tracking, out_at: usize, expected_at: usize) {
+    let request = t.out.split_off(out_at);
+    t.out.extend_from_slice(&DISCARD_SEQUENCES);
+    t.out.unsplit(request);
+    t.expected.insert(expected_at, Expect::Discard);
+}
+
+/// Query "DISCARD SEQUENCES".
+const DISCARD_SEQUENCES: [u8; 23] = *b"Q\0\0\0\x16DISCARD SEQUENCES\0";
 
 /// Queues the LISTEN changes among `specials` (DISCARD ALL unlistens all).
 fn follow_listens(t: &mut Tracking, specials: Vec<Special>) {
@@ -385,11 +449,6 @@ fn parse_query(message: &[u8]) -> Option<&[u8]> {
     let mut r = sluice_wire::Reader::new(&message[sluice_wire::HEADER_LEN..]);
     r.cstr_bytes().ok()?;
     r.cstr_bytes().ok()
-}
-
-/// Notes what a statement sent to the server may leave behind.
-fn note_text(t: &mut Tracking, text: &[u8]) {
-    note_effects(t, sql::effects(text), text);
 }
 
 /// Notes `effects`, already known, of `text`.
@@ -555,6 +614,10 @@ pub(super) fn scan_server(
     let mut seen = ServerSeen::default();
     let mut held = None;
     let plain = t.plain();
+    // (sluice's own query's replies are dropped whole: their bodies are
+    // measured; it goes first only with nothing owed, so it is the head
+    // from the scan's start or not at all in this scan)
+    let discarding = t.expected.discarding();
     let expected = &mut t.expected;
     let swallowing = cycle.retry == Retry::Swallowing;
     let armed = cycle.retry == Retry::Armed;
@@ -570,6 +633,7 @@ pub(super) fn scan_server(
                 || (lost && matches!(tag, b::ERROR_RESPONSE | b::NOTICE_RESPONSE))
                 || (armed
                     && (preamble(tag) || matches!(tag, b::ERROR_RESPONSE | b::NOTICE_RESPONSE)))
+                || discarding
                 || server_needs_body(tag)
                 || matches!(
                     tag,
@@ -587,6 +651,19 @@ pub(super) fn scan_server(
                 tag,
                 b::NOTICE_RESPONSE | b::PARAMETER_STATUS | b::NOTIFICATION_RESPONSE
             );
+            // sluice's own query answered (a farewell, the server's end,
+            // is looked at as always).
+            if discarding
+                && expected.discarding()
+                && !asynchronous
+                && !(tag == b::ERROR_RESPONSE && is_fatal(body))
+            {
+                held = Some(Held::Drop {
+                    tag,
+                    len: body.len() + sluice_wire::HEADER_LEN,
+                });
+                return Visit::StopBefore;
+            }
             // The safety net decides here, and acts in `release_held` (a
             // held message is looked at again until it is released).
             let keeping = !cycle.retry_kept.is_empty();

@@ -74,6 +74,9 @@ pub enum Expect {
     },
     /// A Close of shared statement `id` injected by sluice (dropped).
     Unprepare { id: u64 },
+    /// A simple query sluice sent ahead of the client's (`DISCARD
+    /// SEQUENCES`): every reply up to its ReadyForQuery is dropped.
+    Discard,
     /// Answered by sluice when its turn comes.
     Local(Local),
     /// A client Parse sluice does not keep (past the client's limits): a
@@ -158,6 +161,23 @@ impl Expected {
         self.queue.push_back(expect);
     }
 
+    /// Puts `expect` at `at` (entries from there on owe their replies
+    /// after it).
+    pub fn insert(&mut self, at: usize, expect: Expect) {
+        self.queue.insert(at, expect);
+    }
+
+    /// Nothing owed and no failed batch being skipped: the server waits
+    /// for a new request, and a simple query of sluice's may go first.
+    pub fn quiet(&self) -> bool {
+        self.queue.is_empty() && !self.skipping
+    }
+
+    /// The replies now due are those of sluice's own simple query.
+    pub fn discarding(&self) -> bool {
+        matches!(self.queue.front(), Some(Expect::Discard))
+    }
+
     /// Entries owed.
     pub fn len(&self) -> usize {
         self.queue.len()
@@ -199,6 +219,7 @@ impl Expected {
                 client_name: None, ..
             }) if tag == b::PARSE_COMPLETE => Verdict::Drop,
             Some(Expect::Unprepare { .. }) if tag == b::CLOSE_COMPLETE => Verdict::Drop,
+            Some(Expect::Discard) => Verdict::Drop,
             _ => Verdict::Forward,
         }
     }
@@ -242,6 +263,7 @@ impl Expected {
                 done
             }
             Some(Expect::Local(_)) => false,
+            Some(Expect::Discard) => tag == b::READY_FOR_QUERY,
             Some(Expect::Refused(_)) => tag == b::PARSE_COMPLETE,
             Some(Expect::Pass { reply, .. }) => ends(*reply, tag),
         };
@@ -258,7 +280,8 @@ impl Expected {
                 reply: Reply::Query | Reply::Sync,
                 ..
             }
-            | Expect::Local(_) => return,
+            | Expect::Local(_)
+            | Expect::Discard => return,
             Expect::Refused(_) => {}
             Expect::Prepare { id, client_name } => {
                 // Class 42 (syntax, undefined objects, privileges) is about
@@ -390,7 +413,11 @@ impl Expected {
                     self.ignored_requests = self.ignored_requests.saturating_add(1);
                     self.queue.pop_front();
                 }
-                Some(Expect::Pass { .. } | Expect::Local(_) | Expect::Refused(_)) => {
+                // (sluice's own query, ignored too: no request of the
+                // client's)
+                Some(
+                    Expect::Pass { .. } | Expect::Local(_) | Expect::Refused(_) | Expect::Discard,
+                ) => {
                     self.queue.pop_front();
                 }
             }
@@ -556,6 +583,27 @@ mod tests {
             ..Expected::default()
         };
         assert!(!e.passes_rows());
+    }
+
+    #[test]
+    fn sluices_own_query_is_dropped_up_to_its_ready_for_query() {
+        let mut server = ServerStatements::default();
+        let mut e = Expected::default();
+        assert!(e.quiet());
+        e.push(Expect::pass(Reply::Query));
+        e.insert(0, Expect::Discard);
+        assert!(e.discarding() && !e.quiet());
+        for tag in [b::COMMAND_COMPLETE, b::ERROR_RESPONSE] {
+            assert_eq!(e.verdict_for_test(tag), Verdict::Drop);
+            e.consume(tag, &[], &mut server);
+            assert!(e.discarding(), "still owed its ReadyForQuery");
+        }
+        assert_eq!(e.verdict_for_test(b::READY_FOR_QUERY), Verdict::Drop);
+        e.consume(b::READY_FOR_QUERY, &[], &mut server);
+        assert!(!e.discarding());
+        assert_eq!(e.verdict_for_test(b::COMMAND_COMPLETE), Verdict::Forward);
+        e.consume(b::READY_FOR_QUERY, &[], &mut server);
+        assert!(e.quiet());
     }
 
     #[test]

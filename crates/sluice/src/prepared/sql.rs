@@ -319,7 +319,7 @@ fn closer_mask(block: &[u8]) -> u32 {
 fn looks_closer(text: &[u8], at: usize) -> bool {
     match text[at] {
         b';' => starts_special(&text[at + 1..]),
-        b'(' => unknown_call_at(text, at),
+        b'(' => unknown_call_at(text, at) || sequence_call_at(text, at),
         b'_' => session_function_at(text, at),
         // t or T
         _ => text
@@ -393,6 +393,16 @@ fn session_function_at(text: &[u8], at: usize) -> bool {
     let starts = |s: &[u8]| after.len() >= s.len() && after[..s.len()].eq_ignore_ascii_case(s);
     (ends(b"set") && starts(b"config"))
         || (ends(b"advisory") && (starts(b"lock") || starts(b"unlock")))
+}
+
+/// Whether the `(` at `at` opens a call of currval or lastval: harmless,
+/// but they read what the server's previous client may have left.
+fn sequence_call_at(text: &[u8], at: usize) -> bool {
+    let Some(end) = skip_space_back(text, at) else {
+        return false;
+    };
+    let (_, word) = word_before(text, end);
+    word.eq_ignore_ascii_case(b"currval") || word.eq_ignore_ascii_case(b"lastval")
 }
 
 /// Built-in functions that leave nothing in a session: a call of any other
@@ -958,6 +968,9 @@ pub struct Effects {
     pub opaque: bool,
     /// DROP, CLOSE, DISCARD or an unlock: a pinning object may be gone.
     pub removes: bool,
+    /// currval or lastval: reads the session's sequence state, which the
+    /// server's previous client may have left (`tracked::handle_message`).
+    pub sequences: bool,
 }
 
 impl Effects {
@@ -979,6 +992,7 @@ impl Effects {
         self.cursors |= other.cursors;
         self.opaque |= other.opaque;
         self.removes |= other.removes;
+        self.sequences |= other.sequences;
     }
 }
 
@@ -1030,6 +1044,9 @@ pub fn effects(text: &[u8]) -> Effects {
     }
     if contains_ignore_case(text, b"advisory_lock") {
         e.locks = true;
+    }
+    if contains_ignore_case(text, b"currval") || contains_ignore_case(text, b"lastval") {
+        e.sequences = true;
     }
     if contains_ignore_case(text, b"advisory_unlock") {
         e.removes = true;
@@ -1196,6 +1213,20 @@ fn contains_ignore_case(haystack: &[u8], needle: &[u8]) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn sequence_reads_are_seen_and_harmless() {
+        for text in [
+            &b"select currval('s')"[..],
+            b"SELECT LASTVAL ()",
+            b"insert into t values (1); select pg_catalog.currval('t_id_seq')",
+        ] {
+            assert!(may_matter(text), "{}", String::from_utf8_lossy(text));
+            let e = effects(text);
+            assert!(e.sequences && !e.opaque, "{e:?}");
+        }
+        assert!(!effects(b"select nextval('s')").sequences);
+    }
 
     #[test]
     fn recognises_special_statements() {
