@@ -214,7 +214,16 @@ impl Rules<'_, '_> {
             return self.query_is_read(lo, hi);
         }
         match t.kw(lo) {
-            Some("show") => true,
+            // (`SHOW transaction_read_only` asks whether the server is a
+            // standby: sluice presents one writable database, it reports
+            // in_hot_standby off, so the primary answers; a driver asked
+            // for read-write, pgx's target_session_attrs, checks exactly
+            // this, and a replica's `on` made it refuse the connection)
+            Some("show") => {
+                let name = t.text(lo + 1);
+                !(name.eq_ignore_ascii_case(b"transaction_read_only")
+                    || name.eq_ignore_ascii_case(b"in_hot_standby"))
+            }
             Some("explain") => self.explain_is_read(lo, hi),
             Some("copy") => self.copy_is_read(lo, hi),
             _ => false,

@@ -130,6 +130,17 @@ mod tests {
     }
 
     #[test]
+    fn questions_about_the_node_go_to_the_primary() {
+        for sql in ["SHOW transaction_read_only", "show IN_HOT_STANDBY"] {
+            assert_eq!(c(sql), Route::Primary, "{sql}");
+        }
+        assert_eq!(c("SHOW search_path"), Route::Replica);
+        // (the documented way to see where a read ran)
+        assert_eq!(c("select pg_is_in_recovery()"), Route::Replica);
+        assert_eq!(c("select current_setting('work_mem')"), Route::Replica);
+    }
+
+    #[test]
     fn basics() {
         assert_eq!(c("select 1"), Route::Replica);
         assert_eq!(c("delete from t"), Route::Primary);
