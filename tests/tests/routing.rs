@@ -1004,3 +1004,75 @@ async fn a_replica_listed_first_does_not_make_the_endpoint_a_standby() {
     );
     assert!(String::from_utf8_lossy(&out.stdout).starts_with("7\n"));
 }
+
+/// A role whose transactions default to serializable (which a standby
+/// refuses: 0A000) reads on the primary: the refused read runs again
+/// there, and after a few the role's reads stay there for a while.
+/// Before, every read it sent failed. And `SHOW transaction_read_only`,
+/// what a driver asked for a read-write connection checks, is answered
+/// by the primary, as sluice reports one writable database.
+#[tokio::test]
+async fn reads_a_standby_refuses_and_questions_about_the_node_go_to_the_primary() {
+    let (primary, replica) = primary_and_replica();
+    primary
+        .psql(
+            "postgres",
+            "create role strict login; \
+             alter role strict set default_transaction_isolation = 'serializable'; \
+             grant select on items to strict",
+        )
+        .expect("role");
+    let sluice = routed(&primary, &replica, "route_reads=1", &[]);
+    wait_for_roles(&sluice, &primary, &replica).await;
+    let app = connect_as(sluice.port(), APP_USER, "postgres").await;
+    assert!(
+        in_recovery(&app, "select pg_is_in_recovery()").await,
+        "plain reads go to the replica"
+    );
+    for _ in 0..3 {
+        assert_eq!(scalar_text(&app, "show transaction_read_only").await, "off");
+    }
+    let strict = connect_as(sluice.port(), "strict", "postgres").await;
+    for _ in 0..6 {
+        assert_eq!(
+            scalar_text(&strict, "select count(*)::text from items").await,
+            "0"
+        );
+    }
+    assert!(!in_recovery(&strict, "select pg_is_in_recovery()").await);
+}
+
+/// A write made while the session kept its reads on the primary (`SET
+/// sluice.route = 'primary'`) counts for read-your-writes: once the
+/// session lets reads go to replicas again, the next one sees it. Before,
+/// it went to a replica that had not replayed the write.
+#[tokio::test]
+async fn a_write_while_reads_stay_on_the_primary_is_read_back() {
+    let (primary, replica) = primary_and_replica_with(&[("synchronous_commit", "on")]);
+    let sluice = routed(&primary, &replica, "route_reads=1", &[]);
+    wait_for_roles(&sluice, &primary, &replica).await;
+    let client = connect_as(sluice.port(), APP_USER, "postgres").await;
+    assert!(in_recovery(&client, "select pg_is_in_recovery()").await);
+    let on_replica = superuser_connect(&replica, "postgres").await;
+    on_replica
+        .simple_query("select pg_wal_replay_pause()")
+        .await
+        .expect("pause replay");
+    client
+        .batch_execute("SET sluice.route = 'primary'")
+        .await
+        .unwrap();
+    client
+        .batch_execute("insert into items values (1, 'pinned')")
+        .await
+        .unwrap();
+    client.batch_execute("RESET sluice.route").await.unwrap();
+    assert_eq!(
+        scalar_text(&client, "select count(*)::text from items").await,
+        "1"
+    );
+    on_replica
+        .simple_query("select pg_wal_replay_resume()")
+        .await
+        .expect("resume replay");
+}

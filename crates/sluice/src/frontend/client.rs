@@ -49,6 +49,11 @@ pub struct Client {
     pub(super) lost_retries: u8,
     /// Servers in a row that refused the client's settings (`relay::SYNC_TRIES`).
     pub(super) sync_refusals: u8,
+    /// A replica refused the client's read for its isolation level (a role
+    /// or database whose transactions default to serializable, which a
+    /// standby refuses): its reads stay on the primary until then, instead
+    /// of paying two round trips each.
+    pub(super) replicas_after: Option<std::time::Instant>,
     /// The client has sent a transaction that reads only: the primary's
     /// WAL position is read after its writes (read-your-writes). A client
     /// that only ever writes does not pay for it.
@@ -150,6 +155,7 @@ impl Client {
             on_routed_primary: false,
             lost_retries: 0,
             sync_refusals: 0,
+            replicas_after: None,
             reads_routed: false,
             route_cache: None,
         }

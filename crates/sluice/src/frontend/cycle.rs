@@ -58,6 +58,9 @@ pub(super) struct Cycle {
     /// connection ends right after it.
     pub(super) keep_farewell: bool,
     pub(super) farewell: Option<Vec<u8>>,
+    /// The replica refused the read for its isolation level (0A000): the
+    /// client's next reads stay on the primary a while.
+    pub(super) isolation_refused: bool,
     /// A FATAL error was kept from the client: the server must end now;
     /// anything more it sends is a broken server.
     pub(super) after_farewell: bool,
@@ -121,6 +124,7 @@ impl Cycle {
             retry_kept: Vec::new(),
             keep_farewell: routed_primary && host == 0,
             farewell: None,
+            isolation_refused: false,
             after_farewell: false,
         }
     }

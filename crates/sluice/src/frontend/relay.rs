@@ -542,6 +542,9 @@ pub async fn run(client: &mut Client, cbuf: &mut BytesMut, mut lease: Lease) -> 
     };
     let ended = match end {
         Ok(Outcome::Retry) => {
+            if cycle.isolation_refused {
+                client.replicas_after = Some(std::time::Instant::now() + ISOLATION_REFUSED_FOR);
+            }
             if cancel_unsettled {
                 lease.close();
             } else {
@@ -789,6 +792,11 @@ async fn sync_session(
     client.sync_refusals = 0;
     Ok(lease)
 }
+
+/// How long a client's reads stay on the primary after a replica refused
+/// one for its isolation level (a default the client cannot be seen to
+/// set: its role's or database's).
+const ISOLATION_REFUSED_FOR: std::time::Duration = std::time::Duration::from_secs(30);
 
 /// Servers a request may try when each refuses the client's settings.
 const SYNC_TRIES: u8 = 3;

@@ -151,12 +151,19 @@ impl Client {
             };
         }
         let session = self.carried.as_ref().and_then(|c| c.session.as_deref());
-        if listening
-            || !topology.reads
-            || settings.mode == sluice_config::PoolMode::Session
-            || session.is_some_and(crate::session_vars::SessionVars::keeps_reads_on_primary)
-        {
+        if listening || !topology.reads || settings.mode == sluice_config::PoolMode::Session {
             return primary(false);
+        }
+        if let Some(until) = self.replicas_after {
+            if std::time::Instant::now() < until {
+                return primary(false);
+            }
+            self.replicas_after = None;
+        }
+        if session.is_some_and(crate::session_vars::SessionVars::keeps_reads_on_primary) {
+            // (its writes count for read-your-writes: once it lets reads
+            // go to replicas again, the next one must see them)
+            return primary(true);
         }
         let carried = self.carried.as_deref();
         let named = |name: &[u8]| carried?.statements.get(name).cloned();

@@ -484,9 +484,18 @@ pub(super) enum Held {
     Renamed(BytesMut),
 }
 
-/// An ErrorResponse body with SQLSTATE 25006 (read_only_sql_transaction).
+/// An ErrorResponse body with SQLSTATE 0A000, which a standby answers
+/// where the primary would not ("cannot use serializable mode in a hot
+/// standby", for a role or database whose default isolation is
+/// serializable); an error the primary would give too comes again from it.
+fn is_isolation_refusal(body: &[u8]) -> bool {
+    sluice_wire::ErrorFields::decode(body).is_ok_and(|f| f.code == "0A000")
+}
+
+/// An ErrorResponse body with SQLSTATE 25006 (read_only_sql_transaction),
+/// or a standby's isolation refusal (`is_isolation_refusal`).
 fn is_read_only_refusal(body: &[u8]) -> bool {
-    sluice_wire::ErrorFields::decode(body).is_ok_and(|f| f.code == "25006")
+    sluice_wire::ErrorFields::decode(body).is_ok_and(|f| f.code == "25006" || f.code == "0A000")
 }
 
 /// Nothing owed, no transaction open, no safety net on, and nothing the
@@ -705,6 +714,7 @@ pub(super) fn scan_server(
                 Retry::Armed if keeping && preamble(tag) => Some(RetryStep::Keep),
                 Retry::Armed if preamble(tag) => match next_answer(sbuf, body) {
                     Some((b::ERROR_RESPONSE, next)) if is_read_only_refusal(next) => {
+                        cycle.isolation_refused |= is_isolation_refusal(next);
                         Some(RetryStep::Keep)
                     }
                     Some(_) => {
@@ -714,6 +724,7 @@ pub(super) fn scan_server(
                     None => Some(RetryStep::Keep),
                 },
                 Retry::Armed if tag == b::ERROR_RESPONSE && is_read_only_refusal(body) => {
+                    cycle.isolation_refused |= is_isolation_refusal(body);
                     Some(RetryStep::Swallow)
                 }
                 Retry::Armed if keeping => Some(RetryStep::Emit),
