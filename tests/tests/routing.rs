@@ -1076,3 +1076,86 @@ async fn a_write_while_reads_stay_on_the_primary_is_read_back() {
         .await
         .expect("resume replay");
 }
+
+/// A replica restarting costs no read: while sluice cannot log in there
+/// (refused, or its failure still remembered for server_login_retry) the
+/// read runs on the primary, and once a check logs in again the replica
+/// takes reads at once. Before, reads failed with 08006 for about 12 s.
+#[tokio::test]
+async fn reads_go_on_while_a_replica_restarts() {
+    let (primary, replica) = primary_and_replica();
+    let sluice = routed(
+        &primary,
+        &replica,
+        "route_reads=1",
+        &[("health_check_threshold", "100")],
+    );
+    wait_for_roles(&sluice, &primary, &replica).await;
+    let client = connect_as(sluice.port(), APP_USER, "postgres").await;
+    assert!(in_recovery(&client, "select pg_is_in_recovery()").await);
+    replica.stop().expect("stop the replica");
+    // (the checks keep it "up" for a hundred failures: the reads meet the
+    // refused logins themselves)
+    for _ in 0..20 {
+        let fresh = connect_as(sluice.port(), APP_USER, "postgres").await;
+        assert!(!in_recovery(&fresh, "select pg_is_in_recovery()").await);
+        assert!(!in_recovery(&client, "select pg_is_in_recovery()").await);
+    }
+    replica.start_again().expect("start the replica again");
+    let deadline = Instant::now() + Duration::from_secs(8);
+    while !in_recovery(&client, "select pg_is_in_recovery()").await {
+        assert!(
+            Instant::now() < deadline,
+            "reads never went back to the replica\n{}",
+            sluice.log_tail(20)
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// A replica's backend ended mid-read (terminated, or a fast shutdown)
+/// sends its farewell behind the row description, which PostgreSQL
+/// flushes with it: the read runs again on the primary and the client
+/// sees one clean answer. Before, it was disconnected.
+#[tokio::test]
+async fn a_read_whose_replica_backend_ends_runs_on_the_primary() {
+    let (primary, replica) = primary_and_replica();
+    let sluice = routed(&primary, &replica, "route_reads=1", &[]);
+    wait_for_roles(&sluice, &primary, &replica).await;
+    let client = connect_as(sluice.port(), APP_USER, "postgres").await;
+    assert!(in_recovery(&client, "select pg_is_in_recovery()").await);
+    let on_replica = superuser_connect(&replica, "postgres").await;
+    let killer = tokio::spawn(async move {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let rows = on_replica
+                .simple_query(
+                    "select count(pg_terminate_backend(pid))::text from pg_stat_activity \
+                     where query like '%pg_sleep(2)%' and pid <> pg_backend_pid()",
+                )
+                .await
+                .expect("terminate");
+            let done = rows.iter().any(
+                |m| matches!(m, SimpleQueryMessage::Row(r) if r.get(0).is_some_and(|n| n != "0")),
+            );
+            if done || Instant::now() > deadline {
+                return done;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    });
+    let answered = client
+        .simple_query("select pg_is_in_recovery()::text, pg_sleep(2)")
+        .await
+        .expect("the read, run again on the primary");
+    let first = answered.iter().find_map(|m| match m {
+        SimpleQueryMessage::Row(r) => r.get(0).map(str::to_owned),
+        _ => None,
+    });
+    assert!(
+        killer.await.expect("killer"),
+        "the replica's backend was terminated"
+    );
+    assert_eq!(first.as_deref(), Some("false"), "answered by the primary");
+    assert_eq!(scalar_text(&client, "select 1::text").await, "1");
+}

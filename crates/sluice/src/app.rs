@@ -1034,6 +1034,14 @@ impl crate::backend::monitor::MonitorHost for App {
     /// database does); a place another member took has its host pools
     /// point at it (their old servers close); clients look their routes
     /// up again.
+    fn host_answered(&self, topology: &Arc<Topology>, i: usize) {
+        if let Some(cluster) = self.cluster(&topology.database)
+            && Arc::ptr_eq(&cluster.topology, topology)
+        {
+            cluster.forget_login_failures(i);
+        }
+    }
+
     fn hosts_changed(&self, topology: &Arc<Topology>, news: &crate::backend::topology::MemberNews) {
         if !self.is_current(topology) {
             return;

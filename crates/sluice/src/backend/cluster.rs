@@ -35,6 +35,15 @@ impl Cluster {
         self.hosts.lock().unwrap_or_else(|p| p.into_inner())
     }
 
+    /// Forgets the login failure every pool of host `index` keeps.
+    pub fn forget_login_failures(&self, index: usize) {
+        for ((_, i), pool) in self.lock().iter() {
+            if *i == index {
+                pool.forget_login_failure();
+            }
+        }
+    }
+
     /// The pool of host `index` for server user `user`, made by `open`
     /// (given the host's address) on first use. `None`: no such host, or
     /// the cluster was retired.

@@ -51,6 +51,9 @@ pub trait MonitorHost: Send + Sync + 'static {
     /// Patroni's member list added hosts (their checks must start) or
     /// gave a place to another member (its pools must follow).
     fn hosts_changed(&self, topology: &Arc<Topology>, news: &MemberNews);
+    /// Host `i` took a check's login: a login failure its pools keep
+    /// (`server_login_retry`) is over, and its reads need not wait it out.
+    fn host_answered(&self, topology: &Arc<Topology>, i: usize);
 }
 
 /// Starts one check task per host of `topology`, logging in as `pool`
@@ -141,6 +144,9 @@ async fn watch(host: Arc<dyn MonitorHost>, topology: Weak<Topology>, pool: Weak<
                 }
                 _ => conn = None,
             }
+        }
+        if result.is_ok() {
+            host.host_answered(&topo, i);
         }
         let changes = topo.record_for(i, Some(&addr), result, at, threshold);
         if !changes.is_empty() {

@@ -717,6 +717,13 @@ pub(super) fn scan_server(
                         cycle.isolation_refused |= is_isolation_refusal(next);
                         Some(RetryStep::Keep)
                     }
+                    // The replica's farewell right behind the description
+                    // (shut down or terminated mid-read; PostgreSQL flushes
+                    // both at once): nothing ran for the client, the read
+                    // goes to the primary.
+                    Some((b::ERROR_RESPONSE, next)) if is_farewell(b::ERROR_RESPONSE, next) => {
+                        Some(RetryStep::Keep)
+                    }
                     Some(_) => {
                         cycle.retry = Retry::Off;
                         None
