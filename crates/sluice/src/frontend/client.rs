@@ -45,6 +45,8 @@ pub struct Client {
     pub(super) force_primary: bool,
     /// This lease is the primary's, in a database that routes reads.
     pub(super) on_routed_primary: bool,
+    /// This lease is the primary's, for a read the router sent there.
+    pub(super) primary_read: bool,
     /// Requests run again in a row because their server was found dead.
     pub(super) lost_retries: u8,
     /// Servers in a row that refused the client's settings (`relay::SYNC_TRIES`).
@@ -153,6 +155,7 @@ impl Client {
             retry_query: None,
             force_primary: false,
             on_routed_primary: false,
+            primary_read: false,
             lost_retries: 0,
             sync_refusals: 0,
             replicas_after: None,

@@ -90,13 +90,17 @@ impl Cycle {
     /// A linked period's bookkeeping at its start. `host`: the server's
     /// host (0: the primary); `retry_query`: the client's request may run
     /// again elsewhere (`Client::retry_query`); `routed_primary`: on the
-    /// primary of a database that routes reads.
+    /// primary of a database that routes reads; `primary_read`: there for a
+    /// read the router sent to the primary (a replica lagging or absent):
+    /// one request, as on a replica, so that a write pipelined behind it
+    /// is routed as a write and counts for read-your-writes.
     pub(super) fn new(
         no_pqexec: bool,
         host: u32,
         session_mode: bool,
         retry_query: bool,
         routed_primary: bool,
+        primary_read: bool,
     ) -> Self {
         Cycle {
             req: Requests::default(),
@@ -115,7 +119,9 @@ impl Cycle {
             written: (0, 0),
             error_classes: Vec::new(),
             // (a session-mode session on a standby keeps it)
-            cap: ((host != 0 && !session_mode) || (host == 0 && retry_query)).then_some(1),
+            cap: ((host != 0 && !session_mode)
+                || (host == 0 && (retry_query || (primary_read && !session_mode))))
+                .then_some(1),
             retry: match (host, retry_query) {
                 (_, false) => Retry::Off,
                 (0, true) => Retry::Lost,

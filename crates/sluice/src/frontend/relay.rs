@@ -80,6 +80,7 @@ pub async fn run(client: &mut Client, cbuf: &mut BytesMut, mut lease: Lease) -> 
         settings.mode == PoolMode::Session,
         client.retry_query.is_some(),
         client.on_routed_primary,
+        client.primary_read,
     );
     // Lent when the acquire read the clock: no read of its own here.
     let linked_at = lease.server().lent_at;

@@ -552,6 +552,7 @@ impl Client {
         self.retry_query = again.map(|n| bytes::Bytes::copy_from_slice(&buf[..n]));
         let on_replica = lease.host() != 0;
         self.on_routed_primary = topology.is_some() && !on_replica;
+        self.primary_read = read && self.on_routed_primary;
         let end = relay::run(self, buf, lease).await;
         if let RelayEnd::Again = end {
             // (the request is still whole in `buf`)
