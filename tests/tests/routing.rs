@@ -1159,3 +1159,51 @@ async fn a_read_whose_replica_backend_ends_runs_on_the_primary() {
     assert_eq!(first.as_deref(), Some("false"), "answered by the primary");
     assert_eq!(scalar_text(&client, "select 1::text").await, "1");
 }
+
+/// A write pipelined behind a read the router sent to the primary (the
+/// replica had not replayed the client's last write) is routed as a
+/// write: the client's next read does not go to a replica without it.
+/// Before, it rode in the read's lease, unrecorded, and a read 1.5 s
+/// later on a replica (2 s behind) missed it.
+#[tokio::test]
+async fn a_write_pipelined_behind_a_read_on_the_primary_is_read_back() {
+    use sluice_tests::msg::{bind, execute, parse, sync};
+    let (primary, replica) = primary_and_replica_with(&[("synchronous_commit", "on")]);
+    replica
+        .psql(
+            "postgres",
+            "alter system set recovery_min_apply_delay = '2s'",
+        )
+        .expect("delay replay");
+    replica.pg_ctl_reload().expect("reload the replica");
+    let sluice = routed(
+        &primary,
+        &replica,
+        "route_reads=1",
+        &[("replica_max_lag", "5")],
+    );
+    wait_for_roles(&sluice, &primary, &replica).await;
+    let wait = Duration::from_secs(10);
+    let mut raw = RawClient::logged_in(sluice.port(), APP_USER, "postgres").await;
+    raw.simple_query("select 1", wait).await;
+    raw.simple_query("insert into items values (1, 'first')", wait)
+        .await;
+    tokio::time::sleep(Duration::from_millis(1000)).await;
+    // (the read goes to the primary: the replica has not replayed the
+    // first write; the second write rides behind it)
+    let mut batch = parse("", "select count(*) from items where id = 1");
+    batch.extend(bind(""));
+    batch.extend(execute());
+    batch.extend(sync());
+    batch.extend(parse("", "insert into items values (2, 'second')"));
+    batch.extend(bind(""));
+    batch.extend(execute());
+    batch.extend(sync());
+    raw.send(&batch).await.expect("send");
+    assert_eq!(errors_in_replies(&mut raw, 2).await, Vec::<String>::new());
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let rows = raw
+        .simple_query("select count(*)::text from items where id = 2", wait)
+        .await;
+    assert_eq!(rows, vec![Some("1".to_owned())], "the client's own write");
+}
