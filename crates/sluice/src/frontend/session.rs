@@ -453,24 +453,16 @@ impl Client {
                         // refusing logins, its failure still cached):
                         // the read runs on the primary, as it would had
                         // the checks seen the replica down already.
+                        // (the request, untouched, goes round again, to
+                        // the primary)
                         Some(Err(e)) if read && pool.host != 0 && unreachable(&e) => {
                             tracing::debug!(
                                 user = %self.user(), db = %self.database(),
                                 "replica unreachable ({e}): the read runs on the primary"
                             );
-                            if let Some(t) = &topology {
-                                t.reads_on_primary.fetch_add(1, Relaxed);
-                            }
-                            pool = self.pool.clone();
-                            match self.acquire_notifying(&pool, queued).await {
-                                None => Err(SessionEnd::ClientLeft),
-                                Some(Err(e)) if unreachable(&e) => {
-                                    self.hold_for_primary(Some(e)).await
-                                }
-                                Some(other) => other.map_err(|e| {
-                                    SessionEnd::Error(ClientError::new(e.sqlstate(), e.to_string()))
-                                }),
-                            }
+                            self.app.cancels.set_waiting(self.cancel, false);
+                            self.force_primary = true;
+                            return None;
                         }
                         Some(other) => other.map_err(|e| {
                             SessionEnd::Error(ClientError::new(e.sqlstate(), e.to_string()))

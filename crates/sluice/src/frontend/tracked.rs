@@ -327,15 +327,10 @@ fn handle_message(
     st: &mut Statements<'_>,
 ) -> Result<(), WireError> {
     use tags::frontend as f;
-    // Where a simple query of sluice's may go first (see
-    // `discard_sequences`): a new request, nothing owed, not in a block.
-    let first = !t.sequences_mine
-        && !t.in_batch
-        && t.expected.quiet()
-        && cycle.status == TransactionStatus::Idle
-        && cycle.req.outstanding == 0;
-    t.in_batch |= tag != f::QUERY;
+    // (as before this message: see `discard_sequences`)
     let (out_at, expected_at) = (t.out.len(), t.expected.len());
+    let (batch_open, outstanding) = (t.in_batch, cycle.req.outstanding);
+    t.in_batch |= tag != f::QUERY;
     let names = &mut *st.names;
     let mut rewriter = Rewriter {
         names,
@@ -400,7 +395,17 @@ fn handle_message(
             }
         }
     }
-    if first && reads_sequences {
+    // Where a simple query of sluice's may go first: nothing of the
+    // client's ran in the link, nothing owed, no batch open, not in a
+    // block (rare: only texts that call currval or lastval get here).
+    if reads_sequences
+        && !t.sequences_mine
+        && !batch_open
+        && expected_at == 0
+        && !t.expected.skipping()
+        && cycle.status == TransactionStatus::Idle
+        && outstanding == 0
+    {
         discard_sequences(t, out_at, expected_at);
     }
     // (what the client runs from now on may draw: its own values)
