@@ -137,6 +137,21 @@ async fn in_recovery(client: &Client, sql: &str) -> bool {
     scalar_text(client, sql).await == "t"
 }
 
+/// sluice routing reads over `primary` and `replica` (with `settings` in
+/// its [sluice] section), its checks settled, and a client whose first
+/// read ran on the replica.
+async fn reading_client(
+    primary: &Cluster,
+    replica: &Cluster,
+    settings: &[(&str, &str)],
+) -> (SluiceProcess, Client) {
+    let sluice = routed(primary, replica, "route_reads=1", settings);
+    wait_for_roles(&sluice, primary, replica).await;
+    let client = connect_as(sluice.port(), APP_USER, "postgres").await;
+    assert!(in_recovery(&client, "select pg_is_in_recovery()").await);
+    (sluice, client)
+}
+
 #[tokio::test]
 async fn reads_go_to_the_replica_and_everything_else_to_the_primary() {
     let (primary, replica) = primary_and_replica();
@@ -1049,10 +1064,7 @@ async fn reads_a_standby_refuses_and_questions_about_the_node_go_to_the_primary(
 #[tokio::test]
 async fn a_write_while_reads_stay_on_the_primary_is_read_back() {
     let (primary, replica) = primary_and_replica_with(&[("synchronous_commit", "on")]);
-    let sluice = routed(&primary, &replica, "route_reads=1", &[]);
-    wait_for_roles(&sluice, &primary, &replica).await;
-    let client = connect_as(sluice.port(), APP_USER, "postgres").await;
-    assert!(in_recovery(&client, "select pg_is_in_recovery()").await);
+    let (_sluice, client) = reading_client(&primary, &replica, &[]).await;
     let on_replica = superuser_connect(&replica, "postgres").await;
     on_replica
         .simple_query("select pg_wal_replay_pause()")
@@ -1084,15 +1096,8 @@ async fn a_write_while_reads_stay_on_the_primary_is_read_back() {
 #[tokio::test]
 async fn reads_go_on_while_a_replica_restarts() {
     let (primary, replica) = primary_and_replica();
-    let sluice = routed(
-        &primary,
-        &replica,
-        "route_reads=1",
-        &[("health_check_threshold", "100")],
-    );
-    wait_for_roles(&sluice, &primary, &replica).await;
-    let client = connect_as(sluice.port(), APP_USER, "postgres").await;
-    assert!(in_recovery(&client, "select pg_is_in_recovery()").await);
+    let (sluice, client) =
+        reading_client(&primary, &replica, &[("health_check_threshold", "100")]).await;
     replica.stop().expect("stop the replica");
     // (the checks keep it "up" for a hundred failures: the reads meet the
     // refused logins themselves)
@@ -1120,10 +1125,7 @@ async fn reads_go_on_while_a_replica_restarts() {
 #[tokio::test]
 async fn a_read_whose_replica_backend_ends_runs_on_the_primary() {
     let (primary, replica) = primary_and_replica();
-    let sluice = routed(&primary, &replica, "route_reads=1", &[]);
-    wait_for_roles(&sluice, &primary, &replica).await;
-    let client = connect_as(sluice.port(), APP_USER, "postgres").await;
-    assert!(in_recovery(&client, "select pg_is_in_recovery()").await);
+    let (_sluice, client) = reading_client(&primary, &replica, &[]).await;
     let on_replica = superuser_connect(&replica, "postgres").await;
     let killer = tokio::spawn(async move {
         let deadline = Instant::now() + Duration::from_secs(10);
