@@ -248,14 +248,14 @@ async fn settings_keep_their_characters_under_another_client_encoding() {
     }
 }
 
-/// `currval` and `lastval` never answer with another client's values: on
-/// a shared server the session's sequence state is whatever its last
-/// client drew (an order number, or a wrong key for an application that
-/// inserts, then asks `currval` in another transaction). sluice clears it
-/// before a request that reads it on a server last lent to someone else;
-/// the client gets PostgreSQL's "not yet defined in this session". Within
-/// a transaction, or a query that draws first, the client's own values
-/// answer as on PostgreSQL.
+/// `currval` and `lastval` never answer with another client's values, nor
+/// with a stale one of the client's: on a shared server the session's
+/// sequence state is whatever its last client drew (an order number, or a
+/// wrong key for an application that inserts, then asks `currval` in
+/// another transaction). sluice clears it before a request that reads it
+/// and starts the client's link; the client gets PostgreSQL's "not yet
+/// defined in this session". Within a transaction, or a query that draws
+/// first, the client's own values answer as on PostgreSQL.
 #[tokio::test]
 async fn sequence_values_are_no_other_clients() {
     let cluster = app_cluster(ServerAuth::Trust);
@@ -304,6 +304,92 @@ async fn sequence_values_are_no_other_clients() {
         .await
         .unwrap();
     expect_sqlstate(bob.query(&statement, &[]).await, "55000");
+    // Inside a transaction opened by a BEGIN of its own (psycopg2, libpq
+    // with autocommit off).
+    bob.batch_execute("begin").await.unwrap();
+    expect_sqlstate(bob.simple_query("select lastval()").await, "55000");
+    bob.batch_execute("rollback").await.unwrap();
+    // A draw in an earlier transaction may have been on another server:
+    // its value here could be stale, so it is not given either.
+    bob.batch_execute("insert into orders (item) values ('e')")
+        .await
+        .unwrap();
+    expect_sqlstate(bob.simple_query("select lastval()").await, "55000");
+}
+
+/// A startup setting no server takes (`options=-c work_mem=bogus`) is
+/// refused to its client, and costs the pool no server: only settings a
+/// server once took make a refusing server close (a review of the first
+/// version saw every such connection attempt close pooled servers).
+#[tokio::test]
+async fn a_bad_startup_setting_closes_no_server() {
+    let cluster = app_cluster(ServerAuth::Trust);
+    let sluice = one_server(&cluster);
+    let good = connect_as(sluice.port(), APP_USER, "postgres").await;
+    let server = pid(&good).await;
+    for _ in 0..3 {
+        let (bad, connection) = tokio_postgres::connect(
+            &format!(
+                "host=127.0.0.1 port={} user={APP_USER} dbname=postgres \
+                 options='-c work_mem=bogus'",
+                sluice.port()
+            ),
+            tokio_postgres::NoTls,
+        )
+        .await
+        .expect("login");
+        tokio::spawn(connection);
+        expect_sqlstate(bad.simple_query("select 1").await, "22023");
+    }
+    assert_eq!(pid(&good).await, server, "the pooled server stayed");
+}
+
+/// A SQL_ASCII database converts nothing: a client whose client_encoding
+/// is not UTF-8 has its settings read back and applied as its own bytes
+/// (the UTF-8 hex and escapes other databases get would fail there, and
+/// the setting was lost after its transaction).
+#[tokio::test]
+async fn settings_keep_their_bytes_on_a_sql_ascii_database() {
+    let cluster = app_cluster(ServerAuth::Trust);
+    cluster
+        .psql(
+            "postgres",
+            &format!(
+                "create database sqla encoding 'SQL_ASCII' locale 'C' template template0 \
+                 owner {APP_USER}"
+            ),
+        )
+        .expect("a SQL_ASCII database");
+    let sluice = ConfigBuilder::for_cluster(&cluster)
+        .database_on(&cluster, "sqla", "")
+        .set("pool_mode", "transaction")
+        .set("default_pool_size", "1")
+        .start();
+    let wait = Duration::from_secs(10);
+    let mut latin = RawClient::logged_in(sluice.port(), APP_USER, "sqla").await;
+    let bob = connect_as(sluice.port(), APP_USER, "sqla").await;
+    latin
+        .simple_query_bytes(b"SET client_encoding = 'LATIN1'", wait)
+        .await;
+    latin
+        .simple_query_bytes(
+            b"SET app.x = 'caf\xe9'; SET search_path = 'sch\xe9ma', public",
+            wait,
+        )
+        .await;
+    for _ in 0..2 {
+        assert_eq!(
+            scalar_text(&bob, "select coalesce(current_setting('app.x', true), '')").await,
+            ""
+        );
+        let rows = latin
+            .simple_query_bytes(
+                b"select current_setting('app.x') || '|' || current_setting('search_path')",
+                wait,
+            )
+            .await;
+        assert_eq!(rows, vec![Some(b"caf\xe9|\"sch\xe9ma\", public".to_vec())]);
+    }
 }
 
 /// `track_session_objects = discard`: temporary tables and session

@@ -221,6 +221,10 @@ impl Rules<'_, '_> {
             // this, and a replica's `on` made it refuse the connection)
             Some("show") => {
                 let name = t.text(lo + 1);
+                let name = name
+                    .strip_prefix(b"\"")
+                    .and_then(|n| n.strip_suffix(b"\""))
+                    .unwrap_or(name);
                 !(name.eq_ignore_ascii_case(b"transaction_read_only")
                     || name.eq_ignore_ascii_case(b"in_hot_standby"))
             }

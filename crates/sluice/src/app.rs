@@ -1034,11 +1034,11 @@ impl crate::backend::monitor::MonitorHost for App {
     /// database does); a place another member took has its host pools
     /// point at it (their old servers close); clients look their routes
     /// up again.
-    fn host_answered(&self, topology: &Arc<Topology>, i: usize) {
+    fn host_answered(&self, topology: &Arc<Topology>, i: usize, user: &str) {
         if let Some(cluster) = self.cluster(&topology.database)
             && Arc::ptr_eq(&cluster.topology, topology)
         {
-            cluster.forget_login_failures(i);
+            cluster.forget_login_failure(user, i);
         }
     }
 

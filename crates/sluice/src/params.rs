@@ -162,12 +162,72 @@ pub fn push_literal_ascii(sql: &mut String, v: &str) {
     sql.push('\'');
 }
 
-/// Whether a session with these parameters exchanges text with the server
-/// in UTF-8 (`client_encoding`; a client that never named one is taken
-/// to, as PostgreSQL's default databases do).
-pub fn utf8(set: &ParamSet) -> bool {
-    set.get("client_encoding")
-        .is_none_or(|e| e.eq_ignore_ascii_case("UTF8") || e.eq_ignore_ascii_case("UNICODE"))
+/// How setting values travel between sluice, which keeps text in UTF-8,
+/// and a session (`session_vars`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TextMode {
+    /// As they are: the session's client_encoding is UTF-8.
+    Raw,
+    /// Another client_encoding: read back as the hex of their UTF-8
+    /// bytes, written with Unicode escapes (`push_literal_ascii`).
+    Unicode,
+    /// A SQL_ASCII database, which converts nothing and takes no Unicode
+    /// escape: read back as the hex of their own bytes, kept one char per
+    /// byte, written with byte escapes (`push_literal_bytes`).
+    Bytes,
+}
+
+/// The `TextMode` of a session with these parameters on a server whose
+/// database is SQL_ASCII or not (a client that never named a
+/// client_encoding is taken to use UTF-8, as default databases do).
+pub fn text_mode(set: &ParamSet, sql_ascii: bool) -> TextMode {
+    if sql_ascii {
+        return TextMode::Bytes;
+    }
+    let utf8 = set
+        .get("client_encoding")
+        .is_none_or(|e| e.eq_ignore_ascii_case("UTF8") || e.eq_ignore_ascii_case("UNICODE"));
+    if utf8 {
+        TextMode::Raw
+    } else {
+        TextMode::Unicode
+    }
+}
+
+/// `push_literal` for `TextMode::Bytes`: chars U+0080 to U+00FF (the bytes
+/// read back) written as `\xhh` in an `E'…'` string.
+pub fn push_literal_bytes(sql: &mut String, v: &str) {
+    use std::fmt::Write as _;
+    if v.is_ascii() {
+        return push_literal(sql, v);
+    }
+    sql.push_str("E'");
+    for c in v.chars() {
+        match c {
+            '\'' | '\\' => {
+                sql.push(c);
+                sql.push(c);
+            }
+            c if c.is_ascii() => sql.push(c),
+            c => match u8::try_from(u32::from(c)) {
+                Ok(b) => {
+                    let _ = write!(sql, "\\x{b:02x}");
+                }
+                // (not a byte read back: what it stands for cannot be known)
+                Err(_) => sql.push('?'),
+            },
+        }
+    }
+    sql.push('\'');
+}
+
+/// Writes `v` as a literal for a session in `mode`.
+pub fn push_literal_in(sql: &mut String, v: &str, mode: TextMode) {
+    match mode {
+        TextMode::Raw => push_literal(sql, v),
+        TextMode::Unicode => push_literal_ascii(sql, v),
+        TextMode::Bytes => push_literal_bytes(sql, v),
+    }
 }
 
 /// Updates a shared set copy-on-write; returns whether anything changed.
@@ -181,6 +241,13 @@ pub fn update_shared(set: &mut Arc<ParamSet>, name: &'static str, value: &str) -
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn byte_literals_escape_the_bytes() {
+        let mut sql = String::new();
+        push_literal_bytes(&mut sql, "caf\u{e9} o'h\\");
+        assert_eq!(sql, "E'caf\\xe9 o''h\\\\'");
+    }
 
     #[test]
     fn ascii_literals_escape_the_rest() {

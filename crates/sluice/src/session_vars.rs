@@ -11,7 +11,7 @@
 
 use std::sync::Arc;
 
-use crate::params::TRACKED;
+use crate::params::{TRACKED, TextMode};
 
 /// Session-level settings, sorted by name.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -21,14 +21,20 @@ pub struct SessionVars {
 
 /// Reads back the settings a session changed: pg_settings with source
 /// 'session' (minus the tracked six, kept by `params`), plus the role,
-/// which pg_settings does not list. On a session whose client_encoding is
-/// not UTF-8 (`utf8` false), values come as the hex of their UTF-8 bytes
-/// (`decode_value`): sluice keeps text in UTF-8, and a LATIN1 `é` read as
-/// it comes would be no UTF-8 at all.
-pub fn capture_sql(custom: &[String], utf8: bool) -> String {
-    let value = |expr: &str| match utf8 {
-        true => expr.to_owned(),
-        false => format!("pg_catalog.encode(pg_catalog.convert_to({expr}, 'UTF8'), 'hex')"),
+/// which pg_settings does not list. Values come as they are on a UTF-8
+/// session; otherwise as the hex of their UTF-8 bytes (another
+/// client_encoding: a LATIN1 `é` read as it comes would be no UTF-8) or of
+/// their own bytes (a SQL_ASCII database, which converts nothing), read by
+/// `decode_value`.
+pub fn capture_sql(custom: &[String], mode: TextMode) -> String {
+    let value = |expr: &str| match mode {
+        TextMode::Raw => expr.to_owned(),
+        TextMode::Unicode => {
+            format!("pg_catalog.encode(pg_catalog.convert_to({expr}, 'UTF8'), 'hex')")
+        }
+        TextMode::Bytes => {
+            format!("pg_catalog.encode(pg_catalog.convert_to({expr}, 'SQL_ASCII'), 'hex')")
+        }
     };
     let tracked = TRACKED
         .iter()
@@ -63,10 +69,11 @@ pub fn capture_sql(custom: &[String], utf8: bool) -> String {
     sql
 }
 
-/// A value `capture_sql` read: as it came on a UTF-8 session, else from
-/// the hex of its UTF-8 bytes.
-pub fn decode_value(value: String, utf8: bool) -> String {
-    if utf8 {
+/// A value `capture_sql` read in `mode`: as it came, or from its hex (the
+/// bytes of UTF-8, or a SQL_ASCII database's own bytes kept one char per
+/// byte, which `push_literal_bytes` writes back as they were).
+pub fn decode_value(value: String, mode: TextMode) -> String {
+    if mode == TextMode::Raw {
         return value;
     }
     let hex = value.as_bytes();
@@ -80,7 +87,10 @@ pub fn decode_value(value: String, utf8: bool) -> String {
             }
         })
         .collect();
-    String::from_utf8_lossy(&bytes).into_owned()
+    match mode {
+        TextMode::Bytes => bytes.iter().map(|&b| char::from(b)).collect(),
+        _ => String::from_utf8_lossy(&bytes).into_owned(),
+    }
 }
 
 impl SessionVars {
@@ -166,12 +176,11 @@ pub fn same(a: &Option<Arc<SessionVars>>, b: &Option<Arc<SessionVars>>) -> bool 
 /// identity is dropped first when anything else changes (RESET SESSION
 /// AUTHORIZATION resets the role too), and setting the session
 /// authorization, which resets the role, comes before the role.
-/// `utf8`: whether the session's client_encoding is UTF-8; if not, values
-/// are written in ASCII (`push_literal_ascii`).
+/// `mode`: how values are written for the session (`params::TextMode`).
 pub fn apply_sql(
     server: Option<&SessionVars>,
     client: Option<&SessionVars>,
-    utf8: bool,
+    mode: TextMode,
 ) -> Option<String> {
     const AUTH: &str = "session_authorization";
     const ROLE: &str = "role";
@@ -210,10 +219,7 @@ pub fn apply_sql(
     }
     let set = |name: &str, value: &str| {
         let mut value_sql = String::with_capacity(value.len() + 3);
-        match utf8 {
-            true => crate::params::push_literal(&mut value_sql, value),
-            false => crate::params::push_literal_ascii(&mut value_sql, value),
-        }
+        crate::params::push_literal_in(&mut value_sql, value, mode);
         format!(
             "pg_catalog.set_config({}, {value_sql}, false)",
             quote_literal(name),
@@ -265,14 +271,23 @@ mod tests {
 
     #[test]
     fn values_of_another_encoding_travel_as_utf8_hex_and_escapes() {
-        assert_eq!(decode_value("636166c3a9".into(), false), "caf\u{e9}");
-        assert_eq!(decode_value("caf\u{e9}".into(), true), "caf\u{e9}");
-        assert!(capture_sql(&["app.x".into()], false).contains("convert_to"));
-        assert!(!capture_sql(&["app.x".into()], true).contains("convert_to"));
+        assert_eq!(
+            decode_value("636166c3a9".into(), TextMode::Unicode),
+            "caf\u{e9}"
+        );
+        assert_eq!(decode_value("caf\u{e9}".into(), TextMode::Raw), "caf\u{e9}");
+        assert!(capture_sql(&["app.x".into()], TextMode::Unicode).contains("convert_to"));
+        assert!(!capture_sql(&["app.x".into()], TextMode::Raw).contains("convert_to"));
         let client = SessionVars::from_pairs([("app.x", "caf\u{e9}")]);
-        let sql = apply_sql(None, Some(&client), false).expect("something to set");
+        let sql = apply_sql(None, Some(&client), TextMode::Unicode).expect("something to set");
         assert!(sql.contains("E'caf\\u00e9'"), "{sql}");
-        let raw = apply_sql(None, Some(&client), true).expect("something to set");
+        // (a SQL_ASCII database: the bytes, one char each, back as bytes)
+        let bytes = decode_value("636166e9".into(), TextMode::Bytes);
+        assert_eq!(bytes, "caf\u{e9}");
+        let ascii = SessionVars::from_pairs([("app.x", bytes.as_str())]);
+        let sql = apply_sql(None, Some(&ascii), TextMode::Bytes).expect("something to set");
+        assert!(sql.contains("E'caf\\xe9'"), "{sql}");
+        let raw = apply_sql(None, Some(&client), TextMode::Raw).expect("something to set");
         assert!(raw.contains("'caf\u{e9}'"), "{raw}");
     }
 
@@ -280,7 +295,7 @@ mod tests {
     fn the_role_is_set_after_the_other_settings() {
         let client =
             SessionVars::from_pairs([("role", "bob"), ("session_replication_role", "replica")]);
-        let sql = apply_sql(None, Some(&client), true).expect("something to set");
+        let sql = apply_sql(None, Some(&client), TextMode::Raw).expect("something to set");
         let (srr, role) = (
             sql.find("session_replication_role").expect("srr"),
             sql.find("'role'").expect("role"),
@@ -288,14 +303,14 @@ mod tests {
         assert!(srr < role, "{sql}");
         // A server already under the role drops it first.
         let server = SessionVars::from_pairs([("role", "bob")]);
-        let sql = apply_sql(Some(&server), Some(&client), true).expect("something to set");
+        let sql = apply_sql(Some(&server), Some(&client), TextMode::Raw).expect("something to set");
         assert!(sql.starts_with("RESET ROLE;"), "{sql}");
         assert!(
             sql.find("session_replication_role") < sql.find("'role'"),
             "{sql}"
         );
         // Nothing else to change: the role stays as it is.
-        assert_eq!(apply_sql(Some(&client), Some(&client), true), None);
+        assert_eq!(apply_sql(Some(&client), Some(&client), TextMode::Raw), None);
         // The same with a session authorization (a review's variant).
         let client = SessionVars::from_pairs([
             ("session_authorization", "alice"),
@@ -305,7 +320,7 @@ mod tests {
             ("session_authorization", "alice"),
             ("session_replication_role", "origin"),
         ]);
-        let sql = apply_sql(Some(&server), Some(&client), true).expect("something to set");
+        let sql = apply_sql(Some(&server), Some(&client), TextMode::Raw).expect("something to set");
         assert!(sql.starts_with("RESET SESSION AUTHORIZATION;"), "{sql}");
         assert!(
             sql.find("session_replication_role") < sql.rfind("'session_authorization'"),
@@ -328,13 +343,13 @@ mod tests {
         let server = SessionVars::from_pairs([("search_path", "a"), ("work_mem", "64")]);
         let client = SessionVars::from_pairs([("search_path", "b, c"), ("myapp.tenant", "it's")]);
         assert_eq!(
-            apply_sql(Some(&server), Some(&client), true).unwrap(),
+            apply_sql(Some(&server), Some(&client), TextMode::Raw).unwrap(),
             "RESET \"work_mem\";SELECT pg_catalog.set_config('myapp.tenant', 'it''s', false), \
              pg_catalog.set_config('search_path', 'b, c', false)"
         );
-        assert_eq!(apply_sql(Some(&client), Some(&client), true), None);
+        assert_eq!(apply_sql(Some(&client), Some(&client), TextMode::Raw), None);
         assert_eq!(
-            apply_sql(Some(&server), None, true).unwrap(),
+            apply_sql(Some(&server), None, TextMode::Raw).unwrap(),
             "RESET \"search_path\";RESET \"work_mem\";"
         );
         assert!(same(&None, &Some(Arc::new(SessionVars::default()))));
@@ -345,14 +360,14 @@ mod tests {
         let server = SessionVars::from_pairs([("role", "r")]);
         let client = SessionVars::from_pairs([("role", "r"), ("session_authorization", "bob")]);
         assert_eq!(
-            apply_sql(Some(&server), Some(&client), true).unwrap(),
+            apply_sql(Some(&server), Some(&client), TextMode::Raw).unwrap(),
             "SELECT pg_catalog.set_config('session_authorization', 'bob', false);\
              SELECT pg_catalog.set_config('role', 'r', false)"
         );
         // Back to the login user: RESET SESSION AUTHORIZATION (resets the
         // role too), then nothing else to undo.
         assert_eq!(
-            apply_sql(Some(&client), None, true).unwrap(),
+            apply_sql(Some(&client), None, TextMode::Raw).unwrap(),
             "RESET SESSION AUTHORIZATION;"
         );
     }

@@ -206,7 +206,7 @@ impl CancelRegistry {
     }
 }
 
-pub fn pack(key: BackendKeyData) -> u64 {
+fn pack(key: BackendKeyData) -> u64 {
     (u64::from(key.process_id as u32) << 32) | u64::from(key.secret_key as u32)
 }
 

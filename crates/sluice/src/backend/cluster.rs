@@ -35,12 +35,10 @@ impl Cluster {
         self.hosts.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Forgets the login failure every pool of host `index` keeps.
-    pub fn forget_login_failures(&self, index: usize) {
-        for ((_, i), pool) in self.lock().iter() {
-            if *i == index {
-                pool.forget_login_failure();
-            }
+    /// Forgets the login failure the pool of host `index` for `user` keeps.
+    pub fn forget_login_failure(&self, user: &str, index: usize) {
+        if let Some(pool) = self.lock().get(&(user.to_owned(), index)) {
+            pool.forget_login_failure();
         }
     }
 

@@ -290,6 +290,9 @@ async fn open_inner(
     server.standby = reported
         .iter()
         .any(|(name, value)| name == "in_hot_standby" && value == "on");
+    server.sql_ascii = reported
+        .iter()
+        .any(|(name, value)| name == "server_encoding" && value == "SQL_ASCII");
     server.buf = buf;
     if let Some(q) = &target.connect_query {
         run_query(&mut server, q).await?;

@@ -51,9 +51,10 @@ pub trait MonitorHost: Send + Sync + 'static {
     /// Patroni's member list added hosts (their checks must start) or
     /// gave a place to another member (its pools must follow).
     fn hosts_changed(&self, topology: &Arc<Topology>, news: &MemberNews);
-    /// Host `i` took a check's login: a login failure its pools keep
-    /// (`server_login_retry`) is over, and its reads need not wait it out.
-    fn host_answered(&self, topology: &Arc<Topology>, i: usize);
+    /// Host `i` took a check's login as `user`: a login failure the host's
+    /// pool of that user keeps (`server_login_retry`) is over, and its
+    /// reads need not wait it out (other users' logins may still fail).
+    fn host_answered(&self, topology: &Arc<Topology>, i: usize, user: &str);
 }
 
 /// Starts one check task per host of `topology`, logging in as `pool`
@@ -107,6 +108,7 @@ async fn watch(host: Arc<dyn MonitorHost>, topology: Weak<Topology>, pool: Weak<
         }
         checked = Some(addr.clone());
         let (target, credential) = p.target_and_credential();
+        let user = p.user.clone();
         drop(p);
         let mut target = (*target).clone();
         target.addr = addr.clone();
@@ -146,7 +148,7 @@ async fn watch(host: Arc<dyn MonitorHost>, topology: Weak<Topology>, pool: Weak<
             }
         }
         if result.is_ok() {
-            host.host_answered(&topo, i);
+            host.host_answered(&topo, i, &user);
         }
         let changes = topo.record_for(i, Some(&addr), result, at, threshold);
         if !changes.is_empty() {

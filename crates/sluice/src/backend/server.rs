@@ -46,10 +46,9 @@ pub struct ServerConn {
     /// Which host of its target's list it is on (0: the first, or the only
     /// one): a cancel request for it goes there.
     pub alternate: u8,
-    /// The client this server was last lent to (its cancel key, packed;
-    /// 0: none yet): what it left of the session's sequence state
-    /// (`lastval`) is no other client's to read.
-    pub last_client: u64,
+    /// The database's encoding is SQL_ASCII: it converts nothing, so text
+    /// is sent and read back as the client's bytes (`params::utf8`).
+    pub sql_ascii: bool,
 }
 
 impl ServerConn {
@@ -71,7 +70,7 @@ impl ServerConn {
             lent_at: now,
             home_worker: super::worker_id::current_worker(),
             alternate: 0,
-            last_client: 0,
+            sql_ascii: false,
             statements: Box::default(),
             session: None,
             standby: false,
@@ -101,7 +100,7 @@ impl ServerConn {
             standby,
             tls,
             alternate,
-            last_client,
+            sql_ascii,
             ..
         } = *self;
         Ok(Box::new(Self {
@@ -123,7 +122,7 @@ impl ServerConn {
             standby,
             tls,
             alternate,
-            last_client,
+            sql_ascii,
         }))
     }
 

@@ -51,6 +51,10 @@ pub struct Client {
     pub(super) lost_retries: u8,
     /// Servers in a row that refused the client's settings (`relay::SYNC_TRIES`).
     pub(super) sync_refusals: u8,
+    /// A server has taken the client's session settings (applied them, or
+    /// they were read back from it): a server refusing them later refuses
+    /// them for its own history. Startup settings are not yet.
+    pub(super) settings_proven: bool,
     /// A replica refused the client's read for its isolation level (a role
     /// or database whose transactions default to serializable, which a
     /// standby refuses): its reads stay on the primary until then, instead
@@ -158,6 +162,7 @@ impl Client {
             primary_read: false,
             lost_retries: 0,
             sync_refusals: 0,
+            settings_proven: false,
             replicas_after: None,
             reads_routed: false,
             route_cache: None,

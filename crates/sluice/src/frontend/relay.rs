@@ -102,12 +102,6 @@ pub async fn run(client: &mut Client, cbuf: &mut BytesMut, mut lease: Lease) -> 
     // Transaction and statement mode: statements, session state and
     // LISTEN follow the client, so its messages are rewritten.
     let mut tracking = release_each.map(|_| Tracking::take());
-    if let Some(t) = tracking.as_deref_mut() {
-        // (a fresh server holds no sequence state; see `discard_sequences`)
-        let me = crate::backend::cancel::pack(client.cancel.key);
-        let before = std::mem::replace(&mut lease.server().last_client, me);
-        t.sequences_mine = before == me || before == 0;
-    }
     let app = client.app.clone();
     let mut blocked = Blocked::default();
     // The last poll only flushed the last replies, whole, and nothing is
@@ -754,7 +748,7 @@ async fn sync_session(
         if let Some(sql) = crate::session_vars::apply_sql(
             server.session.as_deref(),
             client.session().as_deref(),
-            crate::params::utf8(&client.params),
+            crate::params::text_mode(&client.params, server.sql_ascii),
         ) && let Err(e) = Box::pin(run_query(server, &sql)).await
         {
             let canceling = client.app.cancels.unlink(client.cancel);
@@ -775,8 +769,9 @@ async fn sync_session(
                 // never hold them: closed, and the request, untouched, goes
                 // to another, a few times in a row at most (a setting no
                 // server takes any more, a dropped role, must not close
-                // every server).
-                if client.sync_refusals + 1 < SYNC_TRIES {
+                // every server). Settings no server ever took (a bad
+                // startup option) close none.
+                if client.settings_proven && client.sync_refusals + 1 < SYNC_TRIES {
                     client.sync_refusals += 1;
                     lease.close();
                     return Err(RelayEnd::Again);
@@ -789,6 +784,7 @@ async fn sync_session(
             return Err(RelayEnd::Error(error));
         }
         server.session = client.session().clone();
+        client.settings_proven = true;
     }
     client.sync_refusals = 0;
     Ok(lease)

@@ -449,13 +449,21 @@ impl Client {
                         Some(Err(e)) if pool.host == 0 && unreachable(&e) => {
                             self.hold_for_primary(Some(e)).await
                         }
-                        // A replica that cannot be reached (restarting,
-                        // refusing logins, its failure still cached):
-                        // the read runs on the primary, as it would had
-                        // the checks seen the replica down already.
+                        // A replica that cannot be reached or refuses the
+                        // login (restarting, pg_hba, its connection limit,
+                        // its failure still cached): the read runs on the
+                        // primary, as it would had the checks seen the
+                        // replica down already.
                         // (the request, untouched, goes round again, to
                         // the primary)
-                        Some(Err(e)) if read && pool.host != 0 && unreachable(&e) => {
+                        Some(Err(e))
+                            if read
+                                && pool.host != 0
+                                && matches!(
+                                    e,
+                                    AcquireError::Login(_) | AcquireError::RecentFailure(..)
+                                ) =>
+                        {
                             tracing::debug!(
                                 user = %self.user(), db = %self.database(),
                                 "replica unreachable ({e}): the read runs on the primary"

@@ -42,9 +42,9 @@ pub(super) struct Tracking {
     /// How many bytes had been queued for the server (written and in
     /// `out`) after sluice's last Flush (see `rewrite_client`); none: MAX.
     pub(super) flush_mark: u64,
-    /// The server's sequence state (currval, lastval) is the client's own
-    /// or none: it was this client's last, or the link has sent a request
-    /// (see `handle_message`).
+    /// The server's sequence state (currval, lastval) may hold the
+    /// client's own draws: the link has sent a request that may draw (see
+    /// `discard_sequences`).
     pub(super) sequences_mine: bool,
     /// An extended-protocol batch is open on the server (a message sent
     /// since the last Sync): no simple query of sluice's may go in.
@@ -396,20 +396,24 @@ fn handle_message(
         }
     }
     // Where a simple query of sluice's may go first: nothing of the
-    // client's ran in the link, nothing owed, no batch open, not in a
-    // block (rare: only texts that call currval or lastval get here).
+    // client's that may draw ran in the link, nothing owed, no batch open,
+    // no failed block (rare: only texts that call currval or lastval get
+    // here).
     if reads_sequences
         && !t.sequences_mine
         && !batch_open
         && expected_at == 0
         && !t.expected.skipping()
-        && cycle.status == TransactionStatus::Idle
+        && cycle.status != TransactionStatus::Failed
         && outstanding == 0
     {
         discard_sequences(t, out_at, expected_at);
     }
-    // (what the client runs from now on may draw: its own values)
-    t.sequences_mine |= tag == f::QUERY;
+    // (what the client runs from now on may draw: its own values; a lone
+    // BEGIN draws nothing)
+    if tag == f::QUERY && !t.sequences_mine {
+        t.sequences_mine = !sql::starts_transaction(&message[sluice_wire::HEADER_LEN..]);
+    }
     Ok(())
 }
 
@@ -420,10 +424,13 @@ fn handle_message(
 /// reads it, sent ahead of the request's messages (from `out_at` in
 /// `t.out`, owing from `expected_at`) and answered to nobody. The client
 /// then gets PostgreSQL's "not yet defined in this session", as it does
-/// from a fresh server. Only while nothing of the client's has run in the
-/// link (after that the state may hold its own draws), with nothing owed
-/// and no batch open: the query must run alone. A request pipelined
-/// behind another keeps what the server has (see docs/architecture.md).
+/// from a fresh server, whoever had the server before: a draw in an
+/// earlier transaction may have been on another server, and its value
+/// here would be stale. Only while nothing of the client's that may draw
+/// has run in the link (a lone BEGIN may have: after it the state may hold
+/// its own draws), with nothing owed and no batch open: the query must run
+/// alone. A request pipelined behind another keeps what the server has
+/// (see docs/architecture.md).
 fn discard_sequences(t: &mut Tracking, out_at: usize, expected_at: usize) {
     let request = t.out.split_off(out_at);
     t.out.extend_from_slice(&DISCARD_SEQUENCES);
@@ -489,18 +496,22 @@ pub(super) enum Held {
     Renamed(BytesMut),
 }
 
-/// An ErrorResponse body with SQLSTATE 0A000, which a standby answers
-/// where the primary would not ("cannot use serializable mode in a hot
-/// standby", for a role or database whose default isolation is
-/// serializable); an error the primary would give too comes again from it.
+/// An ErrorResponse body of a standby's refusal of a serializable
+/// transaction (a role or database whose default isolation is
+/// serializable): SQLSTATE 0A000 from PostgreSQL's
+/// `GetSerializableTransactionSnapshot` (the routine field, which no
+/// lc_messages translates; other 0A000 errors the primary would give too).
 fn is_isolation_refusal(body: &[u8]) -> bool {
+    const ROUTINE: &[u8] = b"RGetSerializableTransactionSnapshot\0";
     sluice_wire::ErrorFields::decode(body).is_ok_and(|f| f.code == "0A000")
+        && body.windows(ROUTINE.len()).any(|w| w == ROUTINE)
 }
 
 /// An ErrorResponse body with SQLSTATE 25006 (read_only_sql_transaction),
 /// or a standby's isolation refusal (`is_isolation_refusal`).
 fn is_read_only_refusal(body: &[u8]) -> bool {
-    sluice_wire::ErrorFields::decode(body).is_ok_and(|f| f.code == "25006" || f.code == "0A000")
+    sluice_wire::ErrorFields::decode(body).is_ok_and(|f| f.code == "25006")
+        || is_isolation_refusal(body)
 }
 
 /// Nothing owed, no transaction open, no safety net on, and nothing the
@@ -667,16 +678,17 @@ pub(super) fn scan_server(
             );
             // sluice's own query answered (a farewell, the server's end,
             // is looked at as always).
-            if discarding
-                && expected.discarding()
-                && !asynchronous
-                && !(tag == b::ERROR_RESPONSE && is_fatal(body))
-            {
-                held = Some(Held::Drop {
-                    tag,
-                    len: body.len() + sluice_wire::HEADER_LEN,
-                });
-                return Visit::StopBefore;
+            if discarding && expected.discarding() && !asynchronous {
+                if tag == b::ERROR_RESPONSE && is_fatal(body) {
+                    // (the server ends: its farewell is the client's)
+                    expected.abandon_discard();
+                } else {
+                    held = Some(Held::Drop {
+                        tag,
+                        len: body.len() + sluice_wire::HEADER_LEN,
+                    });
+                    return Visit::StopBefore;
+                }
             }
             // The safety net decides here, and acts in `release_held` (a
             // held message is looked at again until it is released).
@@ -720,13 +732,6 @@ pub(super) fn scan_server(
                 Retry::Armed if preamble(tag) => match next_answer(sbuf, body) {
                     Some((b::ERROR_RESPONSE, next)) if is_read_only_refusal(next) => {
                         cycle.isolation_refused |= is_isolation_refusal(next);
-                        Some(RetryStep::Keep)
-                    }
-                    // The replica's farewell right behind the description
-                    // (shut down or terminated mid-read; PostgreSQL flushes
-                    // both at once): nothing ran for the client, the read
-                    // goes to the primary.
-                    Some((b::ERROR_RESPONSE, next)) if is_farewell(b::ERROR_RESPONSE, next) => {
                         Some(RetryStep::Keep)
                     }
                     Some(_) => {
@@ -1189,12 +1194,12 @@ async fn capture_settings(
         }
     }
     // (the server's client_encoding is the client's for its transaction)
-    let utf8 = crate::params::utf8(&client.params);
-    let mut capture = crate::session_vars::capture_sql(&custom, utf8);
+    let mode = crate::params::text_mode(&client.params, lease.server().sql_ascii);
+    let mut capture = crate::session_vars::capture_sql(&custom, mode);
     let before = client.session().clone();
     if reset_all {
         capture.push_str(";RESET ALL;RESET SESSION AUTHORIZATION;RESET ROLE;");
-        if let Some(sql) = crate::session_vars::apply_sql(None, before.as_deref(), utf8) {
+        if let Some(sql) = crate::session_vars::apply_sql(None, before.as_deref(), mode) {
             capture.push_str(&sql);
             capture.push(';');
         }
@@ -1214,7 +1219,7 @@ async fn capture_settings(
         match row.as_slice() {
             [Some(name), Some(value)] => Some((
                 name.clone(),
-                crate::session_vars::decode_value(value.clone(), utf8),
+                crate::session_vars::decode_value(value.clone(), mode),
             )),
             _ => None,
         }
@@ -1226,7 +1231,7 @@ async fn capture_settings(
         // second query), so that the server is as the client now is.
         if !crate::session_vars::same(&before, &vars)
             && let Some(sql) =
-                crate::session_vars::apply_sql(before.as_deref(), vars.as_deref(), utf8)
+                crate::session_vars::apply_sql(before.as_deref(), vars.as_deref(), mode)
             && !reset(lease, &sql).await
         {
             return false;
@@ -1234,6 +1239,7 @@ async fn capture_settings(
     }
     lease.server().session = vars.clone();
     client.set_session(vars);
+    client.settings_proven = true;
     true
 }
 

@@ -172,6 +172,13 @@ impl Expected {
         self.skipping
     }
 
+    /// Gives up sluice's own query at the head (the server is ending).
+    pub fn abandon_discard(&mut self) {
+        if self.discarding() {
+            self.queue.pop_front();
+        }
+    }
+
     /// The replies now due are those of sluice's own simple query.
     pub fn discarding(&self) -> bool {
         matches!(self.queue.front(), Some(Expect::Discard))

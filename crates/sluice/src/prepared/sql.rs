@@ -1062,6 +1062,13 @@ pub fn effects(text: &[u8]) -> Effects {
     e
 }
 
+/// Whether `text` is a lone BEGIN or START TRANSACTION (with its modes).
+pub fn starts_transaction(text: &[u8]) -> bool {
+    let first = word(text).0;
+    (first.eq_ignore_ascii_case(b"begin") || first.eq_ignore_ascii_case(b"start"))
+        && statements(text).len() == 1
+}
+
 /// Whether `text` starts with a statement PostgreSQL runs in a failed
 /// transaction block (it ends the block): ROLLBACK, COMMIT, END, ABORT,
 /// PREPARE TRANSACTION.
