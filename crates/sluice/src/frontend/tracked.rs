@@ -49,6 +49,9 @@ pub(super) struct Tracking {
     /// An extended-protocol batch is open on the server (a message sent
     /// since the last Sync): no simple query of sluice's may go in.
     pub(super) in_batch: bool,
+    /// sluice's DISCARD SEQUENCES went to the server in this link (its
+    /// replies may be owed: `Expected::discarding` is looked at only then).
+    pub(super) discard_sent: bool,
 }
 
 impl Default for Tracking {
@@ -64,6 +67,7 @@ impl Default for Tracking {
             flush_mark: u64::MAX,
             sequences_mine: false,
             in_batch: false,
+            discard_sent: false,
         }
     }
 }
@@ -137,6 +141,7 @@ impl Tracking {
         self.flush_mark = u64::MAX;
         self.sequences_mine = false;
         self.in_batch = false;
+        self.discard_sent = false;
         SPARE.with(|s| {
             let mut spare = s.borrow_mut();
             if spare.len() < SPARES {
@@ -436,6 +441,7 @@ fn discard_sequences(t: &mut Tracking, out_at: usize, expected_at: usize) {
     t.out.extend_from_slice(&DISCARD_SEQUENCES);
     t.out.unsplit(request);
     t.expected.insert(expected_at, Expect::Discard);
+    t.discard_sent = true;
 }
 
 /// Query "DISCARD SEQUENCES".
@@ -642,7 +648,7 @@ pub(super) fn scan_server(
     // (sluice's own query's replies are dropped whole: their bodies are
     // measured; it goes first only with nothing owed, so it is the head
     // from the scan's start or not at all in this scan)
-    let discarding = t.expected.discarding();
+    let discarding = t.discard_sent && t.expected.discarding();
     let expected = &mut t.expected;
     let swallowing = cycle.retry == Retry::Swallowing;
     let armed = cycle.retry == Retry::Armed;

@@ -1063,7 +1063,16 @@ pub fn effects(text: &[u8]) -> Effects {
 }
 
 /// Whether `text` is a lone BEGIN or START TRANSACTION (with its modes).
+/// (Its first two letters decide most texts: it runs once a transaction.)
 pub fn starts_transaction(text: &[u8]) -> bool {
+    let lead = |s: &[u8]| s.get(..2).map(|w| [w[0] | 0x20, w[1] | 0x20]);
+    let start = match text.first() {
+        Some(c) if c.is_ascii_alphabetic() => lead(text),
+        _ => lead(skip_space(text)),
+    };
+    if !matches!(start, Some([b'b', b'e'] | [b's', b't'])) {
+        return false;
+    }
     let first = word(text).0;
     (first.eq_ignore_ascii_case(b"begin") || first.eq_ignore_ascii_case(b"start"))
         && statements(text).len() == 1
@@ -1220,6 +1229,21 @@ fn contains_ignore_case(haystack: &[u8], needle: &[u8]) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_lone_begin_is_seen() {
+        for text in [
+            &b"begin"[..],
+            b" BEGIN ISOLATION LEVEL SERIALIZABLE",
+            b"start transaction read only;",
+            b"/* tx */ Begin",
+        ] {
+            assert!(starts_transaction(text), "{}", String::from_utf8_lossy(text));
+        }
+        for text in [&b"select 1"[..], b"begin; select 1", b"state", b"b", b""] {
+            assert!(!starts_transaction(text), "{}", String::from_utf8_lossy(text));
+        }
+    }
 
     #[test]
     fn sequence_reads_are_seen_and_harmless() {
