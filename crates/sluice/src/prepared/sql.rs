@@ -1238,10 +1238,18 @@ mod tests {
             b"start transaction read only;",
             b"/* tx */ Begin",
         ] {
-            assert!(starts_transaction(text), "{}", String::from_utf8_lossy(text));
+            assert!(
+                starts_transaction(text),
+                "{}",
+                String::from_utf8_lossy(text)
+            );
         }
         for text in [&b"select 1"[..], b"begin; select 1", b"state", b"b", b""] {
-            assert!(!starts_transaction(text), "{}", String::from_utf8_lossy(text));
+            assert!(
+                !starts_transaction(text),
+                "{}",
+                String::from_utf8_lossy(text)
+            );
         }
     }
 
