@@ -317,6 +317,34 @@ async fn sequence_values_are_no_other_clients() {
     expect_sqlstate(bob.simple_query("select lastval()").await, "55000");
 }
 
+/// A custom setting whose name is not ASCII (`app.café`) follows its
+/// client and reaches no other: its name was cut at the first non-ASCII
+/// byte, so it was never read back, nor reset for the next client.
+#[tokio::test]
+async fn a_custom_setting_with_a_non_ascii_name_stays_with_its_client() {
+    let cluster = app_cluster(ServerAuth::Trust);
+    let sluice = one_server(&cluster);
+    let (alice, bob) = two_clients(&sluice).await;
+    alice
+        .batch_execute("SET app.café = 'tenant-a'")
+        .await
+        .unwrap();
+    for _ in 0..2 {
+        assert_eq!(
+            scalar_text(
+                &bob,
+                "select coalesce(current_setting('app.café', true), '')"
+            )
+            .await,
+            ""
+        );
+        assert_eq!(
+            scalar_text(&alice, "select current_setting('app.café')").await,
+            "tenant-a"
+        );
+    }
+}
+
 /// A startup setting no server takes (`options=-c work_mem=bogus`) is
 /// refused to its client, and costs the pool no server: only settings a
 /// server once took make a refusing server close (a review of the first

@@ -1180,7 +1180,7 @@ pub fn custom_names(text: &[u8]) -> Vec<String> {
             let rest = skip_space(rest);
             let end = rest
                 .iter()
-                .position(|c| !(c.is_ascii_alphanumeric() || matches!(c, b'_' | b'.' | b'"')))
+                .position(|&c| !(is_ident(c) || matches!(c, b'.' | b'"')))
                 .unwrap_or(rest.len());
             let name = String::from_utf8_lossy(&rest[..end]).replace('"', "");
             if name.contains('.') {
@@ -1731,6 +1731,10 @@ mod custom_name_tests {
                 b"SET app.Tenant = 1; select set_config( 'my.x', 'v', false), set_config('work_mem', '1MB', false)"
             ),
             ["app.tenant", "my.x"]
+        );
+        assert_eq!(
+            custom_names("SET app.café TO 'x'; RESET \"app\".\"Été\"".as_bytes()),
+            ["app.café", "app.Été"]
         );
     }
 }
