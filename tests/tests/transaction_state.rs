@@ -204,17 +204,13 @@ async fn a_setting_refused_for_another_clients_history_takes_another_server() {
     assert_eq!(scalar_text(&bob, "select 1::text").await, "1");
 }
 
-/// A client whose client_encoding is not UTF-8 keeps the characters of its
-/// settings: sluice reads them back as UTF-8 and writes them back in
-/// escapes any encoding reads alike. Before, a LATIN1 `é` came back as
-/// U+FFFD, which the server then read as three LATIN1 characters.
-#[tokio::test]
-async fn settings_keep_their_characters_under_another_client_encoding() {
-    let cluster = app_cluster(ServerAuth::Trust);
-    let sluice = one_server(&cluster);
+/// A LATIN1 client sets `app.x` and search_path with an `é` in `db`; on a
+/// pool of one server, another client's turns in between find neither,
+/// and the LATIN1 client reads back its own bytes each time.
+async fn latin_settings_stay_with_their_client(sluice: &SluiceProcess, db: &str) {
     let wait = Duration::from_secs(10);
-    let mut latin = RawClient::logged_in(sluice.port(), APP_USER, "postgres").await;
-    let bob = connect_as(sluice.port(), APP_USER, "postgres").await;
+    let mut latin = RawClient::logged_in(sluice.port(), APP_USER, db).await;
+    let bob = connect_as(sluice.port(), APP_USER, db).await;
     // (a query is read in the encoding in force when it arrives)
     latin
         .simple_query_bytes(b"SET client_encoding = 'LATIN1'", wait)
@@ -246,6 +242,17 @@ async fn settings_keep_their_characters_under_another_client_encoding() {
                 .collect::<Vec<_>>()
         );
     }
+}
+
+/// A client whose client_encoding is not UTF-8 keeps the characters of its
+/// settings: sluice reads them back as UTF-8 and writes them back in
+/// escapes any encoding reads alike. Before, a LATIN1 `é` came back as
+/// U+FFFD, which the server then read as three LATIN1 characters.
+#[tokio::test]
+async fn settings_keep_their_characters_under_another_client_encoding() {
+    let cluster = app_cluster(ServerAuth::Trust);
+    let sluice = one_server(&cluster);
+    latin_settings_stay_with_their_client(&sluice, "postgres").await;
 }
 
 /// `currval` and `lastval` never answer with another client's values, nor
@@ -393,31 +400,7 @@ async fn settings_keep_their_bytes_on_a_sql_ascii_database() {
         .set("pool_mode", "transaction")
         .set("default_pool_size", "1")
         .start();
-    let wait = Duration::from_secs(10);
-    let mut latin = RawClient::logged_in(sluice.port(), APP_USER, "sqla").await;
-    let bob = connect_as(sluice.port(), APP_USER, "sqla").await;
-    latin
-        .simple_query_bytes(b"SET client_encoding = 'LATIN1'", wait)
-        .await;
-    latin
-        .simple_query_bytes(
-            b"SET app.x = 'caf\xe9'; SET search_path = 'sch\xe9ma', public",
-            wait,
-        )
-        .await;
-    for _ in 0..2 {
-        assert_eq!(
-            scalar_text(&bob, "select coalesce(current_setting('app.x', true), '')").await,
-            ""
-        );
-        let rows = latin
-            .simple_query_bytes(
-                b"select current_setting('app.x') || '|' || current_setting('search_path')",
-                wait,
-            )
-            .await;
-        assert_eq!(rows, vec![Some(b"caf\xe9|\"sch\xe9ma\", public".to_vec())]);
-    }
+    latin_settings_stay_with_their_client(&sluice, "sqla").await;
 }
 
 /// `track_session_objects = discard`: temporary tables and session

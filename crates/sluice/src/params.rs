@@ -4,6 +4,7 @@
 //! difference is applied with SET. Sets are shared behind `Arc` so that the
 //! common case — nothing changed — is a pointer comparison.
 
+use std::fmt::Write as _;
 use std::sync::Arc;
 
 /// Parameters PostgreSQL reports with ParameterStatus that sluice keeps per
@@ -139,7 +140,17 @@ pub fn push_literal(sql: &mut String, v: &str) {
 /// session's client_encoding (raw UTF-8 bytes on a LATIN1 session would be
 /// read as other characters).
 pub fn push_literal_ascii(sql: &mut String, v: &str) {
-    use std::fmt::Write as _;
+    push_escaped(sql, v, |sql, c| {
+        let _ = match u32::from(c) {
+            n if n <= 0xFFFF => write!(sql, "\\u{n:04x}"),
+            n => write!(sql, "\\U{n:08x}"),
+        };
+    });
+}
+
+/// `push_literal` with every character past ASCII written by `escape`
+/// inside an `E'…'` string (a value all ASCII is written plain).
+fn push_escaped(sql: &mut String, v: &str, escape: impl Fn(&mut String, char)) {
     if v.is_ascii() {
         return push_literal(sql, v);
     }
@@ -151,12 +162,7 @@ pub fn push_literal_ascii(sql: &mut String, v: &str) {
                 sql.push(c);
             }
             c if c.is_ascii() => sql.push(c),
-            c if u32::from(c) <= 0xFFFF => {
-                let _ = write!(sql, "\\u{:04x}", u32::from(c));
-            }
-            c => {
-                let _ = write!(sql, "\\U{:08x}", u32::from(c));
-            }
+            c => escape(sql, c),
         }
     }
     sql.push('\'');
@@ -197,28 +203,13 @@ pub fn text_mode(set: &ParamSet, sql_ascii: bool) -> TextMode {
 /// `push_literal` for `TextMode::Bytes`: chars U+0080 to U+00FF (the bytes
 /// read back) written as `\xhh` in an `E'…'` string.
 pub fn push_literal_bytes(sql: &mut String, v: &str) {
-    use std::fmt::Write as _;
-    if v.is_ascii() {
-        return push_literal(sql, v);
-    }
-    sql.push_str("E'");
-    for c in v.chars() {
-        match c {
-            '\'' | '\\' => {
-                sql.push(c);
-                sql.push(c);
-            }
-            c if c.is_ascii() => sql.push(c),
-            c => match u8::try_from(u32::from(c)) {
-                Ok(b) => {
-                    let _ = write!(sql, "\\x{b:02x}");
-                }
-                // (not a byte read back: what it stands for cannot be known)
-                Err(_) => sql.push('?'),
-            },
+    push_escaped(sql, v, |sql, c| match u8::try_from(u32::from(c)) {
+        Ok(b) => {
+            let _ = write!(sql, "\\x{b:02x}");
         }
-    }
-    sql.push('\'');
+        // (not a byte read back: what it stands for cannot be known)
+        Err(_) => sql.push('?'),
+    });
 }
 
 /// Writes `v` as a literal for a session in `mode`.
