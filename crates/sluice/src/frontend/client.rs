@@ -49,7 +49,7 @@ pub struct Client {
     pub(super) primary_read: bool,
     /// Requests run again in a row because their server was found dead.
     pub(super) lost_retries: u8,
-    /// Servers in a row that refused the client's settings (`relay::SYNC_TRIES`).
+    /// Servers in a row that refused the client's settings (`relay::sync::SYNC_TRIES`).
     pub(super) sync_refusals: u8,
     /// A server has taken the client's session settings (applied them, or
     /// they were read back from it): a server refusing them later refuses

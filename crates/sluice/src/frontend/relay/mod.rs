@@ -1,0 +1,314 @@
+//! The hot path: while a client holds a server, its task moves bytes both
+//! ways itself (one poll of both sockets per step, see `relay_io`). It
+//! parses five header bytes per message and the bodies of ReadyForQuery and
+//! ParameterStatus only; it writes as soon as bytes are scanned, and stops
+//! reading a side whose bytes cannot be written (backpressure, bounded
+//! memory).
+//! When the pool mode allows and the server is provably clean — ReadyForQuery
+//! 'I', nothing unsynced or in flight, no half-sent message — the server goes
+//! back to the pool. A client that leaves mid-transaction gets its server
+//! rolled back, or closed when that cannot be done safely.
+//!
+//! `run` reads as the period goes: the link (the cancel key; the server
+//! brought in line with the client's session, `sync.rs`), the loop (each
+//! turn: scan, decide, arm the clocks, poll both sockets; its steps in
+//! `turn.rs`, its clocks in `clocks.rs`) and the end (statistics, and the
+//! server released, cleaned, closed or the request sent round again:
+//! `unlink.rs`).
+
+mod clocks;
+mod sync;
+mod turn;
+mod unlink;
+
+use bytes::BytesMut;
+use sluice_config::PoolMode;
+
+use super::client::Client;
+use super::cycle::Cycle;
+use super::error::ClientError;
+use super::relay_io::{Blocked, IoEvent, Sides};
+use super::tracked::{self, Tracking};
+use crate::backend::pool::Lease;
+use clocks::Clocks;
+use turn::Decision;
+
+/// How a linked period ended.
+pub enum RelayEnd {
+    /// The server went back to the pool; the client continues.
+    Released,
+    /// A read routed to a replica was refused there (25006) or lost with
+    /// the replica before anything reached the client: run it again on
+    /// the primary.
+    Retry,
+    /// The server refused the client's session settings for something of
+    /// its own history (another client's temp table fixed its
+    /// `temp_buffers`) and was closed; nothing of the request was sent:
+    /// it takes another server.
+    Again,
+    ClientLeft,
+    Error(ClientError),
+}
+
+/// Relays between `client` and the leased server until the server can go
+/// back (transaction, statement mode) or the client leaves.
+pub async fn run(client: &mut Client, cbuf: &mut BytesMut, mut lease: Lease) -> RelayEnd {
+    link(client, &mut lease);
+    if sync::needs_sync(client, lease.server()) {
+        match Box::pin(sync::sync_session(client, cbuf, lease)).await {
+            Ok(l) => lease = l,
+            Err(end) => return end,
+        }
+    }
+    let settings = lease.settings.clone();
+    // The server goes back between transactions (transaction mode) or
+    // statements (statement mode, which also refuses transaction blocks).
+    let pooled = settings.mode != PoolMode::Session;
+    let refuse_blocks = settings.mode == PoolMode::Statement;
+    let mut cycle = Cycle::new(
+        settings.disable_pqexec,
+        lease.host(),
+        !pooled,
+        client.retry_query.is_some(),
+        client.on_routed_primary,
+        client.primary_read,
+    );
+    // Lent when the acquire read the clock: no read of its own here.
+    let linked_at = lease.server().lent_at;
+    // Transaction and statement mode: statements, session state and
+    // LISTEN follow the client, so its messages are rewritten.
+    let mut tracking = pooled.then(Tracking::take);
+    let mut clocks = Clocks::new(&settings);
+    let app = client.app.clone();
+    let mut blocked = Blocked::default();
+    // The last poll only flushed the last replies, whole, and nothing is
+    // left in either buffer: the scans would find nothing new (about 250
+    // instructions a transaction, this turn being its last).
+    let mut quiet = false;
+
+    // The loop: one future (see `turn.rs`), each step delegated.
+    let end = loop {
+        let skip_scans = std::mem::take(&mut quiet);
+        if !skip_scans
+            && let Err(end) = turn::read_requests(
+                client,
+                &app.statements,
+                &mut cycle,
+                cbuf,
+                tracking.as_deref_mut(),
+                lease.server(),
+                settings.max_packet_size,
+                settings.max_prepared_statements,
+            )
+        {
+            break Err(end);
+        }
+        if let Some(t) = tracking.as_deref_mut()
+            && !t.listens.is_empty()
+        {
+            // Boxed: rare, and its state would otherwise sit in every
+            // relay's future.
+            Box::pin(turn::follow_listens(client, t)).await;
+            blocked.clear();
+        }
+        if !skip_scans
+            && let Err(end) = turn::read_replies(
+                client,
+                &mut cycle,
+                tracking.as_deref_mut(),
+                lease.server(),
+                refuse_blocks,
+            )
+        {
+            break Err(end);
+        }
+        let at_end = match turn::decide(&mut cycle, tracking.as_deref(), lease.server(), pooled) {
+            Decision::Go { at_end } => at_end,
+            Decision::End(end) => break end,
+            Decision::AfterTransaction => {
+                // It waits, and uses the server's socket itself.
+                blocked.clear();
+                let t = tracking.as_deref_mut();
+                match Box::pin(turn::after_transaction(client, &mut lease, &cycle, t)).await {
+                    Some(end) => break end,
+                    None => true,
+                }
+            }
+            Decision::ResetIdleTimeout => {
+                blocked.clear();
+                break Box::pin(turn::reset_idle_timeout(client, &mut lease)).await;
+            }
+        };
+        let standing = turn::standing(&cycle, tracking.as_deref(), cbuf, at_end, pooled);
+        clocks.arm(&standing, cycle.cycles_done, cycle.xacts_done);
+        let read_server = turn::read_server(&cycle, tracking.as_deref(), lease.server(), pooled);
+        let read_client = !cycle.client_terminated && !cycle.capped();
+        let writes_wake = turn::writes_wake(&cycle, tracking.as_deref(), read_client, read_server);
+        let server = lease.server();
+        let (server_out, client_extra) = match tracking.as_deref_mut() {
+            Some(t) => (Some(&mut t.out), Some(&mut t.extra)),
+            None => (None, None),
+        };
+        let (idle_timer, xact_timer) = clocks.timers();
+        let mut sides = Sides {
+            client: &mut client.stream,
+            server: &mut server.stream,
+            cbuf,
+            to_server: &mut cycle.to_server,
+            sbuf: &mut server.buf,
+            to_client: &mut cycle.to_client,
+            read_client,
+            read_server,
+            writes_wake,
+            idle_timer,
+            xact_timer,
+            written: &mut cycle.written,
+            server_out,
+            client_extra,
+            sbuf_wanted: cycle.server_scan.wanted(),
+            cbuf_wanted: cycle.client_scan.wanted(),
+            blocked: &mut blocked,
+        };
+        match std::future::poll_fn(|cx| sides.poll(cx)).await {
+            IoEvent::Progress { client_read } => {
+                quiet = !read_server
+                    && !client_read
+                    && cycle.to_client == 0
+                    && cbuf.is_empty()
+                    && lease.server().buf.is_empty()
+                    && tracking
+                        .as_deref()
+                        .is_some_and(|t| t.out.is_empty() && t.extra.is_empty());
+                if client_read {
+                    clocks.client_active();
+                }
+            }
+            event => {
+                if let Some(end) = turn::on_event(event, client, &mut lease, &mut clocks) {
+                    break end;
+                }
+            }
+        }
+    };
+
+    // The end: the cancel link undone, the statistics, the server checked
+    // in, closed or cleaned (see `unlink.rs`).
+    let cancel_unsettled =
+        client.app.cancels.unlink(client.cancel) && !unlink::settle_cancels(client).await;
+    let end = match end {
+        Ok(Outcome::Release) if cancel_unsettled => Ok(Outcome::Close),
+        // A request with no reply (a lone Flush, CopyData outside a COPY)
+        // ends as soon as it is written: its send may still be in the
+        // worker's ring, which a server going back must not have.
+        Ok(Outcome::Release) if !lease.server().stream.settled() => {
+            match unlink::settle_send(&mut lease).await {
+                true => Ok(Outcome::Release),
+                false => Ok(Outcome::Close),
+            }
+        }
+        end => end,
+    };
+    unlink::account(&mut cycle, &mut lease, linked_at);
+    let ended = match end {
+        Ok(Outcome::Release) if unlink::check_in_queries(client, &settings, cycle.xacts_done) => {
+            // Boxed: not every transaction's, and its state would
+            // otherwise sit in every relay's future.
+            Box::pin(unlink::check_in(client, lease, &settings, cycle.xacts_done)).await;
+            RelayEnd::Released
+        }
+        Ok(Outcome::ClientGone) => {
+            let t = tracking.as_deref();
+            Box::pin(unlink::abandon(client, lease, &cycle, t, &settings, true)).await;
+            RelayEnd::ClientLeft
+        }
+        Err(End::Client(e)) => {
+            let t = tracking.as_deref();
+            Box::pin(unlink::abandon(client, lease, &cycle, t, &settings, false)).await;
+            RelayEnd::Error(e)
+        }
+        end => unlink::unlink(
+            client,
+            lease,
+            &cycle,
+            tracking.as_deref_mut(),
+            pooled,
+            end,
+            cancel_unsettled,
+        ),
+    };
+    if let Some(mut t) = tracking {
+        tracked::forget_failed_parses(&mut t, client.statements_if_any());
+        t.give_back();
+    }
+    ended
+}
+
+/// The client's cancel requests reach the leased server from now on.
+fn link(client: &mut Client, lease: &mut Lease) {
+    let host = lease.host();
+    let waited = lease.stats.waited;
+    let server = lease.server();
+    // A server on another host of a list without routing: its cancel goes
+    // there.
+    let host = match server.alternate {
+        0 => host,
+        alt => crate::backend::target::ALTERNATE | u32::from(alt),
+    };
+    // The request arrived when the wait for this server began.
+    let arrived = server.lent_at - waited;
+    client
+        .app
+        .cancels
+        .link(client.cancel, server.key, host, arrived);
+    server.statements.scope = client.pool.scope;
+}
+
+enum Outcome {
+    Release,
+    /// See `Retry`.
+    Retry,
+    /// The transaction ended but the server cannot be trusted.
+    Close,
+    ClientGone,
+}
+
+enum End {
+    /// The client broke a rule; it gets this error.
+    Client(ClientError),
+    /// The server failed; the client gets 08006. `lost`: the connection
+    /// ended (an I/O ending), as opposed to a server that broke the
+    /// protocol; only a lost server's request may run again elsewhere.
+    Server { why: String, lost: bool },
+}
+
+impl End {
+    fn server_broken(why: String) -> Self {
+        End::Server { why, lost: false }
+    }
+}
+
+/// Largest client message held whole in transaction and statement mode
+/// (Parse, Bind, Describe, Close, Query are rewritten, so they are read
+/// whole before anything of them is sent). PostgreSQL's own limit is
+/// 1 GB; 64 MiB is far above any statement text or Bind an application
+/// sends through a pooler and bounds what one client can make sluice hold.
+/// Session mode streams every message and is not limited by this.
+pub(super) const CLIENT_HELD_LIMIT: usize = 64 << 20;
+
+/// The error for a client message larger than `CLIENT_HELD_LIMIT`.
+pub(super) fn held_too_large(size: usize) -> ClientError {
+    ClientError::new(
+        "54000",
+        format!(
+            "message of {size} bytes is larger than the {} MiB a transaction-pooling \
+             connection holds whole (Parse, Bind, Describe, Close, Query)",
+            CLIENT_HELD_LIMIT >> 20
+        ),
+    )
+}
+
+/// What a client using the simple query protocol gets under
+/// `disable_pqexec` (PgBouncer's text).
+pub(super) fn pqexec_disallowed() -> ClientError {
+    ClientError::new("08P01", "PQexec disallowed")
+}
