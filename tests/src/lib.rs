@@ -10,6 +10,7 @@ mod certs;
 mod client;
 mod clusters;
 mod config;
+mod console;
 pub mod http;
 mod limits;
 pub mod msg;
@@ -30,6 +31,7 @@ pub use client::{
 };
 pub use clusters::{app_cluster, app_cluster_with, app_table, grant_create};
 pub use config::ConfigBuilder;
+pub use console::{ConsoleRow, console_rows, row_field};
 pub use limits::{MigrateQueuedConnections, raise_fd_limit};
 pub use process::{SluiceProcess, run_sluice, sluice_binary};
 pub use raw::{

@@ -117,8 +117,8 @@ define_settings! {
             "Log the errors the pooler sends to clients.";
         log_stats: bool = true => "1", Flag, reload,
             "Log aggregated statistics every stats_period.";
-        logfile: String = String::new() => "", Text, fixed,
-            "File to log to, besides stderr; empty means none.";
+        logfile: String = String::new() => "", Text, reload,
+            "File to log to, besides stderr; empty means none. Opened again by every RELOAD or SIGHUP (after log rotation), at the path named then.";
         login_notify_message: String = String::new() => "", Text, reload,
             "Notice sent to clients right after they log in; empty sends none.";
         max_client_conn: u32 = 100 => "100", PositiveCount, reload,

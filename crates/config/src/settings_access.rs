@@ -14,6 +14,13 @@ impl Settings {
         self.show_field(&field_name(key))
     }
 
+    /// Keeps `old`'s value of `key`: a RELOAD of a key that takes effect
+    /// only after a restart leaves the value in force, so that SHOW CONFIG
+    /// shows what is in force. False if the key is not known.
+    pub fn keep(&mut self, key: &str, old: &Settings) -> bool {
+        self.copy_field(&field_name(key), old)
+    }
+
     /// Changes `key` to `value`, checked as strictly as the file reader
     /// checks it. Keys that are not `changeable` (see `known_keys`) are
     /// refused with `NotChangeable`, as PgBouncer refuses them.

@@ -73,6 +73,20 @@ macro_rules! define_settings {
                 }
             }
 
+            /// Sets the field named `key` (canonical lower-case name) to
+            /// `from`'s; false if no field has that name.
+            pub(crate) fn copy_field(&mut self, key: &str, from: &Self) -> bool {
+                match key {
+                    $($(
+                        stringify!($field) => {
+                            self.$field = from.$field.clone();
+                            true
+                        }
+                    )*)*
+                    _ => false,
+                }
+            }
+
             /// The field named `key` shown as SHOW CONFIG would.
             pub(crate) fn show_field(&self, key: &str) -> Option<String> {
                 use $crate::codecs::Codec as _;

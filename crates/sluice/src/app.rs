@@ -879,7 +879,13 @@ impl App {
         let pools = self.pools();
         for pool in pools {
             let Some(entry) = Self::database_entry(&config, &pool.database) else {
-                continue; // removed: its clients drain, new ones get 3D000
+                // Removed: its idle servers close now and its lent ones
+                // as they come back (so that the database can be dropped
+                // once its clients are done); its clients drain, new ones
+                // get 3D000, and SHOW POOLS no longer lists it.
+                tracing::info!(db = %pool.database, user = %pool.user, "database removed from the configuration: its pool is retired");
+                self.forget_pool(&pool);
+                continue;
             };
             let (settings, target, credential) = self.resolve(&config, &entry, &pool.user);
             let topology = self.topology(&pool.database);
@@ -913,6 +919,8 @@ impl App {
                 }
             }
         }
+        self.control
+            .forget_removed(|db| Self::database_entry(&config, db).is_some());
         self.new_route_epoch();
         self.prewarm();
     }

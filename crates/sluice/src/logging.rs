@@ -1,6 +1,7 @@
-//! Log output: stderr (unless -q or -d), `logfile` and syslog (`syslog`,
-//! `syslog_ident`, `syslog_facility`; changed by RELOAD), at a level from
-//! `verbose` and -v, in a PgBouncer-like one-line format.
+//! Log output: stderr (unless -q or -d), `logfile` (opened again by every
+//! RELOAD, for log rotation) and syslog (`syslog`, `syslog_ident`,
+//! `syslog_facility`; changed by RELOAD), at a level from `verbose` and -v,
+//! in a PgBouncer-like one-line format.
 
 use std::sync::Mutex;
 
@@ -14,21 +15,10 @@ pub fn init(logfile: &str, to_stderr: bool, verbosity: u32) -> std::io::Result<(
         1 => Level::DEBUG,
         _ => Level::TRACE,
     };
-    let file = if logfile.is_empty() {
-        None
-    } else {
-        Some(
-            std::fs::OpenOptions::new()
-                .create(true)
-                .append(true)
-                .open(logfile)?,
-        )
-    };
-    let writer = match (file, to_stderr) {
-        (Some(f), true) => BoxMakeWriter::new(std::io::stderr.and(Mutex::new(f)).and(Syslog)),
-        (Some(f), false) => BoxMakeWriter::new(Mutex::new(f).and(Syslog)),
-        (None, true) => BoxMakeWriter::new(std::io::stderr.and(Syslog)),
-        (None, false) => BoxMakeWriter::new(Syslog),
+    reopen(logfile)?;
+    let writer = match to_stderr {
+        true => BoxMakeWriter::new(std::io::stderr.and(|| LogFile).and(Syslog)),
+        false => BoxMakeWriter::new((|| LogFile).and(Syslog)),
     };
     tracing_subscriber::fmt()
         .with_writer(writer)
@@ -37,6 +27,56 @@ pub fn init(logfile: &str, to_stderr: bool, verbosity: u32) -> std::io::Result<(
         .with_target(false)
         .init();
     Ok(())
+}
+
+/// The open `logfile`, if one is set.
+static LOGFILE: Mutex<Option<std::fs::File>> = Mutex::new(None);
+
+/// Opens `logfile` (again): at startup, and at every RELOAD, so that a
+/// log rotated away (moved, then SIGHUP, as PgBouncer's documentation and
+/// logrotate's `postrotate` do) goes on in a new file, and a changed path
+/// takes effect. Empty: no file from now on. On an error the file in use
+/// stays.
+pub fn reopen(logfile: &str) -> std::io::Result<()> {
+    let file = match logfile {
+        "" => None,
+        path => Some(
+            std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(path)?,
+        ),
+    };
+    *LOGFILE.lock().unwrap_or_else(|p| p.into_inner()) = file;
+    Ok(())
+}
+
+/// Writes a log line to the current `logfile` (none set: nowhere).
+struct LogFile;
+
+impl std::io::Write for LogFile {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        match LOGFILE.lock().unwrap_or_else(|p| p.into_inner()).as_mut() {
+            Some(f) => f.write(buf),
+            None => Ok(buf.len()),
+        }
+    }
+
+    fn write_all(&mut self, buf: &[u8]) -> std::io::Result<()> {
+        // One lock for the whole line, so that lines of two threads do not
+        // interleave.
+        match LOGFILE.lock().unwrap_or_else(|p| p.into_inner()).as_mut() {
+            Some(f) => f.write_all(buf),
+            None => Ok(()),
+        }
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        match LOGFILE.lock().unwrap_or_else(|p| p.into_inner()).as_mut() {
+            Some(f) => f.flush(),
+            None => Ok(()),
+        }
+    }
 }
 
 /// Where syslog lines go while `syslog` is on: the local syslog socket

@@ -94,6 +94,18 @@ impl OperatorSwitches {
         self.resumed.notify_waiters();
     }
 
+    /// After a RELOAD: a pause or DISABLE by the name of a database the
+    /// configuration no longer has (`kept` says which it has) ends with
+    /// it, as PgBouncer's switches live on the database, so that an entry
+    /// of that name added back later is neither paused nor disabled.
+    pub fn forget_removed(&self, kept: impl Fn(&str) -> bool) {
+        self.disabled
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .retain(|db| kept(db));
+        self.resume_with(|_, paused| paused.retain(|db| kept(db)));
+    }
+
     pub fn is_disabled(&self, database: &str) -> bool {
         self.disabled
             .lock()

@@ -89,7 +89,7 @@ pub fn apply(app: &App, config: sluice_config::Config) -> Said {
     said
 }
 
-fn apply_into(app: &App, config: sluice_config::Config, said: &mut Said) {
+fn apply_into(app: &App, mut config: sluice_config::Config, said: &mut Said) {
     if let Err(e) = crate::daemon::check_supported(&config.settings) {
         said.error(format!("{REFUSED}: {e}"));
         return;
@@ -111,6 +111,9 @@ fn apply_into(app: &App, config: sluice_config::Config, said: &mut Said) {
             old.settings.value_of(key).unwrap_or_default(),
             config.settings.value_of(key).unwrap_or_default()
         ));
+        // What is in force stays, for SHOW CONFIG and for the next RELOAD
+        // (which then warns again while the file still differs).
+        config.settings.keep(key, &old.settings);
     }
     // New hba rules, certificates and keys for clients that connect from
     // now on; a broken set keeps the old one (connected clients keep
@@ -168,6 +171,15 @@ fn apply_into(app: &App, config: sluice_config::Config, said: &mut Said) {
         }
     }
     crate::logging::configure_syslog(&config.settings);
+    // (a rotated log goes on in a new file: PgBouncer's SIGHUP after
+    // rotation)
+    if let Err(e) = crate::logging::reopen(&config.settings.logfile) {
+        said.error(format!(
+            "logfile {} could not be opened, logging goes on where it went: {e}",
+            config.settings.logfile
+        ));
+        config.settings.logfile = old.settings.logfile.clone();
+    }
     crate::daemon::warn_without_effect(&config.settings);
     crate::auth::scram::set_iterations(config.settings.scram_iterations);
     app.reload(config, Some(userlist));

@@ -77,6 +77,24 @@ const STATS_TOTAL_NAMES: [&str; 12] = [
     "client_login_count",
 ];
 
+/// SHOW TOTALS's row names after their `total_` or `avg_`: PgBouncer
+/// 1.25's (its `stats.c`), which name the byte and prepared-statement
+/// counts otherwise than SHOW STATS's columns do.
+const TOTALS_NAMES: [&str; 12] = [
+    "server_assignment_count",
+    "xact_count",
+    "query_count",
+    "client_bytes",
+    "server_bytes",
+    "xact_time",
+    "query_time",
+    "wait_time",
+    "ps_client_parse_count",
+    "ps_server_parse_count",
+    "ps_bind_count",
+    "client_login_count",
+];
+
 fn total_values(t: &PoolStats) -> [u64; 12] {
     [
         t.server_assignments,
@@ -204,10 +222,10 @@ pub fn totals(app: &App) -> ResultSet {
     for a in app.stats.averages().values() {
         avg.merge(a);
     }
-    for (name, value) in STATS_TOTAL_NAMES.iter().zip(total_values(&all)) {
+    for (name, value) in TOTALS_NAMES.iter().zip(total_values(&all)) {
         rs.row(vec![v(format!("total_{name}")), v(value)]);
     }
-    for (name, value) in STATS_TOTAL_NAMES.iter().zip(average_values(&avg)) {
+    for (name, value) in TOTALS_NAMES.iter().zip(average_values(&avg)) {
         rs.row(vec![v(format!("avg_{name}")), v(value)]);
     }
     rs
@@ -266,7 +284,7 @@ pub fn databases(app: &App) -> ResultSet {
             v(db.max_db_client_connections
                 .unwrap_or(s.max_db_client_connections)),
             v(clients),
-            v(i32::from(app.control.is_paused(&db.name))),
+            v(i32::from(app.control.paused_by_name(&db.name))),
             v(i32::from(app.control.is_disabled(&db.name))),
         ]);
     }
@@ -304,7 +322,9 @@ pub fn users(app: &App) -> ResultSet {
             "max_user_client_connections",
             "current_client_connections",
         ],
-        "siisiiii",
+        // (PgBouncer 1.25: the user's own sizes as text, `%9d`, empty
+        // where the user entry sets none)
+        "ssssiiii",
     );
     let config = app.config();
     let s = &config.settings;
@@ -320,8 +340,12 @@ pub fn users(app: &App) -> ResultSet {
                 });
         rs.row(vec![
             v(&u.name),
-            v(u.pool_size.unwrap_or(s.default_pool_size)),
-            v(u.reserve_pool_size.unwrap_or(s.reserve_pool_size)),
+            Some(u.pool_size.map(|n| format!("{n:9}")).unwrap_or_default()),
+            Some(
+                u.reserve_pool_size
+                    .map(|n| format!("{n:9}"))
+                    .unwrap_or_default(),
+            ),
             u.pool_mode.map(|m| m.as_str().to_owned()),
             v(u.max_user_connections.unwrap_or(s.max_user_connections)),
             v(servers),

@@ -525,6 +525,14 @@ impl Client {
             lease.release();
             return Some(SessionEnd::ClientLeft);
         }
+        if self.app.control.anything_paused() && self.app.control.is_paused(&self.pool.database) {
+            // PAUSE came while it waited in the pool's line (a server
+            // given back goes to the first waiter): the server goes back
+            // untouched, and the request, nothing of it sent, waits out
+            // the pause like one that arrives now (as on PgBouncer).
+            lease.release();
+            return None;
+        }
         self.idle_timeout = Some(lease.settings.client_idle_timeout);
         let ryw = may_write && self.app.routing_anywhere() && self.app.read_limits().1;
         self.want_commit_lsn = ryw && lease.host() == 0 && self.reads_routed;

@@ -1,5 +1,8 @@
 //! SET key = value (or key TO value): one setting changed in memory,
-//! validated like the file and applied through the reload's steps.
+//! validated like the file and applied through the reload's steps. The
+//! key is a word or a double-quoted name; the value a single-quoted
+//! string (two quotes for one, as in SQL), a double-quoted word, or the
+//! rest of the line, as PgBouncer's console reads them.
 
 use bytes::BytesMut;
 use sluice_wire::{ErrorFields, Severity, command_complete};
@@ -11,17 +14,11 @@ use crate::app::App;
 pub(super) fn run(app: &App, line: &Line<'_>, out: &mut BytesMut) {
     // After the verb (`SET`, three bytes of ASCII).
     let args = line.text.get(3..).unwrap_or_default();
-    let parsed = args
-        .split_once('=')
-        .or_else(|| {
-            let lower = args.to_ascii_lowercase();
-            lower.find(" to ").map(|i| (&args[..i], &args[i + 4..]))
-        })
-        .map(|(k, v)| (k.trim(), v.trim().trim_matches('\'')));
-    let Some((key, value)) = parsed else {
+    let Some((key, value)) = parse(args) else {
         error(out, "42601", &invalid_command(line.sql));
         return;
     };
+    let (key, value) = (key.as_str(), value.as_str());
     let mut config = (*app.config()).clone();
     if let Err(e) = config.settings.set(key, value) {
         error(out, "22023", &e.to_string());
@@ -38,4 +35,119 @@ pub(super) fn run(app: &App, line: &Line<'_>, out: &mut BytesMut) {
         ErrorFields::new(Severity::Warning, "01000", s).encode(out);
     }
     command_complete(out, "SET");
+}
+
+/// The key and value of `SET`'s arguments; `None` when they are not
+/// `key = value` or `key TO value`.
+fn parse(args: &str) -> Option<(String, String)> {
+    let rest = args.trim_start();
+    let (key, rest) = match rest.strip_prefix('"') {
+        Some(quoted) => unquote(quoted, '"')?,
+        None => {
+            let end = rest
+                .find(|c: char| c.is_whitespace() || c == '=')
+                .unwrap_or(rest.len());
+            (rest[..end].to_owned(), &rest[end..])
+        }
+    };
+    if key.is_empty() {
+        return None;
+    }
+    let rest = rest.trim_start();
+    let rest = match rest.strip_prefix('=') {
+        Some(r) => r,
+        None => {
+            let to = rest.get(..2).filter(|w| w.eq_ignore_ascii_case("to"))?;
+            let r = &rest[to.len()..];
+            // `TO` is a word of its own.
+            if !r.starts_with(|c: char| c.is_whitespace() || c == '\'' || c == '"') {
+                return None;
+            }
+            r
+        }
+    };
+    let rest = rest.trim_start();
+    let (value, tail) = if let Some(quoted) = rest.strip_prefix('\'') {
+        unquote(quoted, '\'')?
+    } else if let Some(quoted) = rest.strip_prefix('"') {
+        unquote(quoted, '"')?
+    } else {
+        (rest.trim_end().to_owned(), "")
+    };
+    tail.trim().is_empty().then_some((key, value))
+}
+
+/// The text of a quoted token whose opening `quote` is cut off already (a
+/// doubled quote stands for one), and what follows its closing quote;
+/// `None` when it is not closed.
+fn unquote(text: &str, quote: char) -> Option<(String, &str)> {
+    let mut value = String::new();
+    let mut chars = text.char_indices();
+    while let Some((i, c)) = chars.next() {
+        if c != quote {
+            value.push(c);
+            continue;
+        }
+        let after = &text[i + c.len_utf8()..];
+        if after.starts_with(quote) {
+            value.push(quote);
+            chars.next();
+            continue;
+        }
+        return Some((value, after));
+    }
+    None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse;
+
+    fn pair(k: &str, v: &str) -> Option<(String, String)> {
+        Some((k.to_owned(), v.to_owned()))
+    }
+
+    #[test]
+    fn values_are_read_as_sql_strings() {
+        assert_eq!(
+            parse(" default_pool_size = 9"),
+            pair("default_pool_size", "9")
+        );
+        assert_eq!(
+            parse(" default_pool_size=9"),
+            pair("default_pool_size", "9")
+        );
+        assert_eq!(
+            parse(" server_reset_query = 'select ''a=b'''"),
+            pair("server_reset_query", "select 'a=b'")
+        );
+        assert_eq!(
+            parse(" server_reset_query TO 'select 1 = 1'"),
+            pair("server_reset_query", "select 1 = 1")
+        );
+        assert_eq!(
+            parse(r#" "default_pool_size" = 9"#),
+            pair("default_pool_size", "9")
+        );
+        assert_eq!(
+            parse(" server_reset_query = ''"),
+            pair("server_reset_query", "")
+        );
+        // An unquoted value is the rest of the line.
+        assert_eq!(
+            parse(" server_reset_query = DISCARD ALL"),
+            pair("server_reset_query", "DISCARD ALL")
+        );
+        assert_eq!(parse(" verbose to 2"), pair("verbose", "2"));
+    }
+
+    #[test]
+    fn broken_lines_are_refused() {
+        assert_eq!(parse(" default_pool_size"), None);
+        assert_eq!(parse(" = 9"), None);
+        assert_eq!(parse(" server_reset_query = 'unclosed"), None);
+        assert_eq!(parse(" server_reset_query = 'a' 'b'"), None);
+        assert_eq!(parse(" totally 5"), None);
+        assert_eq!(parse(" x tomorrow"), None);
+    }
 }

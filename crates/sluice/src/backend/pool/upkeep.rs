@@ -83,6 +83,16 @@ impl Pool {
         for server in unused {
             self.close_counted(&mut st, server, Closing::IdleTimeout);
         }
+        // Above the pool's size (a RELOAD or SET shrank it): idle servers
+        // close now, oldest first, as PgBouncer's janitor does; busy ones
+        // close as they come back (`put_back`).
+        let most = s.pool_size + s.reserve_pool_size;
+        while s.pool_size > 0
+            && st.total > most
+            && let Some(server) = st.idle.remove_oldest()
+        {
+            self.close_counted(&mut st, server, Closing::TooMany);
+        }
         let recent_failure = st
             .last_login_failure
             .as_ref()

@@ -1,0 +1,293 @@
+//! What an operator's RELOAD, SET and PAUSE change, and when: at once, as
+//! PgBouncer does (found by a review that ran both side by side). A
+//! database taken out of the file lets go of its servers; a smaller pool
+//! closes its idle servers; a pause holds clients already queued for a
+//! server; SET reads its value as SQL does; a restart-only key shows
+//! what is in force; a rotated log file is reopened.
+
+use std::time::Duration;
+
+use sluice_tests::*;
+
+const T: Duration = Duration::from_secs(10);
+
+async fn show(port: u16, command: &str) -> Vec<ConsoleRow> {
+    console_rows(port, "admin", command).await
+}
+
+fn field<'a>(row: &'a [(String, Option<String>)], name: &str) -> &'a str {
+    row_field(row, name)
+}
+
+/// SHOW CONFIG's value of `key`.
+async fn config_value(port: u16, key: &str) -> String {
+    let rows = show(port, "SHOW CONFIG").await;
+    let row = rows
+        .iter()
+        .find(|r| field(r, "key") == key)
+        .unwrap_or_else(|| panic!("{key} not in SHOW CONFIG"));
+    field(row, "value").to_owned()
+}
+
+fn base(cluster: &sluice_testkit::Cluster) -> ConfigBuilder {
+    ConfigBuilder::for_cluster(cluster)
+        .set("pool_mode", "transaction")
+        .set("admin_users", "admin")
+}
+
+#[tokio::test]
+async fn a_removed_database_lets_go_of_its_servers_and_its_pause() {
+    let cluster = app_cluster_with(ServerAuth::Trust, |b| b.database("dropme"));
+    // `paused`: another name for the postgres database.
+    let paused = format!(
+        "host={} port={} dbname=postgres",
+        cluster.host(),
+        cluster.port()
+    );
+    let with = base(&cluster)
+        .database_on(&cluster, "dropme", "")
+        .database("paused", &paused);
+    let sluice = with.start();
+    let p = sluice.port();
+    let admin = connect_as(p, "admin", "pgbouncer").await;
+    let app = connect_as(p, APP_USER, "dropme").await;
+    app.simple_query("select 1")
+        .await
+        .expect("select through dropme");
+    assert_eq!(
+        count_backends(&cluster, "dropme").await,
+        1,
+        "one pooled server"
+    );
+    drop(app);
+    admin
+        .simple_query("PAUSE paused")
+        .await
+        .expect("PAUSE paused");
+
+    // Out of the file: its idle server closes at once (the database can
+    // be dropped), SHOW POOLS forgets it, and a pause ends with its
+    // database.
+    sluice.rewrite_config(&base(&cluster).render());
+    admin.simple_query("RELOAD").await.expect("RELOAD");
+    let left = wait_for_backends(&cluster, "dropme", T, |n| n == 0).await;
+    assert_eq!(left, Ok(0), "the removed database's server stayed open");
+    let pools = show(p, "SHOW POOLS").await;
+    assert!(
+        pools.iter().all(|r| field(r, "database") != "dropme"),
+        "{pools:?}"
+    );
+    cluster
+        .psql("postgres", "drop database dropme")
+        .expect("drop database after the RELOAD");
+
+    // Back under the same name: not paused.
+    sluice.rewrite_config(&base(&cluster).database("paused", &paused).render());
+    admin.simple_query("RELOAD").await.expect("RELOAD");
+    let back = connect_as(p, APP_USER, "paused").await;
+    let answered = tokio::time::timeout(T, back.simple_query("select 1")).await;
+    assert!(
+        matches!(answered, Ok(Ok(_))),
+        "a database added back under a paused name was still paused"
+    );
+}
+
+#[tokio::test]
+async fn a_pause_holds_a_client_already_queued_for_a_server() {
+    let cluster = app_cluster(ServerAuth::Trust);
+    let sluice = base(&cluster).set("default_pool_size", "1").start();
+    let p = sluice.port();
+    let holder = connect_as(p, APP_USER, "postgres").await;
+    holder
+        .batch_execute("begin; select 1")
+        .await
+        .expect("begin");
+    let queued = connect_as(p, APP_USER, "postgres").await;
+    let query = tokio::spawn(async move { queued.simple_query("select 1").await.is_ok() });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(
+        !query.is_finished(),
+        "the second client had no server to run on"
+    );
+    // PAUSE waits for the holder's server.
+    let pause = tokio::spawn(async move {
+        let admin = connect_as(p, "admin", "pgbouncer").await;
+        admin.simple_query("PAUSE").await.map(|_| admin)
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    holder.batch_execute("commit").await.expect("commit");
+    let admin = tokio::time::timeout(T, pause)
+        .await
+        .expect("PAUSE returns once the server is back")
+        .unwrap()
+        .expect("PAUSE");
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(
+        !query.is_finished(),
+        "the queued client ran its query while paused"
+    );
+    admin.simple_query("RESUME").await.expect("RESUME");
+    let ran = tokio::time::timeout(T, query)
+        .await
+        .expect("query after RESUME");
+    assert!(ran.unwrap(), "the queued query after RESUME");
+}
+
+#[tokio::test]
+async fn a_smaller_pool_closes_its_idle_servers_at_once() {
+    let cluster = app_cluster(ServerAuth::Trust);
+    let sluice = base(&cluster).set("default_pool_size", "4").start();
+    let p = sluice.port();
+    let mut clients = Vec::new();
+    for _ in 0..4 {
+        let c = connect_as(p, APP_USER, "postgres").await;
+        c.batch_execute("begin; select 1").await.expect("begin");
+        clients.push(c);
+    }
+    for c in &clients {
+        c.batch_execute("commit").await.expect("commit");
+    }
+    assert_eq!(count_backends(&cluster, "postgres").await, 4);
+    let admin = connect_as(p, "admin", "pgbouncer").await;
+    admin
+        .simple_query("SET default_pool_size = 1")
+        .await
+        .expect("SET");
+    // (server_idle_timeout is 600 s: only the new size closes them)
+    let left = wait_for_backends(&cluster, "postgres", T, |n| n <= 1).await;
+    assert!(
+        left.is_ok(),
+        "idle servers above the new size stayed: {left:?}"
+    );
+    assert_eq!(
+        scalar_text(&clients[0], "select 1").await,
+        "1",
+        "the pool still serves"
+    );
+}
+
+#[tokio::test]
+async fn set_reads_its_value_as_sql_does() {
+    let cluster = app_cluster(ServerAuth::Trust);
+    let sluice = base(&cluster).start();
+    let p = sluice.port();
+    let admin = connect_as(p, "admin", "pgbouncer").await;
+    admin
+        .simple_query("SET server_reset_query = 'select ''a=b'''")
+        .await
+        .expect("a quote doubled in a string");
+    assert_eq!(config_value(p, "server_reset_query").await, "select 'a=b'");
+    admin
+        .simple_query("SET server_reset_query TO 'select 1 = 1'")
+        .await
+        .expect("TO with an = in the value");
+    assert_eq!(config_value(p, "server_reset_query").await, "select 1 = 1");
+    admin
+        .simple_query("SET \"default_pool_size\" = 9")
+        .await
+        .expect("a quoted key");
+    assert_eq!(config_value(p, "default_pool_size").await, "9");
+    let refused = admin
+        .simple_query("SET server_reset_query = 'unclosed")
+        .await
+        .expect_err("an unclosed string");
+    assert_eq!(sqlstate(&refused), Some("42601"), "{refused:?}");
+}
+
+#[tokio::test]
+async fn a_restart_only_key_shows_the_value_in_force_after_a_reload() {
+    let cluster = app_cluster(ServerAuth::Trust);
+    let config = base(&cluster);
+    let sluice = config.start();
+    let p = sluice.port();
+    let before = config_value(p, "listen_backlog").await;
+    sluice.rewrite_config(&config.clone().set("listen_backlog", "77").render());
+    let admin = connect_as(p, "admin", "pgbouncer").await;
+    admin.simple_query("RELOAD").await.expect("RELOAD");
+    assert_eq!(
+        config_value(p, "listen_backlog").await,
+        before,
+        "SHOW CONFIG showed a value that waits for a restart"
+    );
+    // A key that may change does.
+    sluice.rewrite_config(&config.clone().set("default_pool_size", "3").render());
+    admin.simple_query("RELOAD").await.expect("RELOAD");
+    assert_eq!(config_value(p, "default_pool_size").await, "3");
+}
+
+#[tokio::test]
+async fn a_rotated_log_file_is_opened_again_by_sighup() {
+    let cluster = app_cluster(ServerAuth::Trust);
+    let config = base(&cluster).set("logfile", "@DIR@/rotated.log");
+    let sluice = config.start();
+    let p = sluice.port();
+    let log = sluice.dir().join("rotated.log");
+    let rotated = sluice.dir().join("rotated.log.1");
+    connect_as(p, APP_USER, "postgres").await;
+    std::fs::rename(&log, &rotated).expect("rotate the log");
+    sluice.reload();
+    // The reload's own line lands in the new file.
+    let deadline = std::time::Instant::now() + T;
+    loop {
+        let text = std::fs::read_to_string(&log).unwrap_or_default();
+        if text.contains("configuration reloaded") {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no new log file after SIGHUP; the rotated one has: {}",
+            std::fs::read_to_string(&rotated).unwrap_or_default()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    connect_as(p, APP_USER, "postgres").await;
+    let rotated_text = std::fs::read_to_string(&rotated).expect("rotated log");
+    assert!(
+        !rotated_text.contains("configuration reloaded"),
+        "the reload was logged to the rotated file: {rotated_text}"
+    );
+}
+
+#[tokio::test]
+async fn totals_and_paused_read_as_pgbouncer_1_25_shows_them() {
+    let cluster = app_cluster(ServerAuth::Trust);
+    let sluice = base(&cluster).start();
+    let p = sluice.port();
+    let names: Vec<String> = show(p, "SHOW TOTALS")
+        .await
+        .iter()
+        .map(|r| field(r, "name").to_owned())
+        .collect();
+    for name in [
+        "total_client_bytes",
+        "total_server_bytes",
+        "total_ps_client_parse_count",
+        "total_ps_server_parse_count",
+        "total_ps_bind_count",
+        "avg_client_bytes",
+        "avg_ps_bind_count",
+    ] {
+        assert!(names.iter().any(|n| n == name), "{name} not in {names:?}");
+    }
+    // A global PAUSE pauses no database by name: SHOW DATABASES' column
+    // (pgbouncer_exporter's databases_paused) says so.
+    let admin = connect_as(p, "admin", "pgbouncer").await;
+    admin.simple_query("PAUSE").await.expect("PAUSE");
+    let dbs = show(p, "SHOW DATABASES").await;
+    let row = dbs
+        .iter()
+        .find(|r| field(r, "name") == "postgres")
+        .expect("postgres row");
+    assert_eq!(field(row, "paused"), "0");
+    admin.simple_query("RESUME").await.expect("RESUME");
+    admin
+        .simple_query("PAUSE postgres")
+        .await
+        .expect("PAUSE postgres");
+    let dbs = show(p, "SHOW DATABASES").await;
+    let row = dbs
+        .iter()
+        .find(|r| field(r, "name") == "postgres")
+        .expect("postgres row");
+    assert_eq!(field(row, "paused"), "1");
+}
