@@ -291,3 +291,62 @@ async fn totals_and_paused_read_as_pgbouncer_1_25_shows_them() {
         .expect("postgres row");
     assert_eq!(field(row, "paused"), "1");
 }
+
+#[tokio::test]
+async fn a_cancel_from_the_console_ends_a_pause_that_waits() {
+    let cluster = app_cluster(ServerAuth::Trust);
+    let sluice = base(&cluster).set("stats_users", "watcher").start();
+    let p = sluice.port();
+    let holder = connect_as(p, APP_USER, "postgres").await;
+    holder
+        .batch_execute("begin; select 1")
+        .await
+        .expect("begin");
+    let admin = connect_as(p, "admin", "pgbouncer").await;
+    let token = admin.cancel_token();
+    // PAUSE waits for the holder's server; Ctrl-C (a cancel request with
+    // the console session's key) gives up and ends the pause.
+    let pause = tokio::spawn(async move { admin.simple_query("PAUSE").await.map(drop) });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(!pause.is_finished(), "PAUSE waits for the server in use");
+    token
+        .cancel_query(tokio_postgres::NoTls)
+        .await
+        .expect("send the cancel");
+    let answered = tokio::time::timeout(Duration::from_secs(5), pause)
+        .await
+        .expect("PAUSE answered after the cancel")
+        .unwrap();
+    let error = answered.expect_err("a cancelled PAUSE is an error");
+    assert_eq!(sqlstate(&error), Some("57014"), "{error:?}");
+    let state = show(p, "SHOW STATE").await;
+    let paused = state
+        .iter()
+        .find(|r| field(r, "key") == "paused")
+        .expect("paused row");
+    assert_eq!(field(paused, "value"), "no");
+    let other = connect_as(p, APP_USER, "postgres").await;
+    let ran = tokio::time::timeout(T, other.simple_query("select 1")).await;
+    assert!(matches!(ran, Ok(Ok(_))), "a query after the cancel");
+    holder.batch_execute("commit").await.expect("commit");
+    // A stats user's session has no key to end a pause with.
+    let watcher = connect_as(p, "watcher", "pgbouncer").await;
+    let admin = connect_as(p, "admin", "pgbouncer").await;
+    admin.simple_query("PAUSE").await.expect("PAUSE");
+    watcher
+        .cancel_token()
+        .cancel_query(tokio_postgres::NoTls)
+        .await
+        .expect("send the cancel");
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let state = show(p, "SHOW STATE").await;
+    let paused = state
+        .iter()
+        .find(|r| field(r, "key") == "paused")
+        .expect("paused row");
+    assert_eq!(
+        field(paused, "value"),
+        "yes",
+        "a stats user ended the pause"
+    );
+}

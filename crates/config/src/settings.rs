@@ -173,9 +173,9 @@ define_settings! {
         server_check_delay: Duration = secs(30) => "30", Seconds, reload,
             "Reuse a released server connection without server_check_query within this time; 0 \
              always checks. (seconds)";
-        server_check_query: String = text("select 1") => "select 1", Text, reload,
+        server_check_query: String = text("<empty>") => "<empty>", Text, reload,
             "Query that checks an idle server connection is alive; empty disables, `<empty>` sends \
-             an empty query.";
+             an empty query (PgBouncer 1.25's default; 1.18's was `select 1`).";
         server_connect_timeout: Duration = secs(15) => "15", Seconds, reload,
             "Give up on a server connection and login not done in this time. (seconds)";
         server_fast_close: bool = false => "0", Flag, reload,

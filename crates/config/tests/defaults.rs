@@ -27,6 +27,7 @@ fn sample_of_pgbouncer_defaults() {
     assert_eq!(settings.server_reset_query, "DISCARD ALL");
     assert!(!settings.server_reset_query_always);
     assert_eq!(settings.server_check_delay, Duration::from_secs(30));
+    assert_eq!(settings.server_check_query, "<empty>");
     assert_eq!(settings.server_lifetime, Duration::from_secs(3600));
     assert_eq!(settings.server_idle_timeout, Duration::from_secs(600));
     assert_eq!(settings.server_connect_timeout, Duration::from_secs(15));
@@ -221,6 +222,7 @@ fn changeable_follows_pgbouncer() {
         "admin_users",
         "log_connections",
         "pool_mode",
+        "logfile",
     ];
     for key in fixed {
         assert!(!sluice_config::key_info(key).unwrap().changeable, "{key}");

@@ -17,6 +17,31 @@ pub struct OperatorSwitches {
     paused: Mutex<HashSet<String>>,
     disabled: Mutex<HashSet<String>>,
     pub resumed: Notify,
+    /// Cancel keys of the admin users' console sessions (process id and
+    /// secret packed): a cancel request with one ends the global pause,
+    /// PgBouncer's way out of a PAUSE that waits (Ctrl-C in psql).
+    console_keys: Mutex<HashSet<u64>>,
+}
+
+/// A console session's cancel key, known while the session lasts.
+pub struct ConsoleKey<'a> {
+    switches: &'a OperatorSwitches,
+    pub process_id: i32,
+    pub secret_key: i32,
+}
+
+impl Drop for ConsoleKey<'_> {
+    fn drop(&mut self) {
+        self.switches
+            .console_keys
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&pack(self.process_id, self.secret_key));
+    }
+}
+
+fn pack(process_id: i32, secret_key: i32) -> u64 {
+    (u64::from(process_id as u32) << 32) | u64::from(secret_key as u32)
 }
 
 impl OperatorSwitches {
@@ -94,6 +119,33 @@ impl OperatorSwitches {
         self.resumed.notify_waiters();
     }
 
+    /// A new cancel key for an admin user's console session (random, never
+    /// 0/0, which clients take for "no key").
+    pub fn console_key(&self) -> ConsoleKey<'_> {
+        let mut keys = self.console_keys.lock().unwrap_or_else(|p| p.into_inner());
+        loop {
+            let mut raw = [0u8; 8];
+            crate::auth::scram::fill_random(&mut raw);
+            let process_id = i32::from_be_bytes([raw[0], raw[1], raw[2], raw[3]]) & i32::MAX;
+            let secret_key = i32::from_be_bytes([raw[4], raw[5], raw[6], raw[7]]);
+            if process_id != 0 && keys.insert(pack(process_id, secret_key)) {
+                return ConsoleKey {
+                    switches: self,
+                    process_id,
+                    secret_key,
+                };
+            }
+        }
+    }
+
+    /// Whether a cancel request carries the key of a live console session.
+    pub fn is_console_key(&self, process_id: i32, secret_key: i32) -> bool {
+        self.console_keys
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .contains(&pack(process_id, secret_key))
+    }
+
     /// After a RELOAD: a pause or DISABLE by the name of a database the
     /// configuration no longer has (`kept` says which it has) ends with
     /// it, as PgBouncer's switches live on the database, so that an entry
@@ -126,6 +178,22 @@ impl OperatorSwitches {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_console_key_lives_as_long_as_its_session() {
+        let s = OperatorSwitches::default();
+        let (pid, secret) = {
+            let key = s.console_key();
+            assert_ne!((key.process_id, key.secret_key), (0, 0));
+            assert!(s.is_console_key(key.process_id, key.secret_key));
+            assert!(!s.is_console_key(key.process_id, key.secret_key ^ 1));
+            (key.process_id, key.secret_key)
+        };
+        assert!(
+            !s.is_console_key(pid, secret),
+            "the key outlived its session"
+        );
+    }
 
     /// The global pause and pauses by name, and which resume ends which;
     /// `anything_paused` (the hot path's one check) follows.

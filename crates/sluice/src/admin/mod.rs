@@ -71,9 +71,13 @@ pub async fn serve(app: Arc<App>, mut stream: Stream, role: Role) {
     ] {
         ParameterStatus { name, value }.encode(&mut out);
     }
+    // An admin's session has a cancel key: a cancel ends the global pause
+    // (PgBouncer's way out of a PAUSE that waits). A stats user's has
+    // none: it may not end a pause.
+    let key = (role == Role::Admin).then(|| app.control.console_key());
     sluice_wire::BackendKeyData {
-        process_id: 0,
-        secret_key: 0,
+        process_id: key.as_ref().map_or(0, |k| k.process_id),
+        secret_key: key.as_ref().map_or(0, |k| k.secret_key),
     }
     .encode(&mut out);
     ready_for_query(&mut out, TransactionStatus::Idle);

@@ -251,6 +251,15 @@ async fn login_inner(
                     .map_err(|e| ClientError::protocol(e.to_string()))?;
             }
             StartupPacket::Cancel(req) => {
+                if app.control.is_console_key(req.process_id, req.secret_key) {
+                    // An admin's Ctrl-C on the console: the global pause
+                    // ends, as PgBouncer's (not while shutting down).
+                    if app.phase() == crate::app::Phase::Running && app.control.all_paused() {
+                        tracing::info!("cancel request from the console: resuming");
+                        app.control.resume_all_only();
+                    }
+                    return Ok(None);
+                }
                 match app.cancels.for_peer(&req) {
                     Some(Ok((peer, forwarded))) => {
                         let config = app.config();

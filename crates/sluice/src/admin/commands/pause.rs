@@ -26,6 +26,9 @@ pub(super) async fn pause(app: &App, line: &Line<'_>, out: &mut BytesMut) {
     app.control.pause(db);
     if wait_released(app, db).await {
         command_complete(out, "PAUSE");
+    } else if !paused(app, db) {
+        // Ended while it waited: a cancel from the console, or a RESUME.
+        error(out, "57014", "canceling statement due to user request");
     } else {
         error(
             out,
@@ -70,8 +73,17 @@ pub(super) fn suspend(app: &App, out: &mut BytesMut) {
     );
 }
 
+/// Whether the pause a PAUSE began is still in force.
+fn paused(app: &App, db: Option<&str>) -> bool {
+    match db {
+        Some(db) => app.control.is_paused(db),
+        None => app.control.all_paused(),
+    }
+}
+
 /// Waits until no server of `db` (or of any database) is lent to a client,
-/// then closes the idle ones.
+/// then closes the idle ones; false if it gave up (the time limit, or the
+/// pause ended meanwhile).
 async fn wait_released(app: &App, db: Option<&str>) -> bool {
     let deadline = tokio::time::Instant::now() + WAIT_LIMIT;
     loop {
@@ -86,7 +98,7 @@ async fn wait_released(app: &App, db: Option<&str>) -> bool {
             }
             return true;
         }
-        if tokio::time::Instant::now() >= deadline {
+        if tokio::time::Instant::now() >= deadline || !paused(app, db) {
             return false;
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
