@@ -51,35 +51,74 @@ async fn a_removed_database_lets_go_of_its_servers_and_its_pause() {
     let p = sluice.port();
     let admin = connect_as(p, "admin", "pgbouncer").await;
     let app = connect_as(p, APP_USER, "dropme").await;
-    app.simple_query("select 1")
-        .await
-        .expect("select through dropme");
+    let pid = scalar_text(&app, "select pg_backend_pid()").await;
     assert_eq!(
         count_backends(&cluster, "dropme").await,
         1,
         "one pooled server"
     );
-    drop(app);
     admin
         .simple_query("PAUSE paused")
         .await
         .expect("PAUSE paused");
 
-    // Out of the file: its idle server closes at once (the database can
-    // be dropped), SHOW POOLS forgets it, and a pause ends with its
-    // database.
+    // Out of the file while a client is connected: the client goes on as
+    // before, on the same server (not a new one per transaction), and the
+    // console still sees its pool.
     sluice.rewrite_config(&base(&cluster).render());
     admin.simple_query("RELOAD").await.expect("RELOAD");
-    let left = wait_for_backends(&cluster, "dropme", T, |n| n == 0).await;
-    assert_eq!(left, Ok(0), "the removed database's server stayed open");
+    assert_eq!(
+        scalar_text(&app, "select pg_backend_pid()").await,
+        pid,
+        "the removed database's client changed servers"
+    );
     let pools = show(p, "SHOW POOLS").await;
     assert!(
-        pools.iter().all(|r| field(r, "database") != "dropme"),
-        "{pools:?}"
+        pools.iter().any(|r| field(r, "database") == "dropme"),
+        "a pool with a client left SHOW POOLS: {pools:?}"
     );
+    // A PAUSE waits for its server in use, as for any other.
+    app.batch_execute("begin; select 1").await.expect("begin");
+    let pause = tokio::spawn(async move {
+        let admin = connect_as(p, "admin", "pgbouncer").await;
+        admin.simple_query("PAUSE").await.map(|_| admin)
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(
+        !pause.is_finished(),
+        "PAUSE returned while a removed database's server was in use"
+    );
+    app.batch_execute("commit").await.expect("commit");
+    let second = tokio::time::timeout(T, pause)
+        .await
+        .expect("PAUSE after the commit")
+        .unwrap()
+        .expect("PAUSE");
+    second.simple_query("RESUME").await.expect("RESUME");
+    // (PAUSE closed the idle servers: one again)
+    scalar_text(&app, "select 1").await;
+    assert_eq!(count_backends(&cluster, "dropme").await, 1);
+
+    // Its last client gone, SHOW POOLS forgets it and its server closes
+    // (the database can be dropped); a pause ended with its database.
+    drop(app);
+    let deadline = std::time::Instant::now() + T;
+    loop {
+        let pools = show(p, "SHOW POOLS").await;
+        if pools.iter().all(|r| field(r, "database") != "dropme") {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the pool stayed after its last client: {pools:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let left = wait_for_backends(&cluster, "dropme", T, |n| n == 0).await;
+    assert_eq!(left, Ok(0), "the removed database's server stayed open");
     cluster
         .psql("postgres", "drop database dropme")
-        .expect("drop database after the RELOAD");
+        .expect("drop database once its clients are gone");
 
     // Back under the same name: not paused.
     sluice.rewrite_config(&base(&cluster).database("paused", &paused).render());
@@ -187,11 +226,22 @@ async fn set_reads_its_value_as_sql_does() {
         .await
         .expect("a quoted key");
     assert_eq!(config_value(p, "default_pool_size").await, "9");
-    let refused = admin
-        .simple_query("SET server_reset_query = 'unclosed")
+    for line in [
+        "SET server_reset_query = 'unclosed",
+        // SQL with spaces must be quoted (PgBouncer: a bare value is a word)
+        "SET server_reset_query = DISCARD ALL",
+    ] {
+        let refused = admin.simple_query(line).await.expect_err(line);
+        assert_eq!(sqlstate(&refused), Some("42601"), "{line}: {refused:?}");
+    }
+    // The session parameters drivers set or ask for on connecting, which
+    // PgBouncer's console pretends to have.
+    admin
+        .simple_query("SET client_encoding = 'UTF8'")
         .await
-        .expect_err("an unclosed string");
-    assert_eq!(sqlstate(&refused), Some("42601"), "{refused:?}");
+        .expect("SET client_encoding is ignored");
+    let shown = show(p, "SHOW client_encoding").await;
+    assert_eq!(field(&shown[0], "client_encoding"), "UTF-8");
 }
 
 #[tokio::test]
@@ -349,4 +399,54 @@ async fn a_cancel_from_the_console_ends_a_pause_that_waits() {
         "yes",
         "a stats user ended the pause"
     );
+}
+
+#[tokio::test]
+async fn a_pause_keeps_the_query_wait_timeout_of_a_client_sent_back_from_the_line() {
+    let cluster = app_cluster(ServerAuth::Trust);
+    let sluice = base(&cluster)
+        .set("default_pool_size", "1")
+        .set("query_wait_timeout", "4")
+        .start();
+    let p = sluice.port();
+    let holder = connect_as(p, APP_USER, "postgres").await;
+    holder
+        .batch_execute("begin; select 1")
+        .await
+        .expect("begin");
+    let queued = connect_as(p, APP_USER, "postgres").await;
+    let arrived = std::time::Instant::now();
+    let query = tokio::spawn(async move { queued.simple_query("select 1").await });
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let pause = tokio::spawn(async move {
+        let admin = connect_as(p, "admin", "pgbouncer").await;
+        admin.simple_query("PAUSE").await.map(|_| admin)
+    });
+    tokio::time::sleep(Duration::from_millis(2000)).await;
+    holder.batch_execute("commit").await.expect("commit");
+    // The queued client is sent back to wait out the pause; its 4 s run
+    // from its arrival, not from then (which would end at about 6.5 s).
+    let refused = tokio::time::timeout(T, query)
+        .await
+        .expect("the queued client is answered")
+        .unwrap();
+    let waited = arrived.elapsed();
+    let error = refused.expect_err("query_wait_timeout");
+    assert!(
+        error.to_string().contains("query_wait_timeout")
+            || error
+                .as_db_error()
+                .is_some_and(|e| e.message().contains("query_wait_timeout")),
+        "{error:?}"
+    );
+    assert!(
+        waited < Duration::from_millis(5500),
+        "query_wait_timeout started over: answered after {waited:?}"
+    );
+    let admin = tokio::time::timeout(T, pause)
+        .await
+        .unwrap()
+        .unwrap()
+        .expect("PAUSE");
+    admin.simple_query("RESUME").await.expect("RESUME");
 }

@@ -525,11 +525,12 @@ impl App {
             .map(|_| config.settings.autodb_idle_timeout)
             .filter(|t| !t.is_zero());
         let idle = Some(config.settings.pool_idle_timeout).filter(|t| !t.is_zero());
-        if autodb.is_none() && idle.is_none() {
-            return;
-        }
         for pool in self.pools() {
             let listed = config.database(&pool.database).is_some();
+            if !listed && config.fallback_database.is_none() {
+                self.free_if_removed(&pool);
+                continue;
+            }
             let (timeout, key, without_servers) = match (listed, autodb, idle) {
                 (false, Some(t), _) => (t, "autodb_idle_timeout", false),
                 (true, _, Some(t)) if pool.host == 0 => (t, "pool_idle_timeout", true),
@@ -542,6 +543,20 @@ impl App {
                 );
                 self.forget_pool(&pool);
             }
+        }
+    }
+
+    /// A pool of a database the configuration no longer has: let go
+    /// (its idle servers closed) once no client holds it and no server of
+    /// it is lent; until then it serves its clients as before, and SHOW
+    /// POOLS, PAUSE, KILL and a safe shutdown see it.
+    fn free_if_removed(&self, pool: &Arc<Pool>) {
+        if pool.retire_if_unused(std::time::Duration::ZERO, false) {
+            tracing::info!(
+                db = %pool.database, user = %pool.user,
+                "database removed from the configuration and its last client gone: pool freed"
+            );
+            self.forget_pool(pool);
         }
     }
 
@@ -879,12 +894,12 @@ impl App {
         let pools = self.pools();
         for pool in pools {
             let Some(entry) = Self::database_entry(&config, &pool.database) else {
-                // Removed: its idle servers close now and its lent ones
-                // as they come back (so that the database can be dropped
-                // once its clients are done); its clients drain, new ones
-                // get 3D000, and SHOW POOLS no longer lists it.
-                tracing::info!(db = %pool.database, user = %pool.user, "database removed from the configuration: its pool is retired");
-                self.forget_pool(&pool);
+                // Removed: its clients drain on their servers as before
+                // (new logins get 3D000); a pool no client holds is let go
+                // now, its idle servers closed, so that the database can be
+                // dropped; the others when their last client leaves
+                // (`free_unused_pools`).
+                self.free_if_removed(&pool);
                 continue;
             };
             let (settings, target, credential) = self.resolve(&config, &entry, &pool.user);

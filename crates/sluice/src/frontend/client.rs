@@ -49,6 +49,10 @@ pub struct Client {
     pub(super) primary_read: bool,
     /// Requests run again in a row because their server was found dead.
     pub(super) lost_retries: u8,
+    /// When the request now going round again began to wait, if a PAUSE
+    /// sent it back from the pool's line (its query_wait_timeout counts
+    /// from there).
+    pub(super) queued_since: Option<crate::clock::Mono>,
     /// Servers in a row that refused the client's settings (`relay::sync::SYNC_TRIES`).
     pub(super) sync_refusals: u8,
     /// A server has taken the client's session settings (applied them, or
@@ -161,6 +165,7 @@ impl Client {
             on_routed_primary: false,
             primary_read: false,
             lost_retries: 0,
+            queued_since: None,
             sync_refusals: 0,
             settings_proven: false,
             replicas_after: None,

@@ -385,13 +385,14 @@ impl Client {
                 "server shutting down",
             )));
         }
-        // When the query began to wait, if it waited out a pause: its
-        // query_wait_timeout counts from there in the pool's line too.
-        let mut queued = None;
+        // When the query began to wait, if it waited out a pause (or a
+        // pause sent it back from the pool's line): its query_wait_timeout
+        // counts from there in the pool's line and out a pause too.
+        let mut queued = self.queued_since.take();
         // (Waiting, in SHOW CLIENTS, out a pause too, as on PgBouncer.)
         self.app.cancels.set_waiting(self.cancel, true);
         if self.app.control.anything_paused() {
-            match self.wait_while_paused().await {
+            match self.wait_while_paused(queued).await {
                 Ok(since) => queued = since,
                 Err(end) => return Some(end),
             }
@@ -436,7 +437,7 @@ impl Client {
         {
             t.reads_on_replicas.fetch_add(1, Relaxed);
         }
-        let lease = match lease {
+        let mut lease = match lease {
             Some(l) => l,
             None => {
                 let gate = topology.as_ref().filter(|_| pool.host == 0);
@@ -529,7 +530,10 @@ impl Client {
             // PAUSE came while it waited in the pool's line (a server
             // given back goes to the first waiter): the server goes back
             // untouched, and the request, nothing of it sent, waits out
-            // the pause like one that arrives now (as on PgBouncer).
+            // the pause, its query_wait_timeout counted from its arrival
+            // (as on PgBouncer).
+            let waited = lease.stats.waited;
+            self.queued_since = Some(queued.unwrap_or(lease.server().lent_at - waited));
             lease.release();
             return None;
         }
@@ -769,9 +773,10 @@ impl Client {
     /// `query_wait_timeout`; SIGINT or SHUTDOWN ends the wait with
     /// "server shutting down"; a client that closes its end meanwhile
     /// leaves at once. Returns when the wait began, if it did.
-    async fn wait_while_paused(&self) -> Result<Option<Mono>, SessionEnd> {
+    async fn wait_while_paused(&self, began: Option<Mono>) -> Result<Option<Mono>, SessionEnd> {
         let wait_timeout = self.pool.settings().query_wait_timeout;
-        let mut since = None;
+        // (a request sent back from the pool's line has waited since then)
+        let mut since = began;
         // Counted waiting in SHOW POOLS while it waits.
         let mut counted = None;
         let mut watch = Watch::default();
@@ -793,11 +798,11 @@ impl Client {
                 )));
             }
             let now = Mono::now();
-            let began = *since.get_or_insert_with(|| {
-                self.app.cancels.set_wait_since(self.cancel, now);
-                counted = Some(self.pool.paused_wait(now));
-                now
-            });
+            let began = *since.get_or_insert(now);
+            if counted.is_none() {
+                self.app.cancels.set_wait_since(self.cancel, began);
+                counted = Some(self.pool.paused_wait(began));
+            }
             let deadline = (!wait_timeout.is_zero()).then(|| began + wait_timeout);
             if deadline.is_some_and(|d| now >= d) {
                 return Err(SessionEnd::Error(ClientError::protocol(

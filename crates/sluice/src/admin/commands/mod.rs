@@ -123,6 +123,25 @@ fn already_paused() -> Refused {
     }
 }
 
+/// Session parameters the console pretends to have, as PgBouncer's does
+/// (`fake_param_list`), for drivers that SET or SHOW them on connecting:
+/// a SET of one is ignored with a notice, a SHOW answers this value.
+const FAKE_PARAMS: [(&str, &str); 5] = [
+    ("client_encoding", "UTF-8"),
+    ("default_transaction_isolation", "read committed"),
+    ("standard_conforming_strings", "on"),
+    ("datestyle", "ISO"),
+    ("timezone", "GMT"),
+];
+
+/// The pretended parameter named `name` (any letter case).
+fn fake_param(name: &str) -> Option<(&'static str, &'static str)> {
+    FAKE_PARAMS
+        .iter()
+        .find(|(n, _)| n.eq_ignore_ascii_case(name))
+        .copied()
+}
+
 /// Runs one command line and appends its answer to `out`.
 pub async fn run(app: &App, role: Role, sql: &str, out: &mut BytesMut) {
     let text = sql.trim().trim_end_matches(';').trim();

@@ -1,8 +1,8 @@
 //! SET key = value (or key TO value): one setting changed in memory,
 //! validated like the file and applied through the reload's steps. The
 //! key is a word or a double-quoted name; the value a single-quoted
-//! string (two quotes for one, as in SQL), a double-quoted word, or the
-//! rest of the line, as PgBouncer's console reads them.
+//! string (two quotes for one, as in SQL), a double-quoted word, or a bare
+//! word, as PgBouncer's console reads them.
 
 use bytes::BytesMut;
 use sluice_wire::{ErrorFields, Severity, command_complete};
@@ -19,6 +19,12 @@ pub(super) fn run(app: &App, line: &Line<'_>, out: &mut BytesMut) {
         return;
     };
     let (key, value) = (key.as_str(), value.as_str());
+    if super::fake_param(key).is_some() {
+        // A driver's session setting: PgBouncer's answer.
+        ErrorFields::new(Severity::Notice, "00000", "SET ignored").encode(out);
+        command_complete(out, "SET");
+        return;
+    }
     let mut config = (*app.config()).clone();
     if let Err(e) = config.settings.set(key, value) {
         error(out, "22023", &e.to_string());
@@ -34,7 +40,8 @@ pub(super) fn run(app: &App, line: &Line<'_>, out: &mut BytesMut) {
     for s in said.errors.iter().chain(&said.warnings) {
         ErrorFields::new(Severity::Warning, "01000", s).encode(out);
     }
-    command_complete(out, "SET");
+    // (PgBouncer's tag names what was set)
+    command_complete(out, &format!("SET {key}={value}"));
 }
 
 /// The key and value of `SET`'s arguments; `None` when they are not
@@ -72,9 +79,17 @@ fn parse(args: &str) -> Option<(String, String)> {
     } else if let Some(quoted) = rest.strip_prefix('"') {
         unquote(quoted, '"')?
     } else {
-        (rest.trim_end().to_owned(), "")
+        // A bare word (PgBouncer's: letters, digits, `_`; and `.`, `-` for
+        // times and numbers): SQL with spaces or quotes must be quoted.
+        let end = rest
+            .find(|c: char| !(c.is_ascii_alphanumeric() || matches!(c, '_' | '.' | '-')))
+            .unwrap_or(rest.len());
+        (rest[..end].to_owned(), &rest[end..])
     };
-    tail.trim().is_empty().then_some((key, value))
+    (!value.is_empty() || rest.starts_with(['\'', '"']))
+        .then_some(())
+        .filter(|()| tail.trim().is_empty())
+        .map(|()| (key, value))
 }
 
 /// The text of a quoted token whose opening `quote` is cut off already (a
@@ -133,12 +148,15 @@ mod tests {
             parse(" server_reset_query = ''"),
             pair("server_reset_query", "")
         );
-        // An unquoted value is the rest of the line.
-        assert_eq!(
-            parse(" server_reset_query = DISCARD ALL"),
-            pair("server_reset_query", "DISCARD ALL")
-        );
         assert_eq!(parse(" verbose to 2"), pair("verbose", "2"));
+        assert_eq!(
+            parse(" server_idle_timeout = 0.5"),
+            pair("server_idle_timeout", "0.5")
+        );
+        assert_eq!(
+            parse(" pool_mode = transaction"),
+            pair("pool_mode", "transaction")
+        );
     }
 
     #[test]
@@ -149,5 +167,10 @@ mod tests {
         assert_eq!(parse(" server_reset_query = 'a' 'b'"), None);
         assert_eq!(parse(" totally 5"), None);
         assert_eq!(parse(" x tomorrow"), None);
+        // SQL must be quoted, as PgBouncer asks: a bare value is one word.
+        assert_eq!(parse(" server_reset_query = DISCARD ALL"), None);
+        assert_eq!(parse(" server_reset_query = E'x\\ny'"), None);
+        assert_eq!(parse(" server_reset_query = it's"), None);
+        assert_eq!(parse(" default_pool_size ="), None);
     }
 }

@@ -61,10 +61,17 @@ pub(super) fn run(app: &App, line: &Line<'_>, out: &mut BytesMut) {
             );
             return;
         }
-        _ => {
-            error(out, "42601", &invalid_command(line.sql));
-            return;
-        }
+        _ => match line.arg().and_then(super::fake_param) {
+            Some((name, value)) => {
+                let mut rs = crate::admin::result::ResultSet::new(&[name], "s");
+                rs.row(vec![Some(value.to_owned())]);
+                rs
+            }
+            None => {
+                error(out, "42601", &invalid_command(line.sql));
+                return;
+            }
+        },
     };
     rs.encode(out);
 }
