@@ -21,12 +21,44 @@ fn field<'a>(row: &'a [(String, Option<String>)], name: &str) -> &'a str {
 
 /// SHOW CONFIG's value of `key`.
 async fn config_value(port: u16, key: &str) -> String {
-    let rows = show(port, "SHOW CONFIG").await;
-    let row = rows
-        .iter()
-        .find(|r| field(r, "key") == key)
-        .unwrap_or_else(|| panic!("{key} not in SHOW CONFIG"));
-    field(row, "value").to_owned()
+    field(row(&show(port, "SHOW CONFIG").await, "key", key), "value").to_owned()
+}
+
+/// The row of `rows` whose `column` is `value`.
+fn row<'a>(rows: &'a [ConsoleRow], column: &str, value: &str) -> &'a ConsoleRow {
+    rows.iter()
+        .find(|r| field(r, column) == value)
+        .unwrap_or_else(|| panic!("no row with {column} = {value} in {rows:?}"))
+}
+
+/// SHOW STATE's `paused`: yes or no.
+async fn paused_state(port: u16) -> String {
+    field(
+        row(&show(port, "SHOW STATE").await, "key", "paused"),
+        "value",
+    )
+    .to_owned()
+}
+
+/// A client inside a transaction: it holds a server in transaction mode.
+async fn holding(port: u16) -> tokio_postgres::Client {
+    let client = connect_as(port, APP_USER, "postgres").await;
+    client
+        .batch_execute("begin; select 1")
+        .await
+        .expect("begin");
+    client
+}
+
+/// A global PAUSE on a console session of its own, answered with that
+/// session (it waits for the servers in use).
+fn spawn_pause(
+    port: u16,
+) -> tokio::task::JoinHandle<Result<tokio_postgres::Client, tokio_postgres::Error>> {
+    tokio::spawn(async move {
+        let admin = connect_as(port, "admin", "pgbouncer").await;
+        admin.simple_query("PAUSE").await.map(|_| admin)
+    })
 }
 
 fn base(cluster: &sluice_testkit::Cluster) -> ConfigBuilder {
@@ -79,10 +111,7 @@ async fn a_removed_database_lets_go_of_its_servers_and_its_pause() {
     );
     // A PAUSE waits for its server in use, as for any other.
     app.batch_execute("begin; select 1").await.expect("begin");
-    let pause = tokio::spawn(async move {
-        let admin = connect_as(p, "admin", "pgbouncer").await;
-        admin.simple_query("PAUSE").await.map(|_| admin)
-    });
+    let pause = spawn_pause(p);
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert!(
         !pause.is_finished(),
@@ -136,11 +165,7 @@ async fn a_pause_holds_a_client_already_queued_for_a_server() {
     let cluster = app_cluster(ServerAuth::Trust);
     let sluice = base(&cluster).set("default_pool_size", "1").start();
     let p = sluice.port();
-    let holder = connect_as(p, APP_USER, "postgres").await;
-    holder
-        .batch_execute("begin; select 1")
-        .await
-        .expect("begin");
+    let holder = holding(p).await;
     let queued = connect_as(p, APP_USER, "postgres").await;
     let query = tokio::spawn(async move { queued.simple_query("select 1").await.is_ok() });
     tokio::time::sleep(Duration::from_millis(300)).await;
@@ -149,10 +174,7 @@ async fn a_pause_holds_a_client_already_queued_for_a_server() {
         "the second client had no server to run on"
     );
     // PAUSE waits for the holder's server.
-    let pause = tokio::spawn(async move {
-        let admin = connect_as(p, "admin", "pgbouncer").await;
-        admin.simple_query("PAUSE").await.map(|_| admin)
-    });
+    let pause = spawn_pause(p);
     tokio::time::sleep(Duration::from_millis(300)).await;
     holder.batch_execute("commit").await.expect("commit");
     let admin = tokio::time::timeout(T, pause)
@@ -324,22 +346,14 @@ async fn totals_and_paused_read_as_pgbouncer_1_25_shows_them() {
     let admin = connect_as(p, "admin", "pgbouncer").await;
     admin.simple_query("PAUSE").await.expect("PAUSE");
     let dbs = show(p, "SHOW DATABASES").await;
-    let row = dbs
-        .iter()
-        .find(|r| field(r, "name") == "postgres")
-        .expect("postgres row");
-    assert_eq!(field(row, "paused"), "0");
+    assert_eq!(field(row(&dbs, "name", "postgres"), "paused"), "0");
     admin.simple_query("RESUME").await.expect("RESUME");
     admin
         .simple_query("PAUSE postgres")
         .await
         .expect("PAUSE postgres");
     let dbs = show(p, "SHOW DATABASES").await;
-    let row = dbs
-        .iter()
-        .find(|r| field(r, "name") == "postgres")
-        .expect("postgres row");
-    assert_eq!(field(row, "paused"), "1");
+    assert_eq!(field(row(&dbs, "name", "postgres"), "paused"), "1");
 }
 
 #[tokio::test]
@@ -347,11 +361,7 @@ async fn a_cancel_from_the_console_ends_a_pause_that_waits() {
     let cluster = app_cluster(ServerAuth::Trust);
     let sluice = base(&cluster).set("stats_users", "watcher").start();
     let p = sluice.port();
-    let holder = connect_as(p, APP_USER, "postgres").await;
-    holder
-        .batch_execute("begin; select 1")
-        .await
-        .expect("begin");
+    let holder = holding(p).await;
     let admin = connect_as(p, "admin", "pgbouncer").await;
     let token = admin.cancel_token();
     // PAUSE waits for the holder's server; Ctrl-C (a cancel request with
@@ -369,12 +379,7 @@ async fn a_cancel_from_the_console_ends_a_pause_that_waits() {
         .unwrap();
     let error = answered.expect_err("a cancelled PAUSE is an error");
     assert_eq!(sqlstate(&error), Some("57014"), "{error:?}");
-    let state = show(p, "SHOW STATE").await;
-    let paused = state
-        .iter()
-        .find(|r| field(r, "key") == "paused")
-        .expect("paused row");
-    assert_eq!(field(paused, "value"), "no");
+    assert_eq!(paused_state(p).await, "no");
     let other = connect_as(p, APP_USER, "postgres").await;
     let ran = tokio::time::timeout(T, other.simple_query("select 1")).await;
     assert!(matches!(ran, Ok(Ok(_))), "a query after the cancel");
@@ -389,16 +394,7 @@ async fn a_cancel_from_the_console_ends_a_pause_that_waits() {
         .await
         .expect("send the cancel");
     tokio::time::sleep(Duration::from_millis(300)).await;
-    let state = show(p, "SHOW STATE").await;
-    let paused = state
-        .iter()
-        .find(|r| field(r, "key") == "paused")
-        .expect("paused row");
-    assert_eq!(
-        field(paused, "value"),
-        "yes",
-        "a stats user ended the pause"
-    );
+    assert_eq!(paused_state(p).await, "yes", "a stats user ended the pause");
 }
 
 #[tokio::test]
@@ -409,19 +405,12 @@ async fn a_pause_keeps_the_query_wait_timeout_of_a_client_sent_back_from_the_lin
         .set("query_wait_timeout", "4")
         .start();
     let p = sluice.port();
-    let holder = connect_as(p, APP_USER, "postgres").await;
-    holder
-        .batch_execute("begin; select 1")
-        .await
-        .expect("begin");
+    let holder = holding(p).await;
     let queued = connect_as(p, APP_USER, "postgres").await;
     let arrived = std::time::Instant::now();
     let query = tokio::spawn(async move { queued.simple_query("select 1").await });
     tokio::time::sleep(Duration::from_millis(500)).await;
-    let pause = tokio::spawn(async move {
-        let admin = connect_as(p, "admin", "pgbouncer").await;
-        admin.simple_query("PAUSE").await.map(|_| admin)
-    });
+    let pause = spawn_pause(p);
     tokio::time::sleep(Duration::from_millis(2000)).await;
     holder.batch_execute("commit").await.expect("commit");
     // The queued client is sent back to wait out the pause; its 4 s run
