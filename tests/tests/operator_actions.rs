@@ -109,6 +109,11 @@ async fn a_removed_database_lets_go_of_its_servers_and_its_pause() {
         pools.iter().any(|r| field(r, "database") == "dropme"),
         "a pool with a client left SHOW POOLS: {pools:?}"
     );
+    // Switched off while its clients drain: the switch goes with it.
+    admin
+        .simple_query("DISABLE dropme")
+        .await
+        .expect("DISABLE dropme");
     // A PAUSE waits for its server in use, as for any other.
     app.batch_execute("begin; select 1").await.expect("begin");
     let pause = spawn_pause(p);
@@ -149,8 +154,13 @@ async fn a_removed_database_lets_go_of_its_servers_and_its_pause() {
         .psql("postgres", "drop database dropme")
         .expect("drop database once its clients are gone");
 
-    // Back under the same name: not paused.
-    sluice.rewrite_config(&base(&cluster).database("paused", &paused).render());
+    // Back under the same names: neither paused nor disabled.
+    sluice.rewrite_config(
+        &base(&cluster)
+            .database("paused", &paused)
+            .database("dropme", &paused)
+            .render(),
+    );
     admin.simple_query("RELOAD").await.expect("RELOAD");
     let back = connect_as(p, APP_USER, "paused").await;
     let answered = tokio::time::timeout(T, back.simple_query("select 1")).await;
@@ -158,6 +168,10 @@ async fn a_removed_database_lets_go_of_its_servers_and_its_pause() {
         matches!(answered, Ok(Ok(_))),
         "a database added back under a paused name was still paused"
     );
+    let again = connect(p, APP_USER, APP_PASSWORD, "dropme")
+        .await
+        .expect("a database added back under a disabled name was still disabled");
+    scalar_text(&again, "select 1").await;
 }
 
 #[tokio::test]

@@ -525,10 +525,11 @@ impl App {
             .map(|_| config.settings.autodb_idle_timeout)
             .filter(|t| !t.is_zero());
         let idle = Some(config.settings.pool_idle_timeout).filter(|t| !t.is_zero());
-        for pool in self.pools() {
+        let pools = self.pools();
+        for pool in &pools {
             let listed = config.database(&pool.database).is_some();
             if !listed && config.fallback_database.is_none() {
-                self.free_if_removed(&pool);
+                self.free_if_removed(pool);
                 continue;
             }
             let (timeout, key, without_servers) = match (listed, autodb, idle) {
@@ -541,17 +542,27 @@ impl App {
                     db = %pool.database, user = %pool.user,
                     "pool unused for {key} ({timeout:?}): freed"
                 );
-                self.forget_pool(&pool);
+                self.forget_pool(pool);
             }
         }
+        // A pause or DISABLE set on a removed database after the RELOAD
+        // (while its clients drained) ends once its last pool is gone.
+        let held = self.pools();
+        self.control.forget_removed(|db| {
+            Self::database_entry(&config, db).is_some() || held.iter().any(|p| p.database == db)
+        });
     }
 
     /// A pool of a database the configuration no longer has: let go
-    /// (its idle servers closed) once no client holds it and no server of
-    /// it is lent; until then it serves its clients as before, and SHOW
-    /// POOLS, PAUSE, KILL and a safe shutdown see it.
+    /// (its idle servers closed) a few seconds after no client holds it
+    /// and no server of it is lent; until then it serves its clients as
+    /// before, and SHOW POOLS, PAUSE, KILL and a safe shutdown see it.
     fn free_if_removed(&self, pool: &Arc<Pool>) {
-        if pool.retire_if_unused(std::time::Duration::ZERO, false) {
+        // Unused for a few seconds: a login that found the pool just
+        // before the RELOAD (between `pool_for`'s touch and joining it)
+        // joins a live pool, not one being freed.
+        const GRACE: std::time::Duration = std::time::Duration::from_secs(3);
+        if pool.retire_if_unused(GRACE, false) {
             tracing::info!(
                 db = %pool.database, user = %pool.user,
                 "database removed from the configuration and its last client gone: pool freed"
@@ -934,8 +945,10 @@ impl App {
                 }
             }
         }
-        self.control
-            .forget_removed(|db| Self::database_entry(&config, db).is_some());
+        let held = self.pools();
+        self.control.forget_removed(|db| {
+            Self::database_entry(&config, db).is_some() || held.iter().any(|p| p.database == db)
+        });
         self.new_route_epoch();
         self.prewarm();
     }

@@ -119,16 +119,13 @@ impl OperatorSwitches {
         self.resumed.notify_waiters();
     }
 
-    /// A new cancel key for an admin user's console session (random, never
-    /// 0/0, which clients take for "no key").
-    pub fn console_key(&self) -> ConsoleKey<'_> {
+    /// A new cancel key for an admin user's console session, shaped by
+    /// `shape` (the cancel registry's: with peers, it names this peer).
+    pub fn console_key(&self, shape: impl Fn() -> (i32, i32)) -> ConsoleKey<'_> {
         let mut keys = self.console_keys.lock().unwrap_or_else(|p| p.into_inner());
         loop {
-            let mut raw = [0u8; 8];
-            crate::auth::scram::fill_random(&mut raw);
-            let process_id = i32::from_be_bytes([raw[0], raw[1], raw[2], raw[3]]) & i32::MAX;
-            let secret_key = i32::from_be_bytes([raw[4], raw[5], raw[6], raw[7]]);
-            if process_id != 0 && keys.insert(pack(process_id, secret_key)) {
+            let (process_id, secret_key) = shape();
+            if keys.insert(pack(process_id, secret_key)) {
                 return ConsoleKey {
                     switches: self,
                     process_id,
@@ -146,16 +143,27 @@ impl OperatorSwitches {
             .contains(&pack(process_id, secret_key))
     }
 
-    /// After a RELOAD: a pause or DISABLE by the name of a database the
-    /// configuration no longer has (`kept` says which it has) ends with
-    /// it, as PgBouncer's switches live on the database, so that an entry
-    /// of that name added back later is neither paused nor disabled.
+    /// A pause or DISABLE by the name of a database that is gone (`kept`
+    /// says which are not: in the configuration, or with a pool its
+    /// clients still hold) ends with it, as PgBouncer's switches live on
+    /// the database, so that an entry of that name added back later is
+    /// neither paused nor disabled.
     pub fn forget_removed(&self, kept: impl Fn(&str) -> bool) {
         self.disabled
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .retain(|db| kept(db));
-        self.resume_with(|_, paused| paused.retain(|db| kept(db)));
+        let gone = self
+            .paused
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .iter()
+            .any(|db| !kept(db));
+        // (the janitor asks each second: waiters are woken only for a
+        // pause that ends)
+        if gone {
+            self.resume_with(|_, paused| paused.retain(|db| kept(db)));
+        }
     }
 
     pub fn is_disabled(&self, database: &str) -> bool {
@@ -183,7 +191,7 @@ mod tests {
     fn a_console_key_lives_as_long_as_its_session() {
         let s = OperatorSwitches::default();
         let (pid, secret) = {
-            let key = s.console_key();
+            let key = s.console_key(|| (7, 11));
             assert_ne!((key.process_id, key.secret_key), (0, 0));
             assert!(s.is_console_key(key.process_id, key.secret_key));
             assert!(!s.is_console_key(key.process_id, key.secret_key ^ 1));

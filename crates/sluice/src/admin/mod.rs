@@ -74,7 +74,8 @@ pub async fn serve(app: Arc<App>, mut stream: Stream, role: Role) {
     // An admin's session has a cancel key: a cancel ends the global pause
     // (PgBouncer's way out of a PAUSE that waits). A stats user's has
     // none: it may not end a pause.
-    let key = (role == Role::Admin).then(|| app.control.console_key());
+    let key =
+        (role == Role::Admin).then(|| app.control.console_key(|| app.cancels.console_key_shape()));
     sluice_wire::BackendKeyData {
         process_id: key.as_ref().map_or(0, |k| k.process_id),
         secret_key: key.as_ref().map_or(0, |k| k.secret_key),

@@ -184,6 +184,41 @@ impl CancelRegistry {
     /// The peer a cancel request's key belongs to, when it is another
     /// sluice of the group's (peering on), with the request as it is to be
     /// forwarded (one forward spent); `Err(peer)` when its budget is spent.
+    /// A cancel key for an admin's console session, shaped like a
+    /// client's: with `peer_id`, it names this peer and carries a full
+    /// forwarding budget, so that a peer that gets its cancel forwards it
+    /// here. Never 0/0 (no key, to clients).
+    pub fn console_key_shape(&self) -> (i32, i32) {
+        loop {
+            let mut raw = [0u8; 8];
+            fill_random(&mut raw);
+            let a = i32::from_be_bytes([raw[0], raw[1], raw[2], raw[3]]);
+            let secret = i32::from_be_bytes([raw[4], raw[5], raw[6], raw[7]]);
+            let key = if self.peer_id == 0 {
+                (a & i32::MAX, secret)
+            } else {
+                let index = a & ((1 << PEER_INDEX_BITS) - 1);
+                (
+                    ((self.peer_id as i32) << PEER_INDEX_BITS) | index,
+                    secret | TTL_MASK,
+                )
+            };
+            if key.0 != 0 {
+                return key;
+            }
+        }
+    }
+
+    /// A cancel request's secret as its key was handed out, whatever
+    /// forwarding budget a copy from a peer has spent.
+    pub fn secret_as_issued(&self, secret_key: i32) -> i32 {
+        if self.peer_id == 0 {
+            secret_key
+        } else {
+            secret_key | TTL_MASK
+        }
+    }
+
     pub fn for_peer(&self, req: &CancelRequest) -> Option<Result<(u32, CancelRequest), u32>> {
         if self.peer_id == 0 {
             return None;
@@ -794,5 +829,27 @@ mod tests {
         assert_eq!(one.for_peer(&spent).map(|r| r.is_err()), Some(true));
         // Without peering nothing is forwarded.
         assert!(CancelRegistry::new(0).for_peer(&req).is_none());
+    }
+
+    #[test]
+    fn a_console_key_is_forwarded_to_its_peer_and_known_there() {
+        let one = CancelRegistry::new(1);
+        let two = CancelRegistry::new(2);
+        let (process_id, secret_key) = two.console_key_shape();
+        assert_ne!((process_id, secret_key), (0, 0));
+        let req = CancelRequest {
+            process_id,
+            secret_key,
+        };
+        assert!(two.for_peer(&req).is_none(), "its own key stays");
+        let Some(Ok((peer, forwarded))) = one.for_peer(&req) else {
+            panic!("another member forwards it");
+        };
+        assert_eq!(peer, 2);
+        // Spent budget or not, it is the key handed out.
+        assert_eq!(two.secret_as_issued(forwarded.secret_key), secret_key);
+        let (pid, secret) = CancelRegistry::new(0).console_key_shape();
+        assert!(pid > 0);
+        assert_eq!(CancelRegistry::new(0).secret_as_issued(secret), secret);
     }
 }

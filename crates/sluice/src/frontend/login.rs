@@ -251,7 +251,8 @@ async fn login_inner(
                     .map_err(|e| ClientError::protocol(e.to_string()))?;
             }
             StartupPacket::Cancel(req) => {
-                if app.control.is_console_key(req.process_id, req.secret_key) {
+                let secret = app.cancels.secret_as_issued(req.secret_key);
+                if app.control.is_console_key(req.process_id, secret) {
                     // An admin's Ctrl-C on the console: the global pause
                     // ends, as PgBouncer's (not while shutting down).
                     if app.phase() == crate::app::Phase::Running && app.control.all_paused() {
