@@ -906,9 +906,10 @@ impl App {
         for pool in pools {
             let Some(entry) = Self::database_entry(&config, &pool.database) else {
                 // Removed: its clients drain on their servers as before
-                // (new logins get 3D000); a pool no client holds is let go
-                // now, its idle servers closed, so that the database can be
-                // dropped; the others when their last client leaves
+                // (new logins get 3D000); a pool no client has held for a
+                // few seconds is let go now, its idle servers closed, so
+                // that the database can be dropped; the others a few
+                // seconds after their last client leaves
                 // (`free_unused_pools`).
                 self.free_if_removed(&pool);
                 continue;
