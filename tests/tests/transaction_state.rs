@@ -863,6 +863,70 @@ async fn listen_keeps_delivering_after_the_transaction_ends() {
 }
 
 #[tokio::test]
+async fn listen_and_unlisten_take_effect_when_their_transaction_commits() {
+    let cluster = app_cluster(ServerAuth::Trust);
+    let sluice = one_server(&cluster);
+    let (mut alice, mut inbox) = connect_listening(sluice.port(), APP_USER, "postgres").await;
+    let bob = connect_as(sluice.port(), APP_USER, "postgres").await;
+    // Rolled back: by ROLLBACK, by an error in the one transaction of a
+    // query string, by COMMIT of a failed block, through the extended
+    // protocol.
+    alice
+        .batch_execute("begin; listen a; rollback")
+        .await
+        .unwrap();
+    expect_sqlstate(alice.batch_execute("listen b; select 1/0").await, "22012");
+    alice.batch_execute("begin; listen c").await.unwrap();
+    expect_sqlstate(alice.batch_execute("select 1/0").await, "22012");
+    alice.batch_execute("commit").await.unwrap();
+    let tx = alice.transaction().await.unwrap();
+    tx.execute("listen d", &[]).await.unwrap();
+    tx.rollback().await.unwrap();
+    // She listens to nothing: the pool's listening connection is gone.
+    let left = wait_for_backends(&cluster, "postgres", Duration::from_secs(10), |n| n == 1).await;
+    assert_eq!(left, Ok(1), "the listening connection is closed");
+    // Committed: alone, in a block, in a block an error and a savepoint
+    // went through.
+    alice.batch_execute("listen e").await.unwrap();
+    alice
+        .batch_execute("begin; listen f; commit")
+        .await
+        .unwrap();
+    expect_sqlstate(
+        alice
+            .batch_execute("begin; listen g; savepoint s; select 1/0")
+            .await,
+        "22012",
+    );
+    alice.batch_execute("rollback to s; commit").await.unwrap();
+    // An UNLISTEN rolled back stops nothing; a committed one stops.
+    alice
+        .batch_execute("begin; unlisten e; rollback")
+        .await
+        .unwrap();
+    alice
+        .batch_execute("begin; unlisten f; commit")
+        .await
+        .unwrap();
+    for channel in ["a", "b", "c", "d", "e", "f", "g"] {
+        bob.batch_execute(&format!("notify {channel}, '{channel}'"))
+            .await
+            .unwrap();
+    }
+    bob.batch_execute("notify e, 'end'").await.unwrap();
+    let mut got = Vec::new();
+    while got.last().is_none_or(|(_, p)| p != "end") {
+        let n = tokio::time::timeout(Duration::from_secs(10), inbox.recv())
+            .await
+            .expect("notification within 10 s")
+            .expect("connection open");
+        got.push((n.channel().to_owned(), n.payload().to_owned()));
+    }
+    let expected = [("e", "e"), ("g", "g"), ("e", "end")].map(|(c, p)| (c.into(), p.into()));
+    assert_eq!(got, expected);
+}
+
+#[tokio::test]
 async fn the_listening_connection_closes_when_the_last_listener_leaves() {
     let cluster = app_cluster(ServerAuth::Trust);
     let sluice = one_server(&cluster);

@@ -139,7 +139,8 @@ impl NotifyHub {
 }
 
 /// The channel of a NotificationResponse (whole message).
-fn notification_channel(message: &[u8]) -> Option<&str> {
+/// The channel a NotificationResponse names.
+pub fn notification_channel(message: &[u8]) -> Option<&str> {
     let mut r = Reader::new(message.get(sluice_wire::HEADER_LEN..)?);
     r.i32().ok()?;
     r.cstr().ok()

@@ -112,6 +112,10 @@ pub struct Listening {
     pub id: u64,
     pub rx: tokio::sync::mpsc::Receiver<bytes::Bytes>,
     pub tx: tokio::sync::mpsc::Sender<bytes::Bytes>,
+    /// Channels of the client's committed LISTENs: what reaches it. The
+    /// hub may also send for a LISTEN whose transaction has not ended
+    /// (or has just rolled back).
+    pub channels: std::collections::HashSet<String>,
     pool: Arc<Pool>,
 }
 
@@ -124,7 +128,19 @@ impl Listening {
             id: NEXT_LISTENER.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
             rx,
             tx,
+            channels: std::collections::HashSet::new(),
             pool,
+        }
+    }
+
+    /// Adds `notification` to `batch` if the client listens to its
+    /// channel (a LISTEN rolled back, or an UNLISTEN committed, before it
+    /// was delivered: dropped, as PostgreSQL drops it).
+    pub fn pass(&self, batch: &mut bytes::BytesMut, notification: &[u8]) {
+        if crate::backend::notify_hub::notification_channel(notification)
+            .is_some_and(|c| self.channels.contains(c))
+        {
+            batch.extend_from_slice(notification);
         }
     }
 }

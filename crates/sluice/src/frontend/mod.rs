@@ -8,6 +8,7 @@ pub mod client;
 mod cycle;
 pub mod error;
 pub mod listener;
+mod listens;
 pub mod login;
 pub mod parking;
 pub mod relay;

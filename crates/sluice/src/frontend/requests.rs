@@ -116,6 +116,12 @@ impl Requests {
         self.sent
     }
 
+    /// Requests answered (ReadyForQuery seen, plus Syncs known to be
+    /// ignored): the position in the reply stream, as `sent` counts.
+    pub(super) fn seen(&self) -> u64 {
+        self.seen
+    }
+
     /// The reply count may be wrong (see `unsure`): close, do not share.
     pub(super) fn unsure(&self) -> bool {
         self.unsure

@@ -608,28 +608,69 @@ impl Client {
         }
     }
 
-    /// Applies a LISTEN or UNLISTEN the client sent: waits until the hub
-    /// listens, so that the client's LISTEN returns only once
-    /// notifications can reach it.
+    /// Follows a LISTEN the client sent: waits until the hub listens, so
+    /// that once the LISTEN commits no notification committed after it
+    /// is missed. What reaches the client is what it has committed
+    /// (`settle_listens`); an UNLISTEN waits for its commit there.
     pub async fn follow_listen(&mut self, statement: &crate::prepared::sql::Special) {
         use crate::prepared::sql::Special;
-        match statement {
-            Special::Listen(channel) => {
-                let pool = self.pool.clone();
-                let listening = self
-                    .carried()
-                    .listen
-                    .get_or_insert_with(|| Box::new(Listening::new(pool.clone())));
-                pool.notify
-                    .subscribe(&pool, listening.id, &listening.tx, channel)
-                    .await;
+        if let Special::Listen(channel) = statement {
+            let pool = self.pool.clone();
+            let listening = self
+                .carried()
+                .listen
+                .get_or_insert_with(|| Box::new(Listening::new(pool.clone())));
+            pool.notify
+                .subscribe(&pool, listening.id, &listening.tx, channel)
+                .await;
+        }
+    }
+
+    /// Applies the LISTENs and UNLISTENs whose transaction ended: what
+    /// committed changes the channels delivered; the hub stops listening
+    /// for the client where nothing it committed or still waits for
+    /// needs it. A client left with no channel stops listening.
+    pub(super) fn settle_listens(&mut self, ledger: &mut super::listens::ListenLedger) {
+        use crate::prepared::sql::Special;
+        let settled = std::mem::take(&mut ledger.settled);
+        let Some(carried) = self.carried.as_mut() else {
+            return;
+        };
+        let Some(listening) = carried.listen.as_mut() else {
+            return;
+        };
+        let hub = &self.pool.notify;
+        let id = listening.id;
+        let stop = |channel: &str| {
+            if !ledger.listen_pending(channel) {
+                hub.unsubscribe(id, Some(channel));
             }
-            Special::Unlisten(channel) => {
-                if let Some(l) = self.carried.as_ref().and_then(|c| c.listen.as_ref()) {
-                    self.pool.notify.unsubscribe(l.id, channel.as_deref());
+        };
+        for (statement, committed) in settled {
+            let unheard = match (statement, committed) {
+                (Special::Listen(channel), true) => {
+                    listening.channels.insert(channel);
+                    None
                 }
+                (Special::Listen(channel), false) => {
+                    (!listening.channels.contains(&channel)).then_some(channel)
+                }
+                (Special::Unlisten(Some(channel)), true) => {
+                    listening.channels.remove(&channel).then_some(channel)
+                }
+                (Special::Unlisten(None), true) => {
+                    listening.channels.drain().for_each(|c| stop(&c));
+                    None
+                }
+                _ => None,
+            };
+            if let Some(channel) = unheard {
+                stop(&channel);
             }
-            _ => {}
+        }
+        if listening.channels.is_empty() && !ledger.is_pending() {
+            // (dropping it leaves the hub)
+            carried.listen = None;
         }
     }
 
@@ -658,9 +699,12 @@ impl Client {
                 }
                 message = listening.rx.recv() => {
                     let Some(message) = message else { return Ok(()) };
-                    batch.extend_from_slice(&message);
+                    listening.pass(&mut batch, &message);
                     while let Ok(more) = listening.rx.try_recv() {
-                        batch.extend_from_slice(&more);
+                        listening.pass(&mut batch, &more);
+                    }
+                    if batch.is_empty() {
+                        continue;
                     }
                 }
             }

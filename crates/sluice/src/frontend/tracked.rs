@@ -13,6 +13,7 @@ use super::cycle::{
     Cycle, CycleView, Retry, SERVER_MESSAGE_LIMIT, ServerSeen, cycle_view, on_server_message,
     server_needs_body,
 };
+use super::listens::ListenLedger;
 use super::relay_io::BUFFER_LIMIT;
 use super::requests::{Counted, Requests};
 use crate::prepared::client_names::ClientNames;
@@ -33,8 +34,11 @@ pub(super) struct Tracking {
     /// What the statements sent since the last transaction end may have
     /// left on the server.
     pub(super) effects: Effects,
-    /// LISTEN / UNLISTEN statements sent, in order.
+    /// LISTEN statements sent this turn: the pool's hub listens before
+    /// their replies reach the client.
     pub(super) listens: Vec<Special>,
+    /// LISTEN and UNLISTEN statements sent, until their transaction ends.
+    pub(super) listen_txn: ListenLedger,
     /// Custom settings the link may have set (read back by name).
     pub(super) custom_names: Vec<String>,
     /// Why the client keeps this server past its transaction, if it does.
@@ -62,6 +66,7 @@ impl Default for Tracking {
             extra: BytesMut::new(),
             effects: Effects::default(),
             listens: Vec::new(),
+            listen_txn: ListenLedger::default(),
             custom_names: Vec::new(),
             pinned: None,
             flush_mark: u64::MAX,
@@ -136,6 +141,7 @@ impl Tracking {
         self.expected.clear();
         self.effects = Effects::default();
         self.listens.clear();
+        self.listen_txn.clear();
         self.custom_names.clear();
         self.pinned = None;
         self.flush_mark = u64::MAX;
@@ -358,7 +364,8 @@ fn handle_message(
             cycle.req.other_sent();
             let text = parse_query(message);
             if let Some(text) = text.filter(|text| sql::may_matter(text)) {
-                follow_listens(t, sql::specials(text));
+                // (its transaction is that of the Sync to come)
+                follow_listens(t, sql::specials(text), cycle.req.sent() + 1);
                 let effects = sql::effects(text);
                 reads_sequences = effects.sequences;
                 note_effects(t, effects, text);
@@ -390,7 +397,7 @@ fn handle_message(
                 rewriter.query(message, idle, t.effects.statements)
             {
                 cycle.req.request_sent();
-                follow_listens(t, specials);
+                follow_listens(t, specials, cycle.req.sent());
                 if matters {
                     let text = &message[sluice_wire::HEADER_LEN..];
                     let effects = sql::effects(text);
@@ -447,14 +454,43 @@ fn discard_sequences(t: &mut Tracking, out_at: usize, expected_at: usize) {
 /// Query "DISCARD SEQUENCES".
 const DISCARD_SEQUENCES: [u8; 23] = *b"Q\0\0\0\x16DISCARD SEQUENCES\0";
 
-/// Queues the LISTEN changes among `specials` (DISCARD ALL unlistens all).
-fn follow_listens(t: &mut Tracking, specials: Vec<Special>) {
+/// Queues the LISTEN changes among `specials`, sent in the request at
+/// `position` (DISCARD ALL unlistens all): each takes effect if its
+/// transaction commits (see `listens`); a LISTEN is also listened to by
+/// the hub at once.
+fn follow_listens(t: &mut Tracking, specials: Vec<Special>, position: u64) {
     for s in specials {
         match s {
-            Special::Listen(_) | Special::Unlisten(_) => t.listens.push(s),
-            Special::DiscardAll => t.listens.push(Special::Unlisten(None)),
+            Special::Listen(_) => {
+                t.listens.push(s.clone());
+                t.listen_txn.sent(position, s);
+            }
+            Special::Unlisten(_) => t.listen_txn.sent(position, s),
+            Special::DiscardAll => t.listen_txn.sent(position, Special::Unlisten(None)),
             _ => {}
         }
+    }
+}
+
+/// What a server message passed to the client means for its LISTENs and
+/// UNLISTENs still waiting for their transaction's end (after
+/// `on_server_message`).
+fn follow_outcome(
+    ledger: &mut ListenLedger,
+    req: &Requests,
+    status: TransactionStatus,
+    tag: u8,
+    body: &[u8],
+) {
+    use tags::backend as b;
+    match tag {
+        b::ERROR_RESPONSE => ledger.on_error(),
+        b::COMMAND_COMPLETE => {
+            let command = body.strip_suffix(b"\0").unwrap_or(body);
+            ledger.on_command_complete(command, req.seen() + 1);
+        }
+        b::READY_FOR_QUERY => ledger.on_ready(status, req.seen()),
+        _ => {}
     }
 }
 
@@ -649,7 +685,9 @@ pub(super) fn scan_server(
     // measured; it goes first only with nothing owed, so it is the head
     // from the scan's start or not at all in this scan)
     let discarding = t.discard_sent && t.expected.discarding();
+    let listens = t.listen_txn.is_pending();
     let expected = &mut t.expected;
+    let ledger = &mut t.listen_txn;
     let swallowing = cycle.retry == Retry::Swallowing;
     let armed = cycle.retry == Retry::Armed;
     let lost = cycle.retry == Retry::Lost;
@@ -666,6 +704,7 @@ pub(super) fn scan_server(
                     && (preamble(tag) || matches!(tag, b::ERROR_RESPONSE | b::NOTICE_RESPONSE)))
                 || discarding
                 || server_needs_body(tag)
+                || (listens && tag == b::COMMAND_COMPLETE)
                 || matches!(
                     tag,
                     b::PARSE_COMPLETE | b::CLOSE_COMPLETE | b::NOTIFICATION_RESPONSE
@@ -812,6 +851,9 @@ pub(super) fn scan_server(
                 client_params,
                 refuse_transactions,
             );
+            if listens {
+                follow_outcome(ledger, &cycle.req, cycle.status, tag, body);
+            }
             if seen.ignored_syncs > 0 {
                 expected.forget_ignored_syncs(std::mem::take(&mut seen.ignored_syncs));
             }
@@ -947,6 +989,9 @@ fn account(
         client_params,
         refuse_transactions,
     );
+    if t.listen_txn.is_pending() {
+        follow_outcome(&mut t.listen_txn, &cycle.req, cycle.status, tag, body);
+    }
     if seen.ignored_syncs > 0 {
         t.expected.forget_ignored_syncs(seen.ignored_syncs);
     }

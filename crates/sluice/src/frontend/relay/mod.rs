@@ -122,6 +122,11 @@ pub async fn run(client: &mut Client, cbuf: &mut BytesMut, mut lease: Lease) -> 
         {
             break Err(end);
         }
+        if let Some(t) = tracking.as_deref_mut()
+            && !t.listen_txn.settled.is_empty()
+        {
+            client.settle_listens(&mut t.listen_txn);
+        }
         let at_end = match turn::decide(&mut cycle, tracking.as_deref(), lease.server(), pooled) {
             Decision::Go { at_end } => at_end,
             Decision::End(end) => break end,
@@ -237,6 +242,13 @@ pub async fn run(client: &mut Client, cbuf: &mut BytesMut, mut lease: Lease) -> 
         ),
     };
     if let Some(mut t) = tracking {
+        // (LISTENs whose transaction did not end here did not commit)
+        if t.listen_txn.is_pending() {
+            t.listen_txn.abandon();
+        }
+        if !t.listen_txn.settled.is_empty() {
+            client.settle_listens(&mut t.listen_txn);
+        }
         tracked::forget_failed_parses(&mut t, client.statements_if_any());
         t.give_back();
     }
