@@ -1125,6 +1125,100 @@ async fn reads_go_on_while_a_replica_restarts() {
     }
 }
 
+/// Every process of a cluster stopped (SIGSTOP: the kernel still takes
+/// bytes and connections, nothing answers), until dropped.
+struct Frozen(Vec<String>);
+
+impl Frozen {
+    fn new(cluster: &Cluster) -> Self {
+        let pidfile = std::fs::read_to_string(cluster.data_dir().join("postmaster.pid"))
+            .expect("postmaster.pid");
+        let postmaster = pidfile.lines().next().expect("a pid").trim().to_owned();
+        let mut pids = vec![postmaster.clone()];
+        for entry in std::fs::read_dir("/proc").expect("/proc").flatten() {
+            let stat = std::fs::read_to_string(entry.path().join("stat")).unwrap_or_default();
+            // pid (comm) state ppid …: the comm may hold spaces.
+            let ppid = stat
+                .rsplit(')')
+                .next()
+                .and_then(|r| r.split_whitespace().nth(1));
+            if ppid == Some(postmaster.as_str()) {
+                pids.push(entry.file_name().to_string_lossy().into_owned());
+            }
+        }
+        let frozen = Frozen(pids);
+        frozen.signal("-STOP");
+        frozen
+    }
+
+    fn signal(&self, signal: &str) {
+        let status = std::process::Command::new("kill")
+            .arg(signal)
+            .args(&self.0)
+            .status()
+            .expect("kill");
+        assert!(status.success(), "kill {signal} {:?}", self.0);
+    }
+}
+
+impl Drop for Frozen {
+    fn drop(&mut self) {
+        self.signal("-CONT");
+    }
+}
+
+/// A read whose replica freezes before it answers runs on the primary
+/// once the checks take the replica out of rotation. Before, it waited
+/// for the replica to thaw (or for query_timeout, off by default).
+#[tokio::test]
+async fn a_read_whose_replica_freezes_runs_on_the_primary() {
+    let (primary, replica) = primary_and_replica();
+    let quick_checks = [
+        ("health_check_timeout", "1"),
+        ("health_check_threshold", "2"),
+    ];
+    let (sluice, client) = reading_client(&primary, &replica, &quick_checks).await;
+    let on_replica = superuser_connect(&replica, "postgres").await;
+    let read = tokio::spawn(async move {
+        let rows = client
+            .simple_query("select pg_is_in_recovery()::text, pg_sleep(2)")
+            .await?;
+        Ok::<_, tokio_postgres::Error>(rows.into_iter().find_map(|m| match m {
+            SimpleQueryMessage::Row(r) => r.get(0).map(str::to_owned),
+            _ => None,
+        }))
+    });
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while scalar_text(
+        &on_replica,
+        "select count(*)::text from pg_stat_activity \
+         where query like '%pg_sleep(2)%' and pid <> pg_backend_pid()",
+    )
+    .await
+        != "1"
+    {
+        assert!(
+            Instant::now() < deadline,
+            "the read never ran on the replica"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let _frozen = Frozen::new(&replica);
+    let answer = tokio::time::timeout(Duration::from_secs(20), read)
+        .await
+        .unwrap_or_else(|_| {
+            panic!(
+                "the read still waits on the frozen replica\n{}",
+                sluice.log_tail(20)
+            )
+        })
+        .expect("task")
+        .expect("the read answered");
+    assert_eq!(answer.as_deref(), Some("false"), "it ran on the primary");
+    let next = connect_as(sluice.port(), APP_USER, "postgres").await;
+    assert!(!in_recovery(&next, "select pg_is_in_recovery()").await);
+}
+
 /// A read an administrator terminates on its replica mid-run (its
 /// farewell comes behind the row description; PostgreSQL reports a fast
 /// shutdown alike) is not run again on the primary: a runaway query

@@ -671,6 +671,15 @@ impl Topology {
     /// A replica that may serve a read now: up, within `limits`, and
     /// replayed up to `min_lsn` if given; round robin among those that
     /// qualify.
+    /// Host `i` is out of rotation: its checks failed `threshold` times
+    /// in a row, or Patroni no longer lists it.
+    pub fn out_of_rotation(&self, i: usize) -> bool {
+        self.lock()
+            .hosts
+            .get(i)
+            .is_none_or(|h| h.health == Health::Down || !h.listed)
+    }
+
     pub fn pick_replica(&self, limits: LagLimits, min_lsn: Option<u64>) -> Option<usize> {
         let st = self.lock();
         let qualifies = |h: &HostState| {

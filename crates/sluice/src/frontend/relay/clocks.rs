@@ -27,11 +27,19 @@ pub(super) enum IdleKind {
     /// Replies owed while the client is not read: a look at its end now
     /// and then.
     Unread,
+    /// A read on a replica that has not answered yet: a look now and then
+    /// at whether the checks took the replica out of rotation (frozen,
+    /// cut off), in which case the read runs on the primary.
+    Replica,
 }
 
 /// How often a client that is not read (buffers full) is looked at for
 /// its close (`IdleKind::Unread`).
 pub(super) const UNREAD_LOOK: Duration = Duration::from_secs(1);
+
+/// How often a read on a replica that has not answered looks at the
+/// replica's health (`IdleKind::Replica`).
+pub(super) const REPLICA_LOOK: Duration = Duration::from_secs(1);
 
 /// How often a session between transactions looks whether its server was
 /// marked to close (`server_fast_close`).
@@ -71,6 +79,9 @@ pub(super) struct Standing {
     /// Replies are owed while the client is not read (its buffers full):
     /// its close, or KILL's, would go unseen until the server answers.
     pub unread_client: bool,
+    /// A read on a replica waits for its first answer (it may still run
+    /// on the primary).
+    pub unanswered_replica: bool,
     /// The client is halfway through a message sluice is ready to read.
     pub mid_message: bool,
     /// A pinned client between transactions.
@@ -90,6 +101,8 @@ pub(super) fn idle_clock(s: &Standing, limits: &Limits) -> Option<(IdleKind, Dur
         // query_timeout: timed per request (re-armed at each
         // ReadyForQuery, see `Clocks::arm`).
         Some((IdleKind::Query, limits.query))
+    } else if s.unanswered_replica {
+        Some((IdleKind::Replica, REPLICA_LOOK))
     } else if s.unread_client {
         Some((IdleKind::Unread, UNREAD_LOOK))
     } else if s.mid_message {
@@ -242,6 +255,25 @@ mod tests {
         assert_eq!(
             idle_clock(&s, &limits),
             Some((IdleKind::Unread, UNREAD_LOOK))
+        );
+    }
+
+    #[test]
+    fn a_read_on_a_replica_looks_at_its_health_until_it_answers() {
+        let s = Standing {
+            owed: true,
+            unanswered_replica: true,
+            unread_client: true,
+            ..Default::default()
+        };
+        assert_eq!(
+            idle_clock(&s, &Limits::default()),
+            Some((IdleKind::Replica, REPLICA_LOOK))
+        );
+        // query_timeout, when set, bounds it anyway.
+        assert_eq!(
+            idle_clock(&s, &all_limits()),
+            Some((IdleKind::Query, 7 * S))
         );
     }
 

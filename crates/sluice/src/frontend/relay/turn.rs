@@ -366,6 +366,7 @@ pub(super) fn standing(
     let owed = cycle.req.outstanding > 0;
     Standing {
         owed,
+        unanswered_replica: owed && cycle.retry == Retry::Armed,
         unread_client: owed && (cbuf.len() >= BUFFER_LIMIT || tracking.is_some_and(full)),
         mid_message: tracking.is_some_and(|t| !full(t))
             && (cycle.client_scan.wanted() > 0 || !cycle.client_scan.at_boundary()),
@@ -402,6 +403,29 @@ pub(super) fn on_event(
             Some(IdleKind::Unread) => {
                 if client.stream.peer_hung_up() {
                     return Some(Ok(Outcome::ClientGone));
+                }
+                clocks.idle_done();
+                return None;
+            }
+            Some(IdleKind::Replica) => {
+                // (a host pool's number is its topology index + 1)
+                let index = (lease.host() as usize).checked_sub(1);
+                let out = client
+                    .route_cache
+                    .as_ref()
+                    .and_then(|c| c.topology.as_ref())
+                    .zip(index)
+                    .is_some_and(|(t, i)| t.out_of_rotation(i));
+                if out {
+                    // Nothing of the read reached the client: it runs on
+                    // the primary (`unlink::server_lost`), and the
+                    // replica's connection, which may never answer, closes.
+                    return Some(Err(End::Server {
+                        why: "the replica was taken out of rotation (its checks fail) \
+                              before it answered"
+                            .into(),
+                        lost: true,
+                    }));
                 }
                 clocks.idle_done();
                 return None;
