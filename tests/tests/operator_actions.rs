@@ -1,6 +1,7 @@
 //! What an operator's RELOAD, SET and PAUSE change, and when: at once, as
 //! PgBouncer does (found by a review that ran both side by side). A
-//! database taken out of the file lets go of its servers; a smaller pool
+//! database taken out of the file disconnects its clients and lets go of
+//! its servers; a smaller pool
 //! closes its idle servers; a pause holds clients already queued for a
 //! server; SET reads its value as SQL does; a restart-only key shows
 //! what is in force; a rotated log file is reopened.
@@ -68,7 +69,7 @@ fn base(cluster: &sluice_testkit::Cluster) -> ConfigBuilder {
 }
 
 #[tokio::test]
-async fn a_removed_database_lets_go_of_its_servers_and_its_pause() {
+async fn a_removed_database_disconnects_its_clients_and_lets_go_of_its_servers() {
     let cluster = app_cluster_with(ServerAuth::Trust, |b| b.database("dropme"));
     // `paused`: another name for the postgres database.
     let paused = format!(
@@ -82,60 +83,43 @@ async fn a_removed_database_lets_go_of_its_servers_and_its_pause() {
     let sluice = with.start();
     let p = sluice.port();
     let admin = connect_as(p, "admin", "pgbouncer").await;
-    let app = connect_as(p, APP_USER, "dropme").await;
-    let pid = scalar_text(&app, "select pg_backend_pid()").await;
-    assert_eq!(
-        count_backends(&cluster, "dropme").await,
-        1,
-        "one pooled server"
-    );
+    let idle = connect_as(p, APP_USER, "dropme").await;
+    scalar_text(&idle, "select 1").await;
+    let busy = connect_as(p, APP_USER, "dropme").await;
+    busy.batch_execute("begin; select 1").await.expect("begin");
+    let other = connect_as(p, APP_USER, "postgres").await;
     admin
         .simple_query("PAUSE paused")
         .await
         .expect("PAUSE paused");
-
-    // Out of the file while a client is connected: the client goes on as
-    // before, on the same server (not a new one per transaction), and the
-    // console still sees its pool.
-    sluice.rewrite_config(&base(&cluster).render());
-    admin.simple_query("RELOAD").await.expect("RELOAD");
-    assert_eq!(
-        scalar_text(&app, "select pg_backend_pid()").await,
-        pid,
-        "the removed database's client changed servers"
-    );
-    let pools = show(p, "SHOW POOLS").await;
-    assert!(
-        pools.iter().any(|r| field(r, "database") == "dropme"),
-        "a pool with a client left SHOW POOLS: {pools:?}"
-    );
-    // Switched off while its clients drain: the switch goes with it.
     admin
         .simple_query("DISABLE dropme")
         .await
         .expect("DISABLE dropme");
-    // A PAUSE waits for its server in use, as for any other.
-    app.batch_execute("begin; select 1").await.expect("begin");
-    let pause = spawn_pause(p);
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    assert!(
-        !pause.is_finished(),
-        "PAUSE returned while a removed database's server was in use"
-    );
-    app.batch_execute("commit").await.expect("commit");
-    let second = tokio::time::timeout(T, pause)
-        .await
-        .expect("PAUSE after the commit")
-        .unwrap()
-        .expect("PAUSE");
-    second.simple_query("RESUME").await.expect("RESUME");
-    // (PAUSE closed the idle servers: one again)
-    scalar_text(&app, "select 1").await;
-    assert_eq!(count_backends(&cluster, "dropme").await, 1);
 
-    // Its last client gone, SHOW POOLS forgets it and its server closes
-    // (the database can be dropped); a pause ended with its database.
-    drop(app);
+    // Out of the file: its clients are disconnected, idle or inside a
+    // transaction, as PgBouncer disconnects them; new logins are refused;
+    // another database's client goes on.
+    sluice.rewrite_config(&base(&cluster).render());
+    admin.simple_query("RELOAD").await.expect("RELOAD");
+    for (name, client) in [("idle", &idle), ("busy", &busy)] {
+        let answered = tokio::time::timeout(T, client.simple_query("select 1"))
+            .await
+            .unwrap_or_else(|_| panic!("the {name} client of a removed database hung"));
+        assert!(
+            answered.is_err(),
+            "the {name} client of a removed database went on"
+        );
+    }
+    match connect(p, APP_USER, APP_PASSWORD, "dropme").await {
+        Ok(_) => panic!("a login to a removed database was taken"),
+        Err(e) => assert_eq!(e.code().map(|c| c.code()), Some("3D000"), "{e}"),
+    }
+    assert_eq!(scalar_text(&other, "select 'on'").await, "on");
+    drop((idle, busy));
+
+    // Its clients gone, SHOW POOLS forgets it and its servers close (the
+    // database can be dropped); a pause ended with its database.
     let deadline = std::time::Instant::now() + T;
     loop {
         let pools = show(p, "SHOW POOLS").await;

@@ -529,6 +529,9 @@ impl App {
         for pool in &pools {
             let listed = config.database(&pool.database).is_some();
             if !listed && config.fallback_database.is_none() {
+                // (a login that found the pool just before the RELOAD
+                // joined it after the RELOAD's kill)
+                self.disconnect_removed(pool);
                 self.free_if_removed(pool);
                 continue;
             }
@@ -553,10 +556,28 @@ impl App {
         });
     }
 
+    /// A pool of a database the configuration no longer has: its clients
+    /// are disconnected, as PgBouncer disconnects them (FATAL 08P01
+    /// "database removed", each told by its own task, as by KILL; one in
+    /// a transaction loses it, its server rolled back or closed).
+    fn disconnect_removed(&self, pool: &Arc<Pool>) {
+        let count = self
+            .cancels
+            .kill_and_cut(crate::backend::cancel::Kill::DatabaseRemoved, |_, m| {
+                Arc::ptr_eq(&m.pool, pool)
+            });
+        if count > 0 {
+            tracing::info!(
+                db = %pool.database, user = %pool.user,
+                "database removed from the configuration: {count} clients disconnected"
+            );
+        }
+    }
+
     /// A pool of a database the configuration no longer has: let go
     /// (its idle servers closed) a few seconds after no client holds it
-    /// and no server of it is lent; until then it serves its clients as
-    /// before, and SHOW POOLS, PAUSE, KILL and a safe shutdown see it.
+    /// and no server of it is lent; until then SHOW POOLS, PAUSE, KILL and
+    /// a safe shutdown see it.
     fn free_if_removed(&self, pool: &Arc<Pool>) {
         // Unused for a few seconds: a login that found the pool just
         // before the RELOAD (between `pool_for`'s touch and joining it)
@@ -905,12 +926,12 @@ impl App {
         let pools = self.pools();
         for pool in pools {
             let Some(entry) = Self::database_entry(&config, &pool.database) else {
-                // Removed: its clients drain on their servers as before
-                // (new logins get 3D000); a pool no client has held for a
-                // few seconds is let go now, its idle servers closed, so
-                // that the database can be dropped; the others a few
-                // seconds after their last client leaves
-                // (`free_unused_pools`).
+                // Removed: its clients are disconnected (new logins get
+                // 3D000); a pool no client has held for a few seconds is
+                // let go now, its idle servers closed, so that the
+                // database can be dropped; the others a few seconds after
+                // their last client leaves (`free_unused_pools`).
+                self.disconnect_removed(&pool);
                 self.free_if_removed(&pool);
                 continue;
             };
@@ -946,10 +967,9 @@ impl App {
                 }
             }
         }
-        let held = self.pools();
-        self.control.forget_removed(|db| {
-            Self::database_entry(&config, db).is_some() || held.iter().any(|p| p.database == db)
-        });
+        // (its clients are gone or going: its switches go now)
+        self.control
+            .forget_removed(|db| Self::database_entry(&config, db).is_some());
         self.new_route_epoch();
         self.prewarm();
     }

@@ -21,6 +21,10 @@ use super::pool::Pool;
 use super::target::ServerAddr;
 use crate::auth::scram::fill_random;
 
+/// How long a killed client's task has to say goodbye (where its stream
+/// is at a message boundary) before its socket is shut down for good.
+pub const KILL_GRACE: std::time::Duration = std::time::Duration::from_millis(500);
+
 const INDEX_BITS: u32 = 21;
 const CHUNK: usize = 1024;
 /// 2^21 clients at most (far above any max_client_conn).
@@ -482,6 +486,30 @@ impl CancelRegistry {
             unsafe { libc::shutdown(meta.fd, libc::SHUT_RD) };
             true
         })
+    }
+
+    /// `kill`, then, `KILL_GRACE` later, `cut` of the clients it picked
+    /// that are still connected. Returns how many it picked.
+    pub fn kill_and_cut(
+        self: &Arc<Self>,
+        why: Kill,
+        select: impl Fn(i32, &ClientMeta) -> bool,
+    ) -> usize {
+        let killed = self.kill(why, select);
+        let count = killed.len();
+        if !killed.is_empty() {
+            let cancels = Arc::clone(self);
+            tokio::spawn(async move {
+                tokio::time::sleep(KILL_GRACE).await;
+                let cut = cancels.cut(&killed);
+                if cut > 0 {
+                    tracing::info!(
+                        "{cut} killed clients cut off after {KILL_GRACE:?} without a goodbye"
+                    );
+                }
+            });
+        }
+        count
     }
 
     /// Shuts down for good the sockets of clients `kill` picked that are

@@ -5,11 +5,9 @@
 //! pooler. Each client is told PgBouncer's reason (FATAL 08P01 "database
 //! removed", "admin forced disconnect") by its own task, where its stream
 //! is at a message boundary; one that is not, or does not read to the end
-//! of its socket within `KILL_GRACE`, is cut off without a word.
+//! of its socket within `cancel::KILL_GRACE`, is cut off without a word.
 
 use std::collections::BTreeSet;
-use std::sync::Arc;
-use std::time::Duration;
 
 use bytes::BytesMut;
 use sluice_wire::command_complete;
@@ -17,26 +15,7 @@ use sluice_wire::command_complete;
 use super::{Line, already_paused, target};
 use crate::admin::error;
 use crate::app::App;
-use crate::backend::cancel::{Kill, Killed};
-
-/// How long a killed client's task has to say goodbye before its socket is
-/// shut down for good.
-const KILL_GRACE: Duration = Duration::from_millis(500);
-
-/// Cuts off, after the grace, the killed clients still connected.
-fn cut_later(app: &App, killed: Vec<Killed>) {
-    if killed.is_empty() {
-        return;
-    }
-    let cancels = Arc::clone(&app.cancels);
-    tokio::spawn(async move {
-        tokio::time::sleep(KILL_GRACE).await;
-        let cut = cancels.cut(&killed);
-        if cut > 0 {
-            tracing::info!("KILL: {cut} clients cut off after {KILL_GRACE:?} without a goodbye");
-        }
-    });
-}
+use crate::backend::cancel::Kill;
 
 pub(super) fn kill(app: &App, line: &Line<'_>, out: &mut BytesMut) {
     if app.control.all_paused() {
@@ -59,11 +38,9 @@ pub(super) fn kill(app: &App, line: &Line<'_>, out: &mut BytesMut) {
     for name in &paused {
         app.control.pause(Some(name));
     }
-    let killed = app.cancels.kill(Kill::DatabaseRemoved, |_, m| {
+    let count = app.cancels.kill_and_cut(Kill::DatabaseRemoved, |_, m| {
         db.is_none_or(|db| m.pool.database == db)
     });
-    let count = killed.len();
-    cut_later(app, killed);
     for p in app.pools() {
         if db.is_none_or(|db| db == p.database) {
             p.reconnect();
@@ -79,9 +56,11 @@ pub(super) fn kill(app: &App, line: &Line<'_>, out: &mut BytesMut) {
 pub(super) fn kill_client(app: &App, line: &Line<'_>, out: &mut BytesMut) {
     match line.arg().and_then(|id| id.parse::<i32>().ok()) {
         Some(id) => {
-            let killed = app.cancels.kill(Kill::AdminForced, |pid, _| pid == id);
-            if killed.len() == 1 {
-                cut_later(app, killed);
+            if app
+                .cancels
+                .kill_and_cut(Kill::AdminForced, |pid, _| pid == id)
+                == 1
+            {
                 command_complete(out, "KILL_CLIENT");
             } else {
                 error(out, "42704", "client not found");
