@@ -51,6 +51,34 @@ async fn plain_auth_accepts_the_password_and_refuses_a_wrong_one() {
     assert_wrong_password_refused(sluice.port(), APP_USER).await;
 }
 
+/// A plain password checked against a SCRAM secret (PBKDF2, off the event
+/// loop) and a SCRAM login against a plain one (a secret derived once).
+#[tokio::test]
+async fn plain_passwords_and_scram_secrets_meet_both_ways() {
+    let cluster = app_cluster(ServerAuth::ScramSha256);
+    let secret = cluster
+        .psql(
+            "postgres",
+            &format!("select rolpassword from pg_authid where rolname = '{APP_USER}'"),
+        )
+        .unwrap();
+    assert!(secret.trim().starts_with("SCRAM-SHA-256$"), "{secret}");
+    // (a plain login yields no SCRAM keys: the server login needs the
+    // password of the entry)
+    let sluice = ConfigBuilder::new()
+        .database_on(&cluster, "postgres", &format!("password={APP_PASSWORD}"))
+        .set("auth_type", "plain")
+        .auth_file(&format!("\"{APP_USER}\" \"{}\"\n", secret.trim()))
+        .start();
+    assert_logs_in_as_app(sluice.port(), APP_PASSWORD).await;
+    assert_wrong_password_refused(sluice.port(), APP_USER).await;
+    let sluice = sluice_with_client_auth(&cluster, "scram-sha-256");
+    for _ in 0..2 {
+        assert_logs_in_as_app(sluice.port(), APP_PASSWORD).await;
+    }
+    assert_wrong_password_refused(sluice.port(), APP_USER).await;
+}
+
 #[tokio::test]
 async fn md5_auth_accepts_the_password_and_refuses_a_wrong_one() {
     let cluster = app_cluster(ServerAuth::ScramSha256);

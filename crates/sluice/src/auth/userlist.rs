@@ -74,13 +74,20 @@ impl Userlist {
         })
     }
 
-    /// A SCRAM secret for a user with a plain password, derived once.
-    pub fn scram_for_plain(&self, user: &str, password: &str) -> ScramSecret {
+    /// The SCRAM secret derived for a user with a plain password, if it
+    /// was derived already (`remember_scram`).
+    pub fn derived_scram(&self, user: &str) -> Option<ScramSecret> {
+        let cache = self.derived_scram.lock().unwrap_or_else(|p| p.into_inner());
+        cache.get(user).cloned()
+    }
+
+    /// Keeps the SCRAM secret derived for `user`'s plain password (the
+    /// derivation, PBKDF2, is costly: once per user and auth_file).
+    pub fn remember_scram(&self, user: &str, secret: &ScramSecret) {
         let mut cache = self.derived_scram.lock().unwrap_or_else(|p| p.into_inner());
         cache
             .entry(user.to_owned())
-            .or_insert_with(|| ScramSecret::from_password(password))
-            .clone()
+            .or_insert_with(|| secret.clone());
     }
 
     pub fn get(&self, user: &str) -> Option<&Secret> {

@@ -45,12 +45,45 @@ impl Known<'_> {
 
     /// A SCRAM secret for a plain password (the auth_file's is derived once
     /// per user; a queried one, which may change, every time).
-    fn scram_for_plain(&self, user: &str, password: &str) -> ScramSecret {
-        match self {
-            Self::File(userlist) => userlist.scram_for_plain(user, password),
-            Self::Queried(_) => ScramSecret::from_password(password),
+    async fn scram_for_plain(
+        &self,
+        user: &str,
+        password: &str,
+    ) -> Result<ScramSecret, ClientError> {
+        if let Self::File(userlist) = self
+            && let Some(secret) = userlist.derived_scram(user)
+        {
+            return Ok(secret);
         }
+        let password = password.to_owned();
+        let secret = derive(move || ScramSecret::from_password(&password)).await?;
+        if let Self::File(userlist) = self {
+            userlist.remember_scram(user, &secret);
+        }
+        Ok(secret)
     }
+}
+
+/// PBKDF2 (a plain password checked against a SCRAM secret, a SCRAM
+/// secret made from a plain one) costs up to ~100 ms of CPU with a
+/// secret's iterations (4,096 to 100,000). It runs off the event loop, a
+/// few at a time: a flood of logins with wrong passwords queues here
+/// (within `client_login_timeout`) instead of stalling the transactions
+/// of the clients on the same worker.
+async fn derive<T: Send + 'static>(
+    work: impl FnOnce() -> T + Send + 'static,
+) -> Result<T, ClientError> {
+    static DERIVING: std::sync::LazyLock<tokio::sync::Semaphore> = std::sync::LazyLock::new(|| {
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        tokio::sync::Semaphore::new((cores / 2).max(1))
+    });
+    let _turn = DERIVING
+        .acquire()
+        .await
+        .map_err(|_| ClientError::new("XX000", "password check unavailable"))?;
+    tokio::task::spawn_blocking(work)
+        .await
+        .map_err(|_| ClientError::new("XX000", "password check failed"))
 }
 
 /// Runs the exchange `auth_type` asks for. Does not send AuthenticationOk.
@@ -69,7 +102,10 @@ pub async fn authenticate(
             let ok = match secret {
                 Some(Secret::Plain(p)) => *p == password,
                 Some(Secret::Md5(h)) => md5::password_hash(&password, user) == *h,
-                Some(Secret::Scram(s)) => scram_matches(s, &password),
+                Some(Secret::Scram(s)) => {
+                    let s = s.clone();
+                    derive(move || scram_matches(&s, &password)).await?
+                }
                 None => false,
             };
             if ok { Ok(None) } else { Err(auth_failed(user)) }
@@ -94,7 +130,7 @@ pub async fn authenticate(
         AuthType::ScramSha256 => {
             let (secret, learn) = match secret {
                 Some(Secret::Scram(s)) => (s.clone(), true),
-                Some(Secret::Plain(p)) => (known.scram_for_plain(user, p), false),
+                Some(Secret::Plain(p)) => (known.scram_for_plain(user, p).await?, false),
                 // An md5 hash cannot answer SCRAM; run the exchange against a
                 // mock secret so that the failure looks the same.
                 Some(Secret::Md5(_)) | None => (ScramSecret::mock(user), false),
