@@ -308,3 +308,38 @@ async fn failed_logins_to_invented_databases_leave_no_pools() {
     );
     assert!(pools.iter().any(|db| db == "postgres"), "{pools:?}");
 }
+
+/// A flood of logins to one database that does not exist (a `*` entry)
+/// costs PostgreSQL one failed login per `server_login_retry`, not one
+/// each: the failure is kept, as PgBouncer keeps it ("server login has
+/// been failing, cached error"), though the pool is not.
+#[tokio::test]
+async fn logins_to_a_database_that_does_not_exist_fail_from_a_cache() {
+    let cluster = auth_cluster();
+    let sluice = ConfigBuilder::new()
+        .database(
+            "*",
+            &format!("host={} port={}", cluster.host(), cluster.port()),
+        )
+        .set("auth_type", "md5")
+        .set("auth_user", AUTH_USER)
+        .set("auth_query", LOOKUP_QUERY)
+        .userlist(&[(AUTH_USER, AUTH_PASSWORD)])
+        .start();
+    for _ in 0..5 {
+        expect_sqlstate(
+            connect(sluice.port(), "md5user", "md5-pw", "nowhere").await,
+            "08006",
+        );
+    }
+    let tried = cluster
+        .log_text()
+        .matches("database \"nowhere\" does not exist")
+        .count();
+    assert_eq!(tried, 1, "PostgreSQL saw {tried} logins to nowhere");
+    // Another database is not held up.
+    assert_eq!(
+        current_user_through(sluice.port(), "md5user", "md5-pw", "postgres").await,
+        "md5user"
+    );
+}

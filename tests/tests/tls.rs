@@ -174,6 +174,32 @@ async fn plain_bytes_after_ssl_request_are_refused() {
     );
 }
 
+/// A TLS handshake that stalls (SSLRequest answered, then nothing) ends
+/// at client_login_timeout, as the rest of a login does, not at the
+/// handshake's own 10 s limit.
+#[tokio::test]
+async fn a_stalled_tls_handshake_ends_at_client_login_timeout() {
+    let cluster = app_cluster(ServerAuth::Trust);
+    let certs = Certs::make(APP_USER);
+    let sluice = tls_config(&cluster, &certs, "prefer")
+        .set("client_login_timeout", "1")
+        .start();
+    let mut raw = RawClient::connect(sluice.port()).await;
+    raw.send(&ssl_request()).await.expect("send");
+    assert!(matches!(
+        raw.read_byte(Duration::from_secs(5)).await,
+        RawReply::Message(b'S', _)
+    ));
+    // (the handshake's own limit would close it after 10 s)
+    assert!(
+        matches!(
+            raw.read_byte(Duration::from_secs(6)).await,
+            RawReply::Closed
+        ),
+        "the stalled handshake outlived client_login_timeout"
+    );
+}
+
 #[tokio::test]
 async fn reload_swaps_the_certificate_and_keeps_connected_clients() {
     let cluster = app_cluster(ServerAuth::Trust);

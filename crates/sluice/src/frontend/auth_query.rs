@@ -47,11 +47,28 @@ pub async fn lookup(app: &App, lookup: &AuthLookup) -> Result<Found, ClientError
             ),
         )
     };
+    let key = (lookup.database.clone(), lookup.auth_user.clone());
+    let retry = app.config().settings.server_login_retry;
+    let unlisted = app.config().database(&lookup.database).is_none();
+    if unlisted && let Some(reason) = LOGINS_FAILING.recent(&key, retry) {
+        return Err(failed(format!(
+            "server login has been failing, cached error: {reason}"
+        )));
+    }
     let (pool, disposable) = app
         .auth_pool(&lookup.database, &lookup.auth_user)
         .map_err(|e| failed(format!("auth_dbname: {e}")))?;
     let run = async {
-        let mut lease = pool.acquire().await.map_err(|e| e.to_string())?;
+        let mut lease = match pool.acquire().await {
+            Ok(lease) => lease,
+            Err(e) => {
+                let reason = e.to_string();
+                if disposable {
+                    LOGINS_FAILING.remember(key, &reason);
+                }
+                return Err(reason);
+            }
+        };
         // Two rows are enough to tell "one" from "several".
         match run_query_params(lease.server(), &lookup.query, &[&lookup.user], 2).await {
             Ok(rows) => {
@@ -88,6 +105,52 @@ pub async fn lookup(app: &App, lookup: &AuthLookup) -> Result<Found, ClientError
                 app.forget_pool(&pool);
             }
             Err(e)
+        }
+    }
+}
+
+/// Logins to a database only `*` stands for whose auth pool could not
+/// log in: its pool is forgotten at once (an attacker may name any number
+/// of databases), so its own `server_login_retry` memory goes with it.
+/// This keeps the failure for `server_login_retry` instead, as PgBouncer
+/// answers "server login has been failing, cached error": a flood of
+/// logins to one database that does not exist costs PostgreSQL one failed
+/// login, not one each.
+static LOGINS_FAILING: LoginsFailing = LoginsFailing(std::sync::Mutex::new(None));
+
+/// Failures kept; past it, expired ones are dropped, then new ones are not
+/// kept (the logins then fail one by one, as before).
+const FAILURES_KEPT: usize = 1024;
+
+type FailureKey = (String, String);
+
+struct LoginsFailing(
+    std::sync::Mutex<Option<std::collections::HashMap<FailureKey, (std::time::Instant, String)>>>,
+);
+
+impl LoginsFailing {
+    fn recent(&self, key: &FailureKey, retry: std::time::Duration) -> Option<String> {
+        let mut map = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        let failures = map.as_mut()?;
+        match failures.get(key) {
+            Some((at, reason)) if at.elapsed() < retry => Some(reason.clone()),
+            Some(_) => {
+                failures.remove(key);
+                None
+            }
+            None => None,
+        }
+    }
+
+    fn remember(&self, key: FailureKey, reason: &str) {
+        let mut map = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        let failures = map.get_or_insert_with(Default::default);
+        if failures.len() >= FAILURES_KEPT {
+            // (anything older than the longest sensible retry is over)
+            failures.retain(|_, (at, _)| at.elapsed() < std::time::Duration::from_secs(300));
+        }
+        if failures.len() < FAILURES_KEPT {
+            failures.insert(key, (std::time::Instant::now(), reason.to_owned()));
         }
     }
 }

@@ -77,7 +77,7 @@ pub async fn login(
             return Err((stream, timed_out()));
         };
         if peeked.is_ok() && first[0] == TLS_HANDSHAKE_RECORD {
-            stream = match upgrade(&tls, stream, true).await {
+            stream = match upgrade(&tls, stream, true, deadline).await {
                 Some(s) => s,
                 None => return Ok(None),
             };
@@ -98,7 +98,7 @@ pub async fn login(
             }
             Ok(Some(Decided::Console(role))) => return Ok(Some(Admitted::Console(stream, role))),
             Ok(Some(Decided::StartTls)) => {
-                stream = match upgrade(&tls, stream, false).await {
+                stream = match upgrade(&tls, stream, false, deadline).await {
                     Some(s) => s,
                     None => return Ok(None),
                 };
@@ -109,9 +109,16 @@ pub async fn login(
     }
 }
 
-/// The TLS handshake on a TCP client; `None` when it failed (logged; no
-/// PostgreSQL error can reach a client whose handshake failed).
-async fn upgrade(tls: &crate::tls::ClientTls, stream: Stream, direct: bool) -> Option<Stream> {
+/// The TLS handshake on a TCP client, within the login's `deadline`
+/// (client_login_timeout) as well as its own limit; `None` when it failed
+/// or took too long (logged; no PostgreSQL error can reach a client whose
+/// handshake did not finish).
+async fn upgrade(
+    tls: &crate::tls::ClientTls,
+    stream: Stream,
+    direct: bool,
+    deadline: Option<tokio::time::Instant>,
+) -> Option<Stream> {
     let Stream::Tcp(tcp) = stream else {
         return None;
     };
@@ -122,7 +129,17 @@ async fn upgrade(tls: &crate::tls::ClientTls, stream: Stream, direct: bool) -> O
         tracing::warn!(peer = %peer, "TLS handshake: a send still in flight");
         return None;
     };
-    match tls.accept(tcp, direct).await {
+    let accepted = match deadline {
+        Some(at) => match tokio::time::timeout_at(at, tls.accept(tcp, direct)).await {
+            Ok(accepted) => accepted,
+            Err(_) => {
+                tracing::info!(peer = %peer, "closing because: client_login_timeout (TLS handshake)");
+                return None;
+            }
+        },
+        None => tls.accept(tcp, direct).await,
+    };
+    match accepted {
         Ok(s) => Some(Stream::Tls(s)),
         Err(e) => {
             tracing::warn!(peer = %peer, "TLS handshake error: {e}");
