@@ -882,12 +882,18 @@ async fn listen_and_unlisten_take_effect_when_their_transaction_commits() {
     let tx = alice.transaction().await.unwrap();
     tx.execute("listen d", &[]).await.unwrap();
     tx.rollback().await.unwrap();
+    // A prepared LISTEN listens when it runs, not when it is prepared.
+    let prepared = alice.prepare("listen h").await.unwrap();
+    let tx = alice.transaction().await.unwrap();
+    tx.execute(&prepared, &[]).await.unwrap();
+    tx.rollback().await.unwrap();
     // She listens to nothing: the pool's listening connection is gone.
     let left = wait_for_backends(&cluster, "postgres", Duration::from_secs(10), |n| n == 1).await;
     assert_eq!(left, Ok(1), "the listening connection is closed");
     // Committed: alone, in a block, in a block an error and a savepoint
     // went through.
     alice.batch_execute("listen e").await.unwrap();
+    alice.execute(&prepared, &[]).await.unwrap();
     alice
         .batch_execute("begin; listen f; commit")
         .await
@@ -908,7 +914,7 @@ async fn listen_and_unlisten_take_effect_when_their_transaction_commits() {
         .batch_execute("begin; unlisten f; commit")
         .await
         .unwrap();
-    for channel in ["a", "b", "c", "d", "e", "f", "g"] {
+    for channel in ["a", "b", "c", "d", "e", "f", "g", "h"] {
         bob.batch_execute(&format!("notify {channel}, '{channel}'"))
             .await
             .unwrap();
@@ -922,7 +928,8 @@ async fn listen_and_unlisten_take_effect_when_their_transaction_commits() {
             .expect("connection open");
         got.push((n.channel().to_owned(), n.payload().to_owned()));
     }
-    let expected = [("e", "e"), ("g", "g"), ("e", "end")].map(|(c, p)| (c.into(), p.into()));
+    let expected =
+        [("e", "e"), ("g", "g"), ("h", "h"), ("e", "end")].map(|(c, p)| (c.into(), p.into()));
     assert_eq!(got, expected);
 }
 

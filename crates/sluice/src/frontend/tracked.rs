@@ -342,6 +342,7 @@ fn handle_message(
     let (out_at, expected_at) = (t.out.len(), t.expected.len());
     let (batch_open, outstanding) = (t.in_batch, cycle.req.outstanding);
     t.in_batch |= tag != f::QUERY;
+    let capacity = st.capacity;
     let names = &mut *st.names;
     let mut rewriter = Rewriter {
         names,
@@ -360,12 +361,18 @@ fn handle_message(
             let aborted = cycle.status == TransactionStatus::Failed
                 && cycle.req.status_current()
                 && !parse_query(message).is_some_and(sql::ends_transaction);
+            let tracked_name = capacity != 0 && parse_name(message).is_some_and(|n| !n.is_empty());
             rewriter.parse(message, aborted)?;
             cycle.req.other_sent();
             let text = parse_query(message);
             if let Some(text) = text.filter(|text| sql::may_matter(text)) {
-                // (its transaction is that of the Sync to come)
-                follow_listens(t, sql::specials(text), cycle.req.sent() + 1);
+                // A LISTEN takes effect when it runs: an unnamed statement
+                // (or one sluice does not track) at the Bind to come, in
+                // the transaction of the Sync to come; a named one at each
+                // Bind (below).
+                if !tracked_name {
+                    follow_listens(t, sql::specials(text), cycle.req.sent() + 1);
+                }
                 let effects = sql::effects(text);
                 reads_sequences = effects.sequences;
                 note_effects(t, effects, text);
@@ -379,6 +386,10 @@ fn handle_message(
             if let Some(statement) = bound
                 && statement.effects != Effects::default()
             {
+                if statement.effects.listen || statement.effects.settings {
+                    let specials = sql::specials(statement.query());
+                    follow_listens(t, specials, cycle.req.sent() + 1);
+                }
                 reads_sequences = statement.effects.sequences;
                 note_effects(t, statement.effects, statement.query());
             }
@@ -496,6 +507,13 @@ fn follow_outcome(
 
 fn pass(reply: Reply) -> Expect {
     Expect::pass(reply)
+}
+
+/// The statement name of a Parse message.
+fn parse_name(message: &[u8]) -> Option<&[u8]> {
+    sluice_wire::Reader::new(&message[sluice_wire::HEADER_LEN..])
+        .cstr_bytes()
+        .ok()
 }
 
 /// The query text of a Parse message.
