@@ -15,6 +15,11 @@ fn sluice_with_client_auth(cluster: &Cluster, auth_type: &str) -> SluiceProcess 
         .start()
 }
 
+/// What `sql` answers on the cluster's postgres database, trimmed.
+fn server_answer(cluster: &Cluster, sql: &str) -> String {
+    cluster.psql("postgres", sql).unwrap().trim().to_owned()
+}
+
 async fn assert_logs_in_as_app(port: u16, password: &str) {
     let client = connect(port, APP_USER, password, "postgres")
         .await
@@ -56,19 +61,17 @@ async fn plain_auth_accepts_the_password_and_refuses_a_wrong_one() {
 #[tokio::test]
 async fn plain_passwords_and_scram_secrets_meet_both_ways() {
     let cluster = app_cluster(ServerAuth::ScramSha256);
-    let secret = cluster
-        .psql(
-            "postgres",
-            &format!("select rolpassword from pg_authid where rolname = '{APP_USER}'"),
-        )
-        .unwrap();
-    assert!(secret.trim().starts_with("SCRAM-SHA-256$"), "{secret}");
+    let secret = server_answer(
+        &cluster,
+        &format!("select rolpassword from pg_authid where rolname = '{APP_USER}'"),
+    );
+    assert!(secret.starts_with("SCRAM-SHA-256$"), "{secret}");
     // (a plain login yields no SCRAM keys: the server login needs the
     // password of the entry)
     let sluice = ConfigBuilder::new()
         .database_on(&cluster, "postgres", &format!("password={APP_PASSWORD}"))
         .set("auth_type", "plain")
-        .auth_file(&format!("\"{APP_USER}\" \"{}\"\n", secret.trim()))
+        .auth_file(&format!("\"{APP_USER}\" \"{secret}\"\n"))
         .start();
     assert_logs_in_as_app(sluice.port(), APP_PASSWORD).await;
     assert_wrong_password_refused(sluice.port(), APP_USER).await;
@@ -91,12 +94,10 @@ async fn md5_auth_accepts_the_password_and_refuses_a_wrong_one() {
 #[tokio::test]
 async fn md5_auth_with_an_md5_hash_in_the_auth_file() {
     let cluster = app_cluster(ServerAuth::Md5);
-    let hash = cluster
-        .psql(
-            "postgres",
-            &format!("select 'md5' || md5('{APP_PASSWORD}' || '{APP_USER}')"),
-        )
-        .unwrap();
+    let hash = server_answer(
+        &cluster,
+        &format!("select 'md5' || md5('{APP_PASSWORD}' || '{APP_USER}')"),
+    );
     let sluice = ConfigBuilder::for_cluster(&cluster)
         .set("auth_type", "md5")
         .auth_file(&format!("\"{APP_USER}\" \"{hash}\"\n"))

@@ -55,6 +55,19 @@ fn sluice_with_auth_query(cluster: &Cluster, auth_type: &str) -> SluiceProcess {
         .start()
 }
 
+/// A `*` entry for every database of `cluster`, users looked up by
+/// auth_query under md5.
+fn any_database(cluster: &Cluster) -> ConfigBuilder {
+    ConfigBuilder::new()
+        .database(
+            "*",
+            &format!("host={} port={}", cluster.host(), cluster.port()),
+        )
+        .set("auth_type", "md5")
+        .set("auth_user", AUTH_USER)
+        .set("auth_query", LOOKUP_QUERY)
+}
+
 async fn current_user_through(port: u16, user: &str, password: &str, db: &str) -> String {
     let client = connect(port, user, password, db)
         .await
@@ -276,14 +289,7 @@ async fn failed_logins_to_invented_databases_leave_no_pools() {
             )
             .expect("create database");
     }
-    let sluice = ConfigBuilder::new()
-        .database(
-            "*",
-            &format!("host={} port={}", cluster.host(), cluster.port()),
-        )
-        .set("auth_type", "md5")
-        .set("auth_user", AUTH_USER)
-        .set("auth_query", LOOKUP_QUERY)
+    let sluice = any_database(&cluster)
         .set("admin_users", "admin")
         .userlist(&[(AUTH_USER, AUTH_PASSWORD), ("admin", "admin-pw")])
         .start();
@@ -316,14 +322,7 @@ async fn failed_logins_to_invented_databases_leave_no_pools() {
 #[tokio::test]
 async fn logins_to_a_database_that_does_not_exist_fail_from_a_cache() {
     let cluster = auth_cluster();
-    let sluice = ConfigBuilder::new()
-        .database(
-            "*",
-            &format!("host={} port={}", cluster.host(), cluster.port()),
-        )
-        .set("auth_type", "md5")
-        .set("auth_user", AUTH_USER)
-        .set("auth_query", LOOKUP_QUERY)
+    let sluice = any_database(&cluster)
         .userlist(&[(AUTH_USER, AUTH_PASSWORD)])
         .start();
     for _ in 0..5 {

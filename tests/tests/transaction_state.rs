@@ -910,10 +910,11 @@ async fn listen_and_unlisten_take_effect_when_their_transaction_commits() {
         .batch_execute("begin; unlisten e; rollback")
         .await
         .unwrap();
-    alice
-        .batch_execute("begin; unlisten f; commit")
-        .await
-        .unwrap();
+    // (prepared, as pgjdbc runs it with prepareThreshold=1)
+    let stop = alice.prepare("unlisten f").await.unwrap();
+    let tx = alice.transaction().await.unwrap();
+    tx.execute(&stop, &[]).await.unwrap();
+    tx.commit().await.unwrap();
     for channel in ["a", "b", "c", "d", "e", "f", "g", "h"] {
         bob.batch_execute(&format!("notify {channel}, '{channel}'"))
             .await

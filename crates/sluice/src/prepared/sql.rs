@@ -1013,7 +1013,9 @@ pub fn effects(text: &[u8]) -> Effects {
             e.removes = true;
         } else if is(b"prepare") || is(b"deallocate") {
             e.statements = true;
-        } else if is(b"listen") {
+        } else if is(b"listen") || is(b"unlisten") {
+            // (an UNLISTEN run from a prepared statement is followed at
+            // its Bind, which looks only at statements with an effect)
             e.listen = true;
         } else if is(b"do") || is(b"call") {
             e.opaque = true;
