@@ -29,7 +29,8 @@ pub(super) enum IdleKind {
     Unread,
     /// A read on a replica that has not answered yet: a look now and then
     /// at whether the checks took the replica out of rotation (frozen,
-    /// cut off), in which case the read runs on the primary.
+    /// cut off), in which case the read runs on the primary, and at the
+    /// client's end (as `Unread` looks).
     Replica,
 }
 

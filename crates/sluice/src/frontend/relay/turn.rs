@@ -408,6 +408,11 @@ pub(super) fn on_event(
                 return None;
             }
             Some(IdleKind::Replica) => {
+                // (it stands in for the look `Unread` takes at a client
+                // that is not read)
+                if client.stream.peer_hung_up() {
+                    return Some(Ok(Outcome::ClientGone));
+                }
                 // (a host pool's number is its topology index + 1)
                 let index = (lease.host() as usize).checked_sub(1);
                 let out = client
