@@ -169,12 +169,7 @@ impl RawClient {
         sql: &[u8],
         timeout: Duration,
     ) -> Vec<Option<Vec<u8>>> {
-        let mut message = vec![b'Q'];
-        let len = i32::try_from(4 + sql.len() + 1).expect("query fits");
-        message.extend_from_slice(&len.to_be_bytes());
-        message.extend_from_slice(sql);
-        message.push(0);
-        self.send(&message).await.expect("send query");
+        self.send(&query_bytes(sql)).await.expect("send query");
         let shown = String::from_utf8_lossy(sql);
         let mut rows = Vec::new();
         loop {
@@ -189,6 +184,20 @@ impl RawClient {
             }
         }
     }
+}
+
+/// A simple Query message.
+pub fn query_message(sql: &str) -> Vec<u8> {
+    query_bytes(sql.as_bytes())
+}
+
+fn query_bytes(sql: &[u8]) -> Vec<u8> {
+    let mut message = vec![b'Q'];
+    let len = i32::try_from(4 + sql.len() + 1).expect("query fits");
+    message.extend_from_slice(&len.to_be_bytes());
+    message.extend_from_slice(sql);
+    message.push(0);
+    message
 }
 
 /// A v3 StartupMessage with the given parameters.

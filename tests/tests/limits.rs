@@ -418,3 +418,59 @@ impl Drop for KillOnDrop {
         let _ = self.0.wait();
     }
 }
+
+/// Backends running `pg_sleep(30)` on `cluster`.
+async fn sleepers(cluster: &Cluster) -> i64 {
+    let admin = superuser_connect(cluster, "postgres").await;
+    admin
+        .query_one(
+            "select count(*) from pg_stat_activity \
+             where query = 'select pg_sleep(30)' and pid <> pg_backend_pid()",
+            &[],
+        )
+        .await
+        .expect("pg_stat_activity")
+        .get(0)
+}
+
+/// A client that leaves (or is killed, or times out) in the middle of a
+/// query takes its query with it: the server is closed after a cancel.
+/// Closed alone, it ran the query to its end outside the pool's count, so
+/// a client that starts long queries and leaves, again and again, took
+/// PostgreSQL's connections past pool_size (and max_connections: every
+/// other client refused).
+#[tokio::test]
+async fn a_client_that_leaves_mid_query_takes_its_query_with_it() {
+    let cluster = app_cluster(ServerAuth::Trust);
+    let sluice = ConfigBuilder::for_cluster(&cluster)
+        .set("pool_mode", "transaction")
+        .set("default_pool_size", "2")
+        .start();
+    for _ in 0..4 {
+        let mut raw = RawClient::logged_in(sluice.port(), APP_USER, "postgres").await;
+        raw.send(&query_message("select pg_sleep(30)"))
+            .await
+            .expect("send");
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while sleepers(&cluster).await == 0 {
+            assert!(Instant::now() < deadline, "the query never ran");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        drop(raw);
+    }
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let left = sleepers(&cluster).await;
+        if left == 0 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{left} queries of clients that left still run on the server"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // The pool serves the next client.
+    let next = connect_as(sluice.port(), APP_USER, "postgres").await;
+    assert_eq!(scalar_text(&next, "select 'next'").await, "next");
+}

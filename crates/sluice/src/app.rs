@@ -559,7 +559,8 @@ impl App {
     /// A pool of a database the configuration no longer has: its clients
     /// are disconnected, as PgBouncer disconnects them (FATAL 08P01
     /// "database removed", each told by its own task, as by KILL; one in
-    /// a transaction loses it, its server rolled back or closed).
+    /// a transaction loses it: its server is rolled back, or, mid-query,
+    /// the query is cancelled and the server closed).
     fn disconnect_removed(&self, pool: &Arc<Pool>) {
         let count = self
             .cancels

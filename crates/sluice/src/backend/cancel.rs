@@ -13,12 +13,9 @@
 use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU8, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
-use bytes::BytesMut;
 use sluice_wire::{BackendKeyData, CancelRequest};
-use tokio::io::AsyncWriteExt;
 
 use super::pool::Pool;
-use super::target::ServerAddr;
 use crate::auth::scram::fill_random;
 
 /// How long a killed client's task has to say goodbye (where its stream
@@ -633,51 +630,20 @@ impl CancelRegistry {
         if let Some(f) = forwarding.as_mut() {
             f.clean = false;
         }
-        let mut buf = BytesMut::with_capacity(16);
-        CancelRequest {
-            process_id: key.process_id,
-            secret_key: key.secret_key,
-        }
-        .encode(&mut buf);
         // PostgreSQL closes the connection once it has signalled the
         // backend: until then the server is not lent again (`unlink`).
-        let send = async {
-            match &target.addr {
-                ServerAddr::Tcp { host, port } => {
-                    let mut s = crate::backend::dns::connect(host, *port, target.dns).await?;
-                    s.write_all(&buf).await?;
-                    until_closed(&mut s).await
-                }
-                ServerAddr::Unix(p) => {
-                    let mut s = tokio::net::UnixStream::connect(p).await?;
-                    s.write_all(&buf).await?;
-                    until_closed(&mut s).await
-                }
-            }
-        };
-        // cancel_wait_timeout bounds forwarding; 0 leaves only the
-        // server_connect_timeout bound.
-        let wait = match pool.settings().cancel_wait_timeout {
-            d if d.is_zero() => target.connect_timeout,
-            d => d,
-        };
-        tokio::time::timeout(wait, send)
-            .await
-            .map_err(|_| std::io::Error::new(std::io::ErrorKind::TimedOut, "cancel timed out"))??;
+        super::cancel_request::send_cancel(
+            &target,
+            &target.addr,
+            key,
+            pool.settings().cancel_wait_timeout,
+        )
+        .await?;
         if let Some(f) = forwarding.as_mut() {
             f.clean = true;
         }
         Ok(true)
     }
-}
-
-/// Reads until the server closes the cancel connection (it sends
-/// nothing; a few bytes at most are read and dropped).
-async fn until_closed(s: &mut (impl tokio::io::AsyncRead + Unpin)) -> std::io::Result<()> {
-    use tokio::io::AsyncReadExt;
-    let mut scrap = [0u8; 64];
-    while s.read(&mut scrap).await? != 0 {}
-    Ok(())
 }
 
 /// One cancel request being forwarded for a client's slot.

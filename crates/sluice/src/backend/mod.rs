@@ -2,6 +2,7 @@
 //! share them among clients within the configured limits.
 
 pub mod cancel;
+pub mod cancel_request;
 pub mod cluster;
 pub mod dns;
 pub mod idle;

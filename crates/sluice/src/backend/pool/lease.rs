@@ -149,6 +149,36 @@ impl Lease {
             self.pool.discard(s, true, Closing::Unclean);
         }
     }
+
+    /// Closes the server after asking PostgreSQL to cancel what it runs.
+    /// For a server whose client left (or was killed, or timed out) in
+    /// the middle of a query: closed alone, it would run the query to its
+    /// end outside the pool's count, and a client that starts long
+    /// queries and leaves, again and again, would take PostgreSQL's
+    /// connections past `pool_size` and `max_db_connections`. The slot
+    /// stays taken until PostgreSQL has signalled the backend (at most
+    /// `cancel_wait_timeout`).
+    pub async fn cancel_and_close(self) {
+        if let Some(server) = self.server.as_ref() {
+            let (settings, target) = self.pool.settings_and_target();
+            let addr = target
+                .alternates
+                .addrs
+                .get(usize::from(server.alternate))
+                .unwrap_or(&target.addr);
+            let sent = crate::backend::cancel_request::send_cancel(
+                &target,
+                addr,
+                server.key,
+                settings.cancel_wait_timeout,
+            )
+            .await;
+            if let Err(e) = sent {
+                tracing::info!(db = %self.pool.database, "the query of a client that left could not be cancelled: {e}");
+            }
+        }
+        self.close();
+    }
 }
 
 impl Drop for Lease {

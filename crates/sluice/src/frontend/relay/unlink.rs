@@ -299,7 +299,13 @@ async fn finish_abandoned(
         && cycle.server_scan.at_boundary()
         && cycle.to_server == 0;
     if !at_rest {
-        lease.close();
+        // (a query running for a client that is gone is cancelled, not
+        // left to run outside the pool's count)
+        if cycle.req.outstanding > 0 {
+            lease.cancel_and_close().await;
+        } else {
+            lease.close();
+        }
         return;
     }
     // Whole messages meant for a client that is gone.
