@@ -893,6 +893,13 @@ async fn listen_and_unlisten_take_effect_when_their_transaction_commits() {
     // Committed: alone, in a block, in a block an error and a savepoint
     // went through.
     alice.batch_execute("listen e").await.unwrap();
+    // An UNLISTEN then a LISTEN of the same channel in one transaction
+    // keep it.
+    alice.batch_execute("listen k").await.unwrap();
+    alice
+        .batch_execute("begin; unlisten k; listen k; commit")
+        .await
+        .unwrap();
     alice.execute(&prepared, &[]).await.unwrap();
     alice
         .batch_execute("begin; listen f; commit")
@@ -915,7 +922,7 @@ async fn listen_and_unlisten_take_effect_when_their_transaction_commits() {
     let tx = alice.transaction().await.unwrap();
     tx.execute(&stop, &[]).await.unwrap();
     tx.commit().await.unwrap();
-    for channel in ["a", "b", "c", "d", "e", "f", "g", "h"] {
+    for channel in ["a", "b", "c", "d", "e", "f", "g", "h", "k"] {
         bob.batch_execute(&format!("notify {channel}, '{channel}'"))
             .await
             .unwrap();
@@ -929,8 +936,8 @@ async fn listen_and_unlisten_take_effect_when_their_transaction_commits() {
             .expect("connection open");
         got.push((n.channel().to_owned(), n.payload().to_owned()));
     }
-    let expected =
-        [("e", "e"), ("g", "g"), ("h", "h"), ("e", "end")].map(|(c, p)| (c.into(), p.into()));
+    let expected = [("e", "e"), ("g", "g"), ("h", "h"), ("k", "k"), ("e", "end")]
+        .map(|(c, p)| (c.into(), p.into()));
     assert_eq!(got, expected);
 }
 

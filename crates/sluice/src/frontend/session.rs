@@ -639,33 +639,28 @@ impl Client {
         let Some(listening) = carried.listen.as_mut() else {
             return;
         };
-        let hub = &self.pool.notify;
-        let id = listening.id;
-        let stop = |channel: &str| {
-            if !ledger.listen_pending(channel) {
-                hub.unsubscribe(id, Some(channel));
-            }
-        };
+        // The committed channels follow the statements in order; the hub
+        // stops listening for the client only where, after all of them,
+        // nothing it committed or still waits for needs it (an UNLISTEN
+        // then a LISTEN of the same channel keep it).
+        let mut unheard = Vec::new();
         for (statement, committed) in settled {
-            let unheard = match (statement, committed) {
+            match (statement, committed) {
                 (Special::Listen(channel), true) => {
                     listening.channels.insert(channel);
-                    None
                 }
-                (Special::Listen(channel), false) => {
-                    (!listening.channels.contains(&channel)).then_some(channel)
-                }
+                (Special::Listen(channel), false) => unheard.push(channel),
                 (Special::Unlisten(Some(channel)), true) => {
-                    listening.channels.remove(&channel).then_some(channel)
+                    listening.channels.remove(&channel);
+                    unheard.push(channel);
                 }
-                (Special::Unlisten(None), true) => {
-                    listening.channels.drain().for_each(|c| stop(&c));
-                    None
-                }
-                _ => None,
-            };
-            if let Some(channel) = unheard {
-                stop(&channel);
+                (Special::Unlisten(None), true) => unheard.extend(listening.channels.drain()),
+                _ => {}
+            }
+        }
+        for channel in unheard {
+            if !listening.channels.contains(&channel) && !ledger.listen_pending(&channel) {
+                self.pool.notify.unsubscribe(listening.id, Some(&channel));
             }
         }
         if listening.channels.is_empty() && !ledger.is_pending() {
