@@ -1172,51 +1172,90 @@ impl Drop for Frozen {
 /// for the replica to thaw (or for query_timeout, off by default).
 #[tokio::test]
 async fn a_read_whose_replica_freezes_runs_on_the_primary() {
+    read_through_a_freeze(&[], false, 12).await;
+}
+
+/// The same with query_timeout set (its clock once kept the replica's
+/// from running) and a read by a prepared statement (the Parse sluice
+/// sends first on a replica server that lacks it once barred the re-run:
+/// the client got 08006), both found by a review.
+#[tokio::test]
+async fn a_prepared_read_whose_replica_freezes_runs_on_the_primary_within_query_timeout() {
+    read_through_a_freeze(&[("query_timeout", "30")], true, 2).await;
+}
+
+/// A read of `sleep` seconds on the replica, which freezes while it runs.
+/// A long one (past the time the checks take) is also found cancelled on
+/// the replica once it thaws: it is not run to its end there too.
+async fn read_through_a_freeze(settings: &[(&str, &str)], prepared: bool, sleep: u32) {
+    let read_sql = format!("select pg_is_in_recovery()::text, pg_sleep({sleep})");
+    let running = format!(
+        "select count(*)::text from pg_stat_activity \
+         where query = '{read_sql}' and state = 'active'"
+    );
     let (primary, replica) = primary_and_replica();
-    let quick_checks = [
+    let mut with = vec![
         ("health_check_timeout", "1"),
         ("health_check_threshold", "2"),
     ];
-    let (sluice, client) = reading_client(&primary, &replica, &quick_checks).await;
+    with.extend_from_slice(settings);
+    let (sluice, client) = reading_client(&primary, &replica, &with).await;
     let on_replica = superuser_connect(&replica, "postgres").await;
     let read = tokio::spawn(async move {
-        let rows = client
-            .simple_query("select pg_is_in_recovery()::text, pg_sleep(2)")
-            .await?;
-        Ok::<_, tokio_postgres::Error>(rows.into_iter().find_map(|m| match m {
+        if prepared {
+            let statement = client.prepare(&read_sql).await?;
+            let row = client.query_one(&statement, &[]).await?;
+            return Ok::<_, tokio_postgres::Error>(Some(row.get::<_, String>(0)));
+        }
+        let rows = client.simple_query(&read_sql).await?;
+        Ok(rows.into_iter().find_map(|m| match m {
             SimpleQueryMessage::Row(r) => r.get(0).map(str::to_owned),
             _ => None,
         }))
     });
     let deadline = Instant::now() + Duration::from_secs(10);
-    while scalar_text(
-        &on_replica,
-        "select count(*)::text from pg_stat_activity \
-         where query like '%pg_sleep(2)%' and pid <> pg_backend_pid()",
-    )
-    .await
-        != "1"
-    {
+    while scalar_text(&on_replica, &running).await != "1" {
         assert!(
             Instant::now() < deadline,
             "the read never ran on the replica"
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    let _frozen = Frozen::new(&replica);
+    let frozen = Frozen::new(&replica);
+    // Once it runs on the primary, the replica thaws, its read not done
+    // (pg_sleep counts wall time: a long one has most of it left).
+    let on_primary = superuser_connect(&primary, "postgres").await;
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while scalar_text(&on_primary, &running).await != "1" && !read.is_finished() {
+        assert!(
+            Instant::now() < deadline,
+            "the read never ran on the primary\n{}",
+            sluice.log_tail(20)
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    drop(frozen);
+    if sleep >= 10 {
+        // (only a cancel ends it this soon: it is not run to its end on
+        // the replica too)
+        let deadline = Instant::now() + Duration::from_secs(3);
+        while scalar_text(&on_replica, &running).await != "0" {
+            assert!(
+                Instant::now() < deadline,
+                "the read still runs on the replica after it thawed\n{}",
+                sluice.log_tail(20)
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
     let answer = tokio::time::timeout(Duration::from_secs(20), read)
         .await
-        .unwrap_or_else(|_| {
-            panic!(
-                "the read still waits on the frozen replica\n{}",
-                sluice.log_tail(20)
-            )
-        })
+        .unwrap_or_else(|_| panic!("the read never answered\n{}", sluice.log_tail(20)))
         .expect("task")
-        .expect("the read answered");
+        .unwrap_or_else(|e| panic!("the read failed: {e}\n{}", sluice.log_tail(20)));
     assert_eq!(answer.as_deref(), Some("false"), "it ran on the primary");
     let next = connect_as(sluice.port(), APP_USER, "postgres").await;
-    assert!(!in_recovery(&next, "select pg_is_in_recovery()").await);
+    assert_eq!(scalar_text(&next, "select 'next'").await, "next");
 }
 
 /// A read an administrator terminates on its replica mid-run (its

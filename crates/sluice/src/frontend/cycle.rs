@@ -41,6 +41,10 @@ pub(super) struct Cycle {
     pub(super) xacts_done: u64,
     /// Bytes written to the server and to the client.
     pub(super) written: (u64, u64),
+    /// Client bytes taken for the server in transaction and statement
+    /// mode, as the client sent them (sluice's own messages and renamed
+    /// statements make `written.0` differ).
+    pub(super) client_taken: u64,
     /// SQLSTATE classes of server errors.
     pub(super) error_classes: Vec<([u8; 2], u64)>,
     /// On a replica, only the request routed there is sent: client
@@ -117,6 +121,7 @@ impl Cycle {
             cycles_done: 0,
             xacts_done: 0,
             written: (0, 0),
+            client_taken: 0,
             error_classes: Vec::new(),
             // (a session-mode session on a standby keeps it)
             cap: ((host != 0 && !session_mode)

@@ -281,6 +281,7 @@ pub(super) fn rewrite_client(
         }
         t.out.extend_from_slice(&cbuf[..end.forward_to]);
         cbuf.advance(end.forward_to);
+        cycle.client_taken += end.forward_to as u64;
         // (a message the scan waits for is measured from the new start:
         // else one near the size limit behind forwarded bytes is refused)
         cycle.client_scan.consumed(end.forward_to);
@@ -323,6 +324,7 @@ pub(super) fn rewrite_client(
         };
         let handled = handle_message(cycle, &cbuf[..header.total_len], header.tag, t, st);
         cbuf.advance(header.total_len);
+        cycle.client_taken += header.total_len as u64;
         handled?;
     }
     cycle.to_server = t.out.len();

@@ -159,25 +159,50 @@ impl Lease {
     /// stays taken until PostgreSQL has signalled the backend (at most
     /// `cancel_wait_timeout`).
     pub async fn cancel_and_close(self) {
-        if let Some(server) = self.server.as_ref() {
-            let (settings, target) = self.pool.settings_and_target();
-            let addr = target
-                .alternates
-                .addrs
-                .get(usize::from(server.alternate))
-                .unwrap_or(&target.addr);
-            let sent = crate::backend::cancel_request::send_cancel(
-                &target,
-                addr,
-                server.key,
-                settings.cancel_wait_timeout,
-            )
-            .await;
-            if let Err(e) = sent {
-                tracing::info!(db = %self.pool.database, "the query of a client that left could not be cancelled: {e}");
-            }
+        if let Some(cancel) = self.cancel_request()
+            && let Err(e) = cancel.await
+        {
+            tracing::info!(db = %self.pool.database, "the query of a client that left could not be cancelled: {e}");
         }
         self.close();
+    }
+
+    /// Asks PostgreSQL to cancel what the server runs without waiting for
+    /// it: for a server that may not answer for long (a replica taken out
+    /// of rotation; the request waits in its listen queue until it does).
+    pub fn cancel_detached(&self) {
+        if let Some(cancel) = self.cancel_request() {
+            let database = self.pool.database.clone();
+            tokio::spawn(async move {
+                if let Err(e) = cancel.await {
+                    tracing::info!(db = %database, "a query left on a server that does not answer could not be cancelled: {e}");
+                }
+            });
+        }
+    }
+
+    /// The CancelRequest for the server's backend, sent when awaited.
+    fn cancel_request(
+        &self,
+    ) -> Option<impl std::future::Future<Output = std::io::Result<()>> + Send + 'static> {
+        let server = self.server.as_ref()?;
+        let (settings, target) = self.pool.settings_and_target();
+        let addr = target
+            .alternates
+            .addrs
+            .get(usize::from(server.alternate))
+            .unwrap_or(&target.addr)
+            .clone();
+        let key = server.key;
+        Some(async move {
+            crate::backend::cancel_request::send_cancel(
+                &target,
+                &addr,
+                key,
+                settings.cancel_wait_timeout,
+            )
+            .await
+        })
     }
 }
 

@@ -98,12 +98,13 @@ pub(super) struct Standing {
 /// applies wins.
 #[inline(always)]
 pub(super) fn idle_clock(s: &Standing, limits: &Limits) -> Option<(IdleKind, Duration)> {
-    if s.owed && !limits.query.is_zero() {
+    if s.owed && s.unanswered_replica {
+        // (query_timeout's deadline bounds its looks: `Clocks::arm`)
+        Some((IdleKind::Replica, REPLICA_LOOK))
+    } else if s.owed && !limits.query.is_zero() {
         // query_timeout: timed per request (re-armed at each
         // ReadyForQuery, see `Clocks::arm`).
         Some((IdleKind::Query, limits.query))
-    } else if s.unanswered_replica {
-        Some((IdleKind::Replica, REPLICA_LOOK))
     } else if s.unread_client {
         Some((IdleKind::Unread, UNREAD_LOOK))
     } else if s.mid_message {
@@ -128,6 +129,8 @@ pub(super) struct Clocks {
     idle: Option<(IdleKind, Timer)>,
     /// Request cycles ended when the query_timeout clock was last armed.
     query_cycle: u64,
+    /// When the request owed now times out (query_timeout), if it does.
+    query_deadline: Option<tokio::time::Instant>,
     /// transaction_timeout: runs from the first message of a transaction
     /// to the ReadyForQuery that ends it (the lease begins with one).
     transaction: Option<Timer>,
@@ -144,6 +147,7 @@ impl Clocks {
             limits,
             idle: None,
             query_cycle: 0,
+            query_deadline: None,
             xact_mark: 0,
         }
     }
@@ -153,13 +157,30 @@ impl Clocks {
     /// ended transaction transaction_timeout's).
     #[inline(always)]
     pub(super) fn arm(&mut self, s: &Standing, cycles_done: u64, xacts_done: u64) {
+        // query_timeout counts from the turn a request is first owed in
+        // (whichever clock runs: a read waiting on a replica looks at it
+        // too).
+        let mut next_request = false;
+        if !s.owed || self.limits.query.is_zero() {
+            self.query_deadline = None;
+        } else if self.query_deadline.is_none() || self.query_cycle != cycles_done {
+            self.query_deadline = Some(tokio::time::Instant::now() + self.limits.query);
+            self.query_cycle = cycles_done;
+            next_request = true;
+        }
         match idle_clock(s, &self.limits) {
             None => self.idle = None,
             Some((kind, after)) => {
-                let next_request = kind == IdleKind::Query && self.query_cycle != cycles_done;
-                if next_request || self.idle.as_ref().is_none_or(|(k, _)| *k != kind) {
-                    self.idle = Some((kind, Box::pin(tokio::time::sleep(after))));
-                    self.query_cycle = cycles_done;
+                let timed = matches!(kind, IdleKind::Query | IdleKind::Replica);
+                if (timed && next_request) || self.idle.as_ref().is_none_or(|(k, _)| *k != kind) {
+                    let sleep = match (kind, self.query_deadline) {
+                        (IdleKind::Query, Some(at)) => tokio::time::sleep_until(at),
+                        (IdleKind::Replica, Some(at)) => {
+                            tokio::time::sleep_until(at.min(tokio::time::Instant::now() + after))
+                        }
+                        _ => tokio::time::sleep(after),
+                    };
+                    self.idle = Some((kind, Box::pin(sleep)));
                 }
             }
         }
@@ -176,6 +197,12 @@ impl Clocks {
                 self.transaction = Some(Box::pin(tokio::time::sleep(self.limits.transaction)));
             }
         }
+    }
+
+    /// The request owed has run past query_timeout.
+    pub(super) fn query_expired(&self) -> bool {
+        self.query_deadline
+            .is_some_and(|at| tokio::time::Instant::now() >= at)
     }
 
     /// The idle clock running, if one is.
@@ -230,6 +257,7 @@ mod tests {
             limits: all_limits(),
             idle: None,
             query_cycle: 0,
+            query_deadline: None,
             transaction: None,
             xact_mark: 0,
         }
@@ -271,10 +299,46 @@ mod tests {
             idle_clock(&s, &Limits::default()),
             Some((IdleKind::Replica, REPLICA_LOOK))
         );
-        // query_timeout, when set, bounds it anyway.
+        // With query_timeout too: its deadline bounds the looks.
         assert_eq!(
             idle_clock(&s, &all_limits()),
-            Some((IdleKind::Query, 7 * S))
+            Some((IdleKind::Replica, REPLICA_LOOK))
+        );
+    }
+
+    #[tokio::test]
+    async fn a_replica_read_keeps_query_timeouts_deadline() {
+        let mut clocks = Clocks {
+            limits: Limits {
+                query: Duration::from_millis(300),
+                ..all_limits()
+            },
+            ..clocks()
+        };
+        let waiting = Standing {
+            owed: true,
+            unanswered_replica: true,
+            ..Default::default()
+        };
+        clocks.arm(&waiting, 0, 0);
+        assert_eq!(clocks.idle_kind(), Some(IdleKind::Replica));
+        let deadline = clocks.query_deadline.expect("query_timeout runs");
+        // (the look comes at the deadline, not a second later)
+        assert_eq!(
+            clocks.idle.as_ref().map(|(_, t)| t.deadline()),
+            Some(deadline)
+        );
+        assert!(!clocks.query_expired());
+        // The replica answers: query_timeout goes on from the same start.
+        let answered = Standing {
+            unanswered_replica: false,
+            ..waiting
+        };
+        clocks.arm(&answered, 0, 0);
+        assert_eq!(clocks.idle_kind(), Some(IdleKind::Query));
+        assert_eq!(
+            clocks.idle.as_ref().map(|(_, t)| t.deadline()),
+            Some(deadline)
         );
     }
 

@@ -189,7 +189,10 @@ pub async fn run(client: &mut Client, cbuf: &mut BytesMut, mut lease: Lease) -> 
                 }
             }
             event => {
-                if let Some(end) = turn::on_event(event, client, &mut lease, &mut clocks) {
+                let tracked = tracking.is_some();
+                if let Some(end) =
+                    turn::on_event(event, client, &mut lease, &mut clocks, &cycle, tracked)
+                {
                     break end;
                 }
             }

@@ -383,6 +383,8 @@ pub(super) fn on_event(
     client: &mut Client,
     lease: &mut Lease,
     clocks: &mut Clocks,
+    cycle: &Cycle,
+    tracked: bool,
 ) -> Option<Result<Outcome, End>> {
     let end = match event {
         IoEvent::Progress { .. } => return None,
@@ -413,6 +415,9 @@ pub(super) fn on_event(
                 if client.stream.peer_hung_up() {
                     return Some(Ok(Outcome::ClientGone));
                 }
+                if clocks.query_expired() {
+                    return Some(Err(End::Client(ClientError::new("08P01", "query timeout"))));
+                }
                 // (a host pool's number is its topology index + 1)
                 let index = (lease.host() as usize).checked_sub(1);
                 let out = client
@@ -421,10 +426,15 @@ pub(super) fn on_event(
                     .and_then(|c| c.topology.as_ref())
                     .zip(index)
                     .is_some_and(|(t, i)| t.out_of_rotation(i));
-                if out {
+                // (one that cannot run again waits, as it would for a
+                // replica that answers late)
+                if out && super::unlink::may_run_again(client, cycle, tracked) {
                     // Nothing of the read reached the client: it runs on
                     // the primary (`unlink::server_lost`), and the
-                    // replica's connection, which may never answer, closes.
+                    // replica's connection, which may never answer, closes
+                    // (its query cancelled when the replica comes back, not
+                    // left to run there too).
+                    lease.cancel_detached();
                     return Some(Err(End::Server {
                         why: "the replica was taken out of rotation (its checks fail) \
                               before it answered"

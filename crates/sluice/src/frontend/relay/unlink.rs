@@ -171,6 +171,24 @@ pub(super) async fn check_in(
     lease.release();
 }
 
+/// The request may run again elsewhere (`Client::retry_query`): it may,
+/// nothing of its replies reached the client, and nothing after it went
+/// to the server.
+pub(super) fn may_run_again(client: &Client, cycle: &Cycle, tracked: bool) -> bool {
+    let sent = if tracked {
+        cycle.client_taken
+    } else {
+        cycle.written.0
+    };
+    cycle.retry != Retry::Off
+        && cycle.written.1 == 0
+        && !cycle.client_terminated
+        && client
+            .retry_query
+            .as_ref()
+            .is_some_and(|q| sent <= q.len() as u64)
+}
+
 /// The server's connection failed (`lost`: it ended) or it broke the
 /// protocol. A request that may run again and of which nothing reached
 /// the client goes round again; a server that went between transactions
@@ -185,14 +203,7 @@ fn server_lost(
     why: String,
     lost: bool,
 ) -> RelayEnd {
-    let retry = lost
-        && cycle.retry != Retry::Off
-        && cycle.written.1 == 0
-        && !cycle.client_terminated
-        && client
-            .retry_query
-            .as_ref()
-            .is_some_and(|q| cycle.written.0 <= q.len() as u64);
+    let retry = lost && may_run_again(client, cycle, tracking.is_some());
     if retry {
         if lease.host() == 0 {
             tracing::warn!(user = %client.user(), db = %client.database(), "server connection failed before any reply ({why}): the request runs on another server");
