@@ -941,6 +941,39 @@ async fn listen_and_unlisten_take_effect_when_their_transaction_commits() {
     assert_eq!(got, expected);
 }
 
+/// A client pinned to its server (a temporary table) and listening gets
+/// its notifications between transactions, as an unpinned one does
+/// (found by a review: it got none, as it never leaves the relay).
+#[tokio::test]
+async fn a_pinned_client_gets_its_notifications() {
+    let cluster = app_cluster(ServerAuth::Trust);
+    let sluice = ConfigBuilder::for_cluster(&cluster)
+        .set("pool_mode", "transaction")
+        .set("default_pool_size", "2")
+        .start();
+    let (alice, mut inbox) = connect_listening(sluice.port(), APP_USER, "postgres").await;
+    let bob = connect_as(sluice.port(), APP_USER, "postgres").await;
+    alice
+        .batch_execute("create temp table kept (x int); listen pinned")
+        .await
+        .unwrap();
+    for payload in ["one", "two"] {
+        bob.batch_execute(&format!("notify pinned, '{payload}'"))
+            .await
+            .unwrap();
+        let n = tokio::time::timeout(Duration::from_secs(10), inbox.recv())
+            .await
+            .expect("notification within 10 s")
+            .expect("connection open");
+        assert_eq!((n.channel(), n.payload()), ("pinned", payload));
+    }
+    // Still pinned, and working.
+    assert_eq!(
+        scalar_text(&alice, "select count(*)::text from kept").await,
+        "0"
+    );
+}
+
 #[tokio::test]
 async fn the_listening_connection_closes_when_the_last_listener_leaves() {
     let cluster = app_cluster(ServerAuth::Trust);

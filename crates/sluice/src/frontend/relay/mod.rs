@@ -174,7 +174,29 @@ pub async fn run(client: &mut Client, cbuf: &mut BytesMut, mut lease: Lease) -> 
             cbuf_wanted: cycle.client_scan.wanted(),
             blocked: &mut blocked,
         };
-        match std::future::poll_fn(|cx| sides.poll(cx)).await {
+        // A pinned client between transactions stays here: it is given
+        // its notifications as an idle one is in `session.rs` (rare:
+        // boxed, out of every relay's future).
+        let listening = client
+            .carried
+            .as_mut()
+            .and_then(|c| c.listen.as_mut())
+            .filter(|_| standing.pinned_idle);
+        let event = match listening {
+            None => std::future::poll_fn(|cx| sides.poll(cx)).await,
+            Some(listening) => {
+                match Box::pin(turn::poll_or_notified(&mut sides, listening)).await {
+                    Ok(event) => event,
+                    Err(notes) => {
+                        if let Some(t) = tracking.as_deref_mut() {
+                            t.extra.extend_from_slice(&notes);
+                        }
+                        IoEvent::Progress { client_read: false }
+                    }
+                }
+            }
+        };
+        match event {
             IoEvent::Progress { client_read } => {
                 quiet = !read_server
                     && !client_read

@@ -477,6 +477,25 @@ pub(super) fn on_event(
     Some(end)
 }
 
+/// One poll of both sides, or, first, notifications for a pinned client
+/// between transactions (`Err`: those of its channels, to be written).
+pub(super) async fn poll_or_notified(
+    sides: &mut crate::frontend::relay_io::Sides<'_>,
+    listening: &mut crate::frontend::client::Listening,
+) -> Result<IoEvent, BytesMut> {
+    tokio::select! {
+        event = std::future::poll_fn(|cx| sides.poll(cx)) => Ok(event),
+        Some(note) = listening.rx.recv() => {
+            let mut notes = BytesMut::new();
+            listening.pass(&mut notes, &note);
+            while let Ok(more) = listening.rx.try_recv() {
+                listening.pass(&mut notes, &more);
+            }
+            Err(notes)
+        }
+    }
+}
+
 /// Session mode's scan of the client's bytes: forwarded as they are.
 fn scan_client(cycle: &mut Cycle, cbuf: &BytesMut, limit: usize) -> Result<(), WireError> {
     let mut terminated = false;
