@@ -498,16 +498,20 @@ impl App {
     /// when this call made it for a database only the `*` entry stands for:
     /// an unauthenticated client named it, so a failed login forgets it
     /// ([`App::forget_pool`]) rather than keep a pool per invented name.
+    /// A pool of `database` for `user` exists.
+    pub fn has_pool(&self, database: &str, user: &str) -> bool {
+        self.pools
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .contains_key(&(database.to_owned(), user.to_owned()))
+    }
+
     pub fn auth_pool(
         &self,
         database: &str,
         auth_user: &str,
     ) -> Result<(Arc<Pool>, bool), PoolLookupError> {
-        let existed = self
-            .pools
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .contains_key(&(database.to_owned(), auth_user.to_owned()));
+        let existed = self.has_pool(database, auth_user);
         let pool = self.pool_as(database, auth_user, true)?;
         let unlisted = self.config().database(database).is_none();
         Ok((pool, !existed && unlisted))

@@ -73,17 +73,25 @@ impl Known<'_> {
 async fn derive<T: Send + 'static>(
     work: impl FnOnce() -> T + Send + 'static,
 ) -> Result<T, ClientError> {
-    static DERIVING: std::sync::LazyLock<tokio::sync::Semaphore> = std::sync::LazyLock::new(|| {
-        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-        tokio::sync::Semaphore::new((cores / 2).max(1))
-    });
-    let _turn = DERIVING
-        .acquire()
+    static DERIVING: std::sync::LazyLock<std::sync::Arc<tokio::sync::Semaphore>> =
+        std::sync::LazyLock::new(|| {
+            let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+            std::sync::Arc::new(tokio::sync::Semaphore::new((cores / 2).max(1)))
+        });
+    let turn = DERIVING
+        .clone()
+        .acquire_owned()
         .await
         .map_err(|_| ClientError::new("XX000", "password check unavailable"))?;
-    tokio::task::spawn_blocking(work)
-        .await
-        .map_err(|_| ClientError::new("XX000", "password check failed"))
+    // (the turn is held by the work itself: a login given up meanwhile
+    // does not let another derivation start beside it)
+    tokio::task::spawn_blocking(move || {
+        let done = work();
+        drop(turn);
+        done
+    })
+    .await
+    .map_err(|_| ClientError::new("XX000", "password check failed"))
 }
 
 /// Runs the exchange `auth_type` asks for. Does not send AuthenticationOk.

@@ -49,7 +49,9 @@ pub async fn lookup(app: &App, lookup: &AuthLookup) -> Result<Found, ClientError
     };
     let key = (lookup.database.clone(), lookup.auth_user.clone());
     let retry = app.config().settings.server_login_retry;
-    let unlisted = app.config().database(&lookup.database).is_none();
+    // (not where a pool of it lives: its own memory of failures decides)
+    let unlisted = app.config().database(&lookup.database).is_none()
+        && !app.has_pool(&lookup.database, &lookup.auth_user);
     if unlisted && let Some(reason) = LOGINS_FAILING.recent(&key, retry) {
         return Err(failed(format!(
             "server login has been failing, cached error: {reason}"
