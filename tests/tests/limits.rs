@@ -446,11 +446,22 @@ async fn a_client_that_leaves_mid_query_takes_its_query_with_it() {
         .set("pool_mode", "transaction")
         .set("default_pool_size", "2")
         .start();
-    for _ in 0..4 {
+    // Simple Query, and an Execute with a Flush and no Sync (nothing owed
+    // up to a ReadyForQuery yet: a review found it left uncancelled).
+    let mut extended = Vec::new();
+    for (tag, body) in [
+        (b'P', &b"\0select pg_sleep(30)\0\0\0"[..]),
+        (b'B', &b"\0\0\0\0\0\0\0\0"[..]),
+        (b'E', &b"\0\0\0\0\0"[..]),
+        (b'H', &b""[..]),
+    ] {
+        extended.push(tag);
+        extended.extend_from_slice(&length_prefixed(body));
+    }
+    let simple = query_message("select pg_sleep(30)");
+    for request in [&simple, &extended, &simple, &extended] {
         let mut raw = RawClient::logged_in(sluice.port(), APP_USER, "postgres").await;
-        raw.send(&query_message("select pg_sleep(30)"))
-            .await
-            .expect("send");
+        raw.send(request).await.expect("send");
         let deadline = Instant::now() + Duration::from_secs(10);
         while sleepers(&cluster).await == 0 {
             assert!(Instant::now() < deadline, "the query never ran");

@@ -1258,6 +1258,56 @@ async fn read_through_a_freeze(settings: &[(&str, &str)], prepared: bool, sleep:
     assert_eq!(scalar_text(&next, "select 'next'").await, "next");
 }
 
+/// query_timeout on a read whose replica is frozen, still in rotation:
+/// the client is told at its time, not once the cancel sluice sends the
+/// frozen host gives up (`cancel_wait_timeout`, 10 s; found by a review).
+#[tokio::test]
+async fn query_timeout_on_a_frozen_replica_answers_at_its_time() {
+    let (primary, replica) = primary_and_replica();
+    let slow_checks = [
+        ("health_check_timeout", "3"),
+        ("health_check_threshold", "3"),
+        ("query_timeout", "1"),
+    ];
+    let (sluice, client) = reading_client(&primary, &replica, &slow_checks).await;
+    let on_replica = superuser_connect(&replica, "postgres").await;
+    let started = Instant::now();
+    let read = tokio::spawn(async move {
+        let answer = client
+            .simple_query("select pg_is_in_recovery()::text, pg_sleep(5)")
+            .await;
+        (answer, started.elapsed())
+    });
+    while scalar_text(
+        &on_replica,
+        "select count(*)::text from pg_stat_activity \
+         where query = 'select pg_is_in_recovery()::text, pg_sleep(5)'",
+    )
+    .await
+        != "1"
+    {
+        assert!(!read.is_finished(), "the read did not wait on the replica");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let frozen = Frozen::new(&replica);
+    let (answer, took) = tokio::time::timeout(Duration::from_secs(20), read)
+        .await
+        .expect("an answer within 20 s")
+        .expect("task");
+    drop(frozen);
+    let error = answer.expect_err("the read cannot answer: its replica is frozen");
+    assert_eq!(
+        error.as_db_error().map(|e| e.message()),
+        Some("query timeout"),
+        "{error:?}\n{}",
+        sluice.log_tail(20)
+    );
+    assert!(
+        took < Duration::from_secs(5),
+        "the query timeout came after {took:?}"
+    );
+}
+
 /// A read an administrator terminates on its replica mid-run (its
 /// farewell comes behind the row description; PostgreSQL reports a fast
 /// shutdown alike) is not run again on the primary: a runaway query

@@ -1,6 +1,6 @@
 //! PostgreSQL's CancelRequest sent to a server: for a client's Ctrl-C
 //! (`cancel.rs`), and for a query whose client is gone (`Lease::
-//! cancel_and_close`). Apart from the cancel registry, which knows pools,
+//! cancel_then_close`). Apart from the cancel registry, which knows pools,
 //! so that a pool's lease can use it.
 
 use bytes::BytesMut;

@@ -155,16 +155,20 @@ impl Lease {
     /// the middle of a query: closed alone, it would run the query to its
     /// end outside the pool's count, and a client that starts long
     /// queries and leaves, again and again, would take PostgreSQL's
-    /// connections past `pool_size` and `max_db_connections`. The slot
-    /// stays taken until PostgreSQL has signalled the backend (at most
-    /// `cancel_wait_timeout`).
-    pub async fn cancel_and_close(self) {
-        if let Some(cancel) = self.cancel_request()
-            && let Err(e) = cancel.await
-        {
-            tracing::info!(db = %self.pool.database, "the query of a client that left could not be cancelled: {e}");
-        }
-        self.close();
+    /// connections past `pool_size` and `max_db_connections`. The cancel
+    /// runs in a task of its own, holding the lease (and its slot) until
+    /// PostgreSQL has signalled the backend (at most `cancel_wait_timeout`):
+    /// the client is told why it ends at once, however slow the host.
+    pub fn cancel_then_close(self) {
+        let Some(cancel) = self.cancel_request() else {
+            return self.close();
+        };
+        tokio::spawn(async move {
+            if let Err(e) = cancel.await {
+                tracing::info!(db = %self.pool.database, "the query of a client that left could not be cancelled: {e}");
+            }
+            self.close();
+        });
     }
 
     /// Asks PostgreSQL to cancel what the server runs without waiting for

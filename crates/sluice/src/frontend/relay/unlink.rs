@@ -310,10 +310,11 @@ async fn finish_abandoned(
         && cycle.server_scan.at_boundary()
         && cycle.to_server == 0;
     if !at_rest {
-        // (a query running for a client that is gone is cancelled, not
+        // (a query running for a client that is gone, answered up to a
+        // ReadyForQuery or executed with no Sync yet, is cancelled, not
         // left to run outside the pool's count)
-        if cycle.req.outstanding > 0 {
-            lease.cancel_and_close().await;
+        if !cycle.req.status_current() {
+            lease.cancel_then_close();
         } else {
             lease.close();
         }
