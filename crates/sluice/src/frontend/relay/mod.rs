@@ -177,11 +177,10 @@ pub async fn run(client: &mut Client, cbuf: &mut BytesMut, mut lease: Lease) -> 
         // A pinned client between transactions stays here: it is given
         // its notifications as an idle one is in `session.rs` (rare:
         // boxed, out of every relay's future).
-        let listening = client
-            .carried
-            .as_mut()
-            .and_then(|c| c.listen.as_mut())
-            .filter(|_| standing.pinned_idle);
+        let listening = match standing.pinned_idle {
+            true => client.carried.as_mut().and_then(|c| c.listen.as_mut()),
+            false => None,
+        };
         let event = match listening {
             None => std::future::poll_fn(|cx| sides.poll(cx)).await,
             Some(listening) => {
