@@ -493,11 +493,6 @@ impl App {
         Ok(pool)
     }
 
-    /// The pool in which `auth_user` runs `auth_query` on `database`: that
-    /// user's own pool, even where the entry forces another `user=`. `true`
-    /// when this call made it for a database only the `*` entry stands for:
-    /// an unauthenticated client named it, so a failed login forgets it
-    /// ([`App::forget_pool`]) rather than keep a pool per invented name.
     /// A pool of `database` for `user` exists.
     pub fn has_pool(&self, database: &str, user: &str) -> bool {
         self.pools
@@ -506,6 +501,11 @@ impl App {
             .contains_key(&(database.to_owned(), user.to_owned()))
     }
 
+    /// The pool in which `auth_user` runs `auth_query` on `database`: that
+    /// user's own pool, even where the entry forces another `user=`. `true`
+    /// when this call made it for a database only the `*` entry stands for:
+    /// an unauthenticated client named it, so a failed login forgets it
+    /// ([`App::forget_pool`]) rather than keep a pool per invented name.
     pub fn auth_pool(
         &self,
         database: &str,
