@@ -2,13 +2,17 @@
 //! it is linked to a server, its slot holds that server's real key, so a
 //! CancelRequest arriving on a new connection is forwarded to the server
 //! that runs the client's query, and to no other.
-//! Slots live in fixed chunks found by the client's process id (its low bits
-//! are the slot index, its high bits random): 32 bytes per client, no map, and
-//! linking a server for a transaction is one atomic store.
+//! Slots live in fixed chunks, found by index from the client's own handle:
+//! linking a server for a transaction is one atomic store. A key is random
+//! throughout (31 bits of process id, 32 of secret), so that guessing one
+//! that cancels another client's query takes about 2^63 / clients tries;
+//! a map from process id to slot, touched at login, logout and cancel
+//! only, finds the slot of a cancel request.
 //! With `peer_id` set (several sluices behind one address, `[peers]`), the
-//! process id carries the peer id (14 bits) above a 17-bit slot index, and
-//! the secret's two low bits count how many more times the request may be
-//! forwarded between peers (PgBouncer's scheme: 3, compared as all ones).
+//! process id carries the peer id (14 bits) above 17 random bits, and the
+//! secret's two low bits count how many more times the request may be
+//! forwarded between peers (PgBouncer's scheme: 3, compared as all ones):
+//! 47 random bits.
 
 use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU8, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
@@ -23,6 +27,9 @@ use crate::auth::scram::fill_random;
 pub const KILL_GRACE: std::time::Duration = std::time::Duration::from_millis(500);
 
 const INDEX_BITS: u32 = 21;
+/// Draws of a process id that another client holds before a login is
+/// refused (only near 2^17 clients of one peer can it come to that).
+const PID_DRAWS: usize = 64;
 const CHUNK: usize = 1024;
 /// 2^21 clients at most (far above any max_client_conn).
 const MAX_CHUNKS: usize = (1 << INDEX_BITS) / CHUNK;
@@ -136,12 +143,22 @@ pub struct CancelHandle {
 /// All clients' cancel slots.
 pub struct CancelRegistry {
     chunks: Box<[OnceLock<Box<[Slot]>>]>,
-    /// Free slot indices, and the first never used.
-    free: Mutex<(Vec<u32>, u32)>,
+    /// Free slot indices, the first never used, and which slot each
+    /// client's process id names.
+    free: Mutex<Free>,
     /// `peer_id` (0: no peering), fixed at startup.
     peer_id: u32,
     /// Told when a forwarded cancel request is done (any client's).
     cancel_done: tokio::sync::Notify,
+}
+
+/// The slots in use and free, under one lock.
+#[derive(Default)]
+struct Free {
+    slots: Vec<u32>,
+    /// Slots below this have been used.
+    used: u32,
+    by_pid: std::collections::HashMap<i32, u32>,
 }
 
 impl Default for CancelRegistry {
@@ -150,8 +167,8 @@ impl Default for CancelRegistry {
     }
 }
 
-/// Slot index bits when peering (the peer id takes the 14 above).
-const PEER_INDEX_BITS: u32 = 17;
+/// Random process id bits when peering (the peer id takes the 14 above).
+const PEER_RANDOM_BITS: u32 = 17;
 /// The secret's forwarding budget bits.
 const TTL_MASK: i32 = 0b11;
 
@@ -159,7 +176,7 @@ impl CancelRegistry {
     pub fn new(peer_id: u32) -> Self {
         Self {
             chunks: (0..MAX_CHUNKS).map(|_| OnceLock::new()).collect(),
-            free: Mutex::new((Vec::new(), 0)),
+            free: Mutex::new(Free::default()),
             peer_id: peer_id.min(sluice_config::MAX_PEER_ID),
             cancel_done: tokio::sync::Notify::new(),
         }
@@ -170,16 +187,15 @@ impl CancelRegistry {
         self.peer_id
     }
 
-    fn index_bits(&self) -> u32 {
+    /// A random process id of this sluice's shape (never 0): 31 random
+    /// bits; with peering, the peer id above 17.
+    fn random_pid(&self, raw: [u8; 4]) -> i32 {
+        let random = i32::from_be_bytes(raw) & i32::MAX;
         if self.peer_id == 0 {
-            INDEX_BITS
+            random
         } else {
-            PEER_INDEX_BITS
+            ((self.peer_id as i32) << PEER_RANDOM_BITS) | (random & ((1 << PEER_RANDOM_BITS) - 1))
         }
-    }
-
-    fn index_of(&self, process_id: i32) -> u32 {
-        (process_id & ((1 << self.index_bits()) - 1)) as u32
     }
 
     /// The peer a cancel request's key belongs to, when it is another
@@ -193,19 +209,10 @@ impl CancelRegistry {
         loop {
             let mut raw = [0u8; 8];
             fill_random(&mut raw);
-            let a = i32::from_be_bytes([raw[0], raw[1], raw[2], raw[3]]);
+            let pid = self.random_pid([raw[0], raw[1], raw[2], raw[3]]);
             let secret = i32::from_be_bytes([raw[4], raw[5], raw[6], raw[7]]);
-            let key = if self.peer_id == 0 {
-                (a & i32::MAX, secret)
-            } else {
-                let index = a & ((1 << PEER_INDEX_BITS) - 1);
-                (
-                    ((self.peer_id as i32) << PEER_INDEX_BITS) | index,
-                    secret | TTL_MASK,
-                )
-            };
-            if key.0 != 0 {
-                return key;
+            if pid != 0 {
+                return (pid, self.secret_as_issued(secret));
             }
         }
     }
@@ -224,7 +231,7 @@ impl CancelRegistry {
         if self.peer_id == 0 {
             return None;
         }
-        let peer = ((req.process_id as u32) >> PEER_INDEX_BITS) & sluice_config::MAX_PEER_ID;
+        let peer = ((req.process_id as u32) >> PEER_RANDOM_BITS) & sluice_config::MAX_PEER_ID;
         if peer == self.peer_id {
             return None;
         }
@@ -260,36 +267,36 @@ impl CancelRegistry {
     }
 
     /// Gives a new client of `pool` a key and a slot; `None` when all 2^21
-    /// slots are taken.
+    /// slots are taken (or, with peering, the 2^17 process ids nearly).
     pub fn register(&self, meta: ClientMeta) -> Option<CancelHandle> {
-        let index = {
+        let mut raw = [0u8; 4 * PID_DRAWS + 4];
+        fill_random(&mut raw);
+        let (draws, secret) = raw.split_at(4 * PID_DRAWS);
+        let secret = i32::from_be_bytes(secret.try_into().ok()?);
+        let (index, process_id) = {
             let mut free = self.free.lock().unwrap_or_else(|p| p.into_inner());
-            match free.0.pop() {
+            let pid = draws
+                .chunks_exact(4)
+                .filter_map(|d| d.try_into().ok())
+                .map(|d| self.random_pid(d))
+                .find(|&pid| pid != 0 && !free.by_pid.contains_key(&pid))?;
+            let index = match free.slots.pop() {
                 Some(i) => i,
-                None if (free.1 as usize) < (1usize << self.index_bits()) => {
-                    free.1 += 1;
-                    free.1 - 1
+                None if (free.used as usize) < (1usize << INDEX_BITS) => {
+                    free.used += 1;
+                    free.used - 1
                 }
                 None => return None,
-            }
+            };
+            free.by_pid.insert(pid, index);
+            (index, pid)
         };
         let chunk = self.chunks[index as usize / CHUNK]
             .get_or_init(|| (0..CHUNK).map(|_| Slot::default()).collect());
         let slot = &chunk[index as usize % CHUNK];
-        let mut raw = [0u8; 6];
-        fill_random(&mut raw);
-        let secret = i32::from_be_bytes([raw[2], raw[3], raw[4], raw[5]]);
-        let key = if self.peer_id == 0 {
-            let high = (i32::from(u16::from_be_bytes([raw[0], raw[1]])) % 1023) + 1;
-            BackendKeyData {
-                process_id: (high << INDEX_BITS) | index as i32,
-                secret_key: secret,
-            }
-        } else {
-            BackendKeyData {
-                process_id: ((self.peer_id as i32) << PEER_INDEX_BITS) | index as i32,
-                secret_key: secret | TTL_MASK,
-            }
+        let key = BackendKeyData {
+            process_id,
+            secret_key: self.secret_as_issued(secret),
         };
         *slot.meta.lock().unwrap_or_else(|p| p.into_inner()) = Some(meta);
         slot.server.store(0, Ordering::Relaxed);
@@ -341,11 +348,9 @@ impl CancelRegistry {
             slot.server.store(0, Ordering::Relaxed);
             *meta = None;
             drop(meta);
-            self.free
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .0
-                .push(handle.index);
+            let mut free = self.free.lock().unwrap_or_else(|p| p.into_inner());
+            free.by_pid.remove(&handle.key.process_id);
+            free.slots.push(handle.index);
         }
     }
 
@@ -439,7 +444,7 @@ impl CancelRegistry {
 
     /// Every logged-in client (SHOW CLIENTS).
     pub fn clients(&self) -> Vec<ClientRow> {
-        let used = self.free.lock().unwrap_or_else(|p| p.into_inner()).1;
+        let used = self.free.lock().unwrap_or_else(|p| p.into_inner()).used;
         let mut out = Vec::new();
         for index in 0..used {
             let Some(slot) = self.slot(index) else {
@@ -529,7 +534,7 @@ impl CancelRegistry {
     /// Runs `act` on every registered client with its socket open, under
     /// its slot's lock; returns the keys of those it acted on.
     fn shut(&self, act: impl Fn(i32, &ClientMeta, &Slot) -> bool) -> Vec<Killed> {
-        let used = self.free.lock().unwrap_or_else(|p| p.into_inner()).1;
+        let used = self.free.lock().unwrap_or_else(|p| p.into_inner()).used;
         let mut acted = Vec::new();
         for index in 0..used {
             let Some(slot) = self.slot(index) else {
@@ -567,6 +572,23 @@ impl CancelRegistry {
         }
     }
 
+    /// The slot of the client whose key a cancel request gives.
+    fn find(&self, req: &CancelRequest) -> Option<&Slot> {
+        let index = *self
+            .free
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .by_pid
+            .get(&req.process_id)?;
+        // A forwarded request spent some of its budget bits.
+        let secret = self.secret_as_issued(req.secret_key);
+        self.slot(index).filter(|s| {
+            req.process_id != 0
+                && s.pid.load(Ordering::Acquire) == req.process_id
+                && s.secret.load(Ordering::Relaxed) == secret
+        })
+    }
+
     /// Forwards a client's cancel request. Unknown keys and clients that run
     /// nothing are ignored, as PostgreSQL does.
     /// `host_target` gives the target of host `i` of a pool's database.
@@ -575,17 +597,7 @@ impl CancelRegistry {
         req: CancelRequest,
         host_target: impl Fn(&Arc<Pool>, u32) -> Option<Arc<super::target::ServerTarget>>,
     ) -> std::io::Result<bool> {
-        let slot = self.slot(self.index_of(req.process_id)).filter(|s| {
-            // A forwarded request spent some of its budget bits.
-            let secret = if self.peer_id == 0 {
-                req.secret_key
-            } else {
-                req.secret_key | TTL_MASK
-            };
-            req.process_id != 0
-                && s.pid.load(Ordering::Acquire) == req.process_id
-                && s.secret.load(Ordering::Relaxed) == secret
-        });
+        let slot = self.find(&req);
         // Counted before the server is read (see `unlink`), uncounted when
         // done, whatever the outcome.
         let mut forwarding = slot.map(|slot| Forwarding::new(slot, &self.cancel_done));
@@ -786,6 +798,61 @@ mod tests {
         assert!(reg.cancels_done(client, Duration::from_secs(1)).await);
     }
 
+    /// A key is random throughout: its process id does not give away the
+    /// slot (it once carried the slot index in its low 21 bits, leaving
+    /// 42 bits to guess, 30 with peering), and a cancel request finds its
+    /// client by the whole key only.
+    #[test]
+    fn keys_are_random_and_found_whole() {
+        for peer in [0, 3] {
+            let reg = CancelRegistry::new(peer);
+            let keys: Vec<_> = (0..200)
+                .map(|i| reg.register(meta(i)).expect("slot"))
+                .collect();
+            let pids: std::collections::HashSet<_> =
+                keys.iter().map(|k| k.key.process_id).collect();
+            assert_eq!(pids.len(), keys.len(), "process ids are unique");
+            let (random, secret_random) = if peer == 0 {
+                (i32::MAX, -1)
+            } else {
+                ((1 << PEER_RANDOM_BITS) - 1, !TTL_MASK)
+            };
+            let ored = keys.iter().fold(0, |a, k| a | k.key.process_id);
+            let anded = keys.iter().fold(-1, |a, k| a & k.key.process_id);
+            assert_eq!(ored & random, random, "every process id bit varies");
+            assert_eq!(anded & random, 0, "every process id bit varies");
+            let secrets = keys.iter().fold(0, |a, k| a | k.key.secret_key);
+            assert_eq!(secrets & secret_random, secret_random);
+            for k in &keys {
+                assert!(k.key.process_id > 0);
+                assert_eq!(
+                    k.key.process_id >> PEER_RANDOM_BITS == peer as i32,
+                    peer != 0
+                );
+                let req = |secret_key| CancelRequest {
+                    process_id: k.key.process_id,
+                    secret_key,
+                };
+                assert!(reg.find(&req(k.key.secret_key)).is_some());
+                assert!(reg.find(&req(k.key.secret_key ^ 4)).is_none());
+            }
+            let gone = keys[7];
+            reg.unregister(gone);
+            let req = CancelRequest {
+                process_id: gone.key.process_id,
+                secret_key: gone.key.secret_key,
+            };
+            assert!(reg.find(&req).is_none(), "a client that left is not found");
+            assert!(
+                reg.find(&CancelRequest {
+                    process_id: 0,
+                    secret_key: 0
+                })
+                .is_none()
+            );
+        }
+    }
+
     #[test]
     fn keys_pack_round_trip() {
         let k = BackendKeyData {
@@ -799,10 +866,10 @@ mod tests {
     fn peered_keys_name_their_peer_and_spend_a_forward_each_hop() {
         let one = CancelRegistry::new(1);
         let two = CancelRegistry::new(2);
-        // A key as member 2 hands it out: peer id above 17 index bits, all
+        // A key as member 2 hands it out: peer id above 17 random bits, all
         // forwarding bits set.
         let key = BackendKeyData {
-            process_id: (2 << PEER_INDEX_BITS) | 5,
+            process_id: (2 << PEER_RANDOM_BITS) | 5,
             secret_key: 0x1234_5670 | TTL_MASK,
         };
         let req = CancelRequest {
@@ -810,7 +877,6 @@ mod tests {
             secret_key: key.secret_key,
         };
         assert!(two.for_peer(&req).is_none(), "its own key stays");
-        assert_eq!(two.index_of(req.process_id), 5);
         let Some(Ok((peer, once))) = one.for_peer(&req) else {
             panic!("member 1 forwards it");
         };
