@@ -227,6 +227,20 @@ async fn reads_go_to_the_replica_and_everything_else_to_the_primary() {
             "the refused prepared read was not run on the primary"
         );
     }
+    // And as a one-off query (the unnamed statement: Parse, Bind,
+    // Describe, Execute, Sync): the replica's ParseComplete is kept from
+    // the client with the rest, which hears the primary's alone.
+    for _ in 0..3 {
+        let rows = client
+            .query_typed("select pg_is_in_recovery(), app_sneaky()", &[])
+            .await
+            .expect("run the one-off read");
+        let on_replica: bool = rows[0].get(0);
+        assert!(
+            !on_replica,
+            "the refused one-off read was not run on the primary"
+        );
+    }
     let plain = client
         .prepare("select pg_is_in_recovery()")
         .await
@@ -1172,7 +1186,7 @@ impl Drop for Frozen {
 /// for the replica to thaw (or for query_timeout, off by default).
 #[tokio::test]
 async fn a_read_whose_replica_freezes_runs_on_the_primary() {
-    read_through_a_freeze(&[], false, 12).await;
+    read_through_a_freeze(&[], Sent::Simple, 12).await;
 }
 
 /// The same with query_timeout set (its clock once kept the replica's
@@ -1181,13 +1195,32 @@ async fn a_read_whose_replica_freezes_runs_on_the_primary() {
 /// the client got 08006), both found by a review.
 #[tokio::test]
 async fn a_prepared_read_whose_replica_freezes_runs_on_the_primary_within_query_timeout() {
-    read_through_a_freeze(&[("query_timeout", "30")], true, 2).await;
+    read_through_a_freeze(&[("query_timeout", "30")], Sent::Prepared, 2).await;
+}
+
+/// The same with a one-off query as most drivers send it (Parse of the
+/// unnamed statement, Bind, Describe, Execute, Sync in one batch): it
+/// once waited for the thaw (found by a review).
+#[tokio::test]
+async fn a_one_off_extended_read_whose_replica_freezes_runs_on_the_primary() {
+    read_through_a_freeze(&[], Sent::OneOff, 12).await;
+}
+
+/// How the read goes.
+#[derive(Clone, Copy)]
+enum Sent {
+    /// A simple Query.
+    Simple,
+    /// A named statement prepared first, then Bind, Execute, Sync.
+    Prepared,
+    /// The unnamed statement: Parse, Bind, Describe, Execute, Sync.
+    OneOff,
 }
 
 /// A read of `sleep` seconds on the replica, which freezes while it runs.
 /// A long one (past the time the checks take) is also found cancelled on
 /// the replica once it thaws: it is not run to its end there too.
-async fn read_through_a_freeze(settings: &[(&str, &str)], prepared: bool, sleep: u32) {
+async fn read_through_a_freeze(settings: &[(&str, &str)], sent: Sent, sleep: u32) {
     let read_sql = format!("select pg_is_in_recovery()::text, pg_sleep({sleep})");
     let running = format!(
         "select count(*)::text from pg_stat_activity \
@@ -1202,10 +1235,17 @@ async fn read_through_a_freeze(settings: &[(&str, &str)], prepared: bool, sleep:
     let (sluice, client) = reading_client(&primary, &replica, &with).await;
     let on_replica = superuser_connect(&replica, "postgres").await;
     let read = tokio::spawn(async move {
-        if prepared {
-            let statement = client.prepare(&read_sql).await?;
-            let row = client.query_one(&statement, &[]).await?;
-            return Ok::<_, tokio_postgres::Error>(Some(row.get::<_, String>(0)));
+        match sent {
+            Sent::Prepared => {
+                let statement = client.prepare(&read_sql).await?;
+                let row = client.query_one(&statement, &[]).await?;
+                return Ok::<_, tokio_postgres::Error>(Some(row.get::<_, String>(0)));
+            }
+            Sent::OneOff => {
+                let rows = client.query_typed(&read_sql, &[]).await?;
+                return Ok(rows.first().map(|r| r.get::<_, String>(0)));
+            }
+            Sent::Simple => {}
         }
         let rows = client.simple_query(&read_sql).await?;
         Ok(rows.into_iter().find_map(|m| match m {

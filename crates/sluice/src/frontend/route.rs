@@ -128,16 +128,20 @@ fn may_start_transaction(text: &[u8]) -> bool {
 
 /// The length of the extended-protocol batch at the start of `buf`, up to
 /// and including its Sync, if it may run again on the primary after a
-/// replica refused it: Binds of the client's named statements (none of
-/// which may open a transaction block), Describes of portals, Executes and
-/// Flushes. A Parse or a Close would change the client's statements twice;
-/// an unnamed statement may be gone after the first run.
+/// replica refused it (or froze, or was lost) before answering: Parses of
+/// the unnamed statement (what most drivers send for a one-off query),
+/// Binds of it or of the client's named statements, Describes of portals
+/// or of the unnamed statement, Executes and Flushes; no statement may
+/// open a transaction block. A named Parse or a Close would change the
+/// client's statements twice; an unnamed statement not parsed in the
+/// batch lived on the replica's server and is not on the primary's.
 pub fn retry_safe_batch(
     buf: &[u8],
     named: impl Fn(&[u8]) -> Option<Arc<Statement>>,
 ) -> Option<usize> {
     let mut pos = 0;
     let mut binds = 0;
+    let mut unnamed = false;
     for _ in 0..BATCH_LIMIT {
         let (tag, body) = message(buf.get(pos..)?)?;
         pos += 5 + body.len();
@@ -145,17 +149,30 @@ pub fn retry_safe_batch(
             return None;
         }
         match tag {
+            f::PARSE => {
+                let (name, rest) = cstr(body)?;
+                let (text, _) = cstr(rest)?;
+                if !name.is_empty() || may_start_transaction(text) {
+                    return None;
+                }
+                unnamed = true;
+            }
             f::BIND => {
                 let (_, rest) = cstr(body)?;
                 let (statement, _) = cstr(rest)?;
-                if statement.is_empty() || may_start_transaction(named(statement)?.query()) {
+                if statement.is_empty() {
+                    if !unnamed {
+                        return None;
+                    }
+                } else if may_start_transaction(named(statement)?.query()) {
                     return None;
                 }
                 binds += 1;
             }
             f::DESCRIBE if body.first() == Some(&b'P') => {}
+            f::DESCRIBE if unnamed && body == b"S\0" => {}
             f::EXECUTE | f::FLUSH => {}
-            f::SYNC if binds > 0 => return Some(pos),
+            f::SYNC if binds > 0 || unnamed => return Some(pos),
             _ => return None,
         }
     }
@@ -312,7 +329,7 @@ mod tests {
     }
 
     #[test]
-    fn only_batches_of_named_statements_that_open_no_transaction_are_retried() {
+    fn only_batches_that_open_no_transaction_nor_change_named_statements_are_retried() {
         let registry = crate::prepared::registry::Registry::default();
         let read = registry.intern(b"select 1\0\0\0", None);
         let begin = registry.intern(b"begin read only\0\0\0", None);
@@ -329,10 +346,33 @@ mod tests {
         // Only up to the first Sync.
         let two = batch(&[ok.clone(), bind("r"), exec.clone(), sync.clone()]);
         assert_eq!(retry_safe_batch(&two, named), Some(ok.len()));
+        // A one-off query as drivers send it: the unnamed statement,
+        // parsed in the batch.
+        let one_off = batch(&[
+            parse("", "select 1"),
+            bind(""),
+            describe.clone(),
+            exec.clone(),
+            sync.clone(),
+        ]);
+        assert_eq!(retry_safe_batch(&one_off, named), Some(one_off.len()));
+        let described = batch(&[
+            parse("", "select 1"),
+            msg(f::DESCRIBE, b"S\0"),
+            sync.clone(),
+        ]);
+        assert_eq!(retry_safe_batch(&described, named), Some(described.len()));
         for bad in [
             batch(&[bind("b"), exec.clone(), sync.clone()]),
             batch(&[bind("x"), exec.clone(), sync.clone()]),
             batch(&[bind(""), exec.clone(), sync.clone()]),
+            batch(&[
+                parse("", "begin read only"),
+                bind(""),
+                exec.clone(),
+                sync.clone(),
+            ]),
+            batch(&[parse("", "select 1"), msg(f::CLOSE, b"S\0"), sync.clone()]),
             batch(&[
                 parse("r2", "select 1"),
                 bind("r2"),

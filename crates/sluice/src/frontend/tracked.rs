@@ -646,11 +646,19 @@ fn is_farewell(tag: u8, body: &[u8]) -> bool {
 }
 
 /// What a server sends for a batch before the first answer that tells
-/// whether the statement ran: BindComplete, and the description of the
-/// result (RowDescription, NoData).
+/// whether the statement ran: ParseComplete (of the unnamed statement, in
+/// a one-off query), BindComplete, and the descriptions of the statement
+/// and of its result (ParameterDescription, RowDescription, NoData).
 fn preamble(tag: u8) -> bool {
     use tags::backend as b;
-    matches!(tag, b::ROW_DESCRIPTION | b::BIND_COMPLETE | b::NO_DATA)
+    matches!(
+        tag,
+        b::PARSE_COMPLETE
+            | b::BIND_COMPLETE
+            | b::PARAMETER_DESCRIPTION
+            | b::ROW_DESCRIPTION
+            | b::NO_DATA
+    )
 }
 
 /// The first message after the one whose body is `body` (a slice of
@@ -783,9 +791,11 @@ pub(super) fn scan_server(
                     Some(RetryStep::Swallow)
                 }
                 // The rewriter's own Parse (the statement was not on this
-                // server yet): its reply is the rewriter's, not an answer.
+                // server yet) or Close: its reply is the rewriter's, not an
+                // answer, and never the client's.
                 Retry::Armed
-                    if !keeping && matches!(tag, b::PARSE_COMPLETE | b::CLOSE_COMPLETE) =>
+                    if matches!(tag, b::PARSE_COMPLETE | b::CLOSE_COMPLETE)
+                        && expected.owns_next(tag) =>
                 {
                     None
                 }

@@ -184,6 +184,33 @@ impl Expected {
         matches!(self.queue.front(), Some(Expect::Discard))
     }
 
+    /// The next reply of type `tag` (ParseComplete, CloseComplete)
+    /// answers a Parse or Close sluice sent of its own: it is dropped,
+    /// the client never sees it.
+    pub fn owns_next(&self, tag: u8) -> bool {
+        use tags::backend as b;
+        match self.queue.front() {
+            Some(Expect::Prepare {
+                client_name: None, ..
+            }) => tag == b::PARSE_COMPLETE,
+            Some(Expect::Unprepare { .. }) => tag == b::CLOSE_COMPLETE,
+            _ => false,
+        }
+    }
+
+    /// An Execute's answer is owed.
+    pub fn awaits_execute(&self) -> bool {
+        self.queue.iter().any(|e| {
+            matches!(
+                e,
+                Expect::Pass {
+                    reply: Reply::Execute,
+                    ..
+                }
+            )
+        })
+    }
+
     /// Entries owed.
     pub fn len(&self) -> usize {
         self.queue.len()
