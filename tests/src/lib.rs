@@ -35,8 +35,8 @@ pub use console::{ConsoleRow, console_rows, row_field};
 pub use limits::{MigrateQueuedConnections, raise_fd_limit};
 pub use process::{SluiceProcess, run_sluice, sluice_binary};
 pub use raw::{
-    RawClient, RawReply, error_field, error_fields, length_prefixed, query_message, ssl_request,
-    startup_packet,
+    RawClient, RawReply, error_field, error_fields, execute_message, length_prefixed,
+    query_message, ssl_request, startup_packet,
 };
 pub use scratch::ScratchDir;
 pub use sluice_testkit::{Cluster, ServerAuth};

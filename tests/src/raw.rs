@@ -200,6 +200,25 @@ fn query_bytes(sql: &[u8]) -> Vec<u8> {
     message
 }
 
+/// The unnamed statement of `sql` parsed, bound and executed, then `end`:
+/// b'H' (Flush: answer now, the batch stays open) or b'S' (Sync).
+pub fn execute_message(sql: &str, end: u8) -> Vec<u8> {
+    let mut parse = vec![0];
+    parse.extend_from_slice(sql.as_bytes());
+    parse.extend_from_slice(&[0, 0, 0]);
+    let mut out = Vec::new();
+    for (tag, body) in [
+        (b'P', &parse[..]),
+        (b'B', &[0u8; 8][..]),
+        (b'E', &[0u8; 5][..]),
+        (end, &[][..]),
+    ] {
+        out.push(tag);
+        out.extend_from_slice(&length_prefixed(body));
+    }
+    out
+}
+
 /// A v3 StartupMessage with the given parameters.
 pub fn startup_packet(params: &[(&str, &str)]) -> Vec<u8> {
     let mut body = PROTOCOL_V3.to_be_bytes().to_vec();

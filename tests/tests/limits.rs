@@ -448,16 +448,7 @@ async fn a_client_that_leaves_mid_query_takes_its_query_with_it() {
         .start();
     // Simple Query, and an Execute with a Flush and no Sync (nothing owed
     // up to a ReadyForQuery yet: a review found it left uncancelled).
-    let mut extended = Vec::new();
-    for (tag, body) in [
-        (b'P', &b"\0select pg_sleep(30)\0\0\0"[..]),
-        (b'B', &b"\0\0\0\0\0\0\0\0"[..]),
-        (b'E', &b"\0\0\0\0\0"[..]),
-        (b'H', &b""[..]),
-    ] {
-        extended.push(tag);
-        extended.extend_from_slice(&length_prefixed(body));
-    }
+    let extended = execute_message("select pg_sleep(30)", b'H');
     let simple = query_message("select pg_sleep(30)");
     for request in [&simple, &extended, &simple, &extended] {
         let mut raw = RawClient::logged_in(sluice.port(), APP_USER, "postgres").await;

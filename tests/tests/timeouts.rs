@@ -493,6 +493,67 @@ async fn query_timeout_ends_a_client_whose_query_runs_too_long() {
     assert_eq!(scalar_text(&other, "select 7").await, "7");
 }
 
+/// query_timeout also times an Execute the client flushed with no Sync:
+/// it waits for that answer with no ReadyForQuery owed (the clock never
+/// ran: the query ran on for as long as it liked). An answered one is not
+/// timed while the client takes its time to send the Sync.
+#[tokio::test]
+async fn query_timeout_times_an_execute_flushed_without_a_sync() {
+    let cluster = app_cluster(ServerAuth::Trust);
+    let sluice = ConfigBuilder::for_cluster(&cluster)
+        .set("pool_mode", "transaction")
+        .set("query_timeout", "1")
+        .start();
+    let mut quick = RawClient::logged_in(sluice.port(), APP_USER, "postgres").await;
+    quick
+        .send(&execute_message("select 1", b'H'))
+        .await
+        .expect("send");
+    for tag in [b'1', b'2', b'D', b'C'] {
+        match quick.read_message(Duration::from_secs(5)).await {
+            RawReply::Message(t, _) => assert_eq!(t, tag),
+            other => panic!("the quick Execute's answer: {other:?}"),
+        }
+    }
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    quick.send(&[b'S', 0, 0, 0, 4]).await.expect("Sync");
+    match quick.read_message(Duration::from_secs(5)).await {
+        RawReply::Message(b'Z', _) => {}
+        other => panic!("an answered Execute was timed after all: {other:?}"),
+    }
+    let mut slow = RawClient::logged_in(sluice.port(), APP_USER, "postgres").await;
+    let started = Instant::now();
+    slow.send(&execute_message("select pg_sleep(8)", b'H'))
+        .await
+        .expect("send");
+    let fields = loop {
+        match slow.read_message(Duration::from_secs(6)).await {
+            RawReply::Message(b'E', body) => break error_fields(&body),
+            RawReply::Message(b'1' | b'2' | b'N', _) => {}
+            other => panic!("query_timeout never ended the flushed Execute: {other:?}"),
+        }
+    };
+    assert_eq!(error_field(&fields, b'M'), Some("query timeout"));
+    assert!(
+        started.elapsed() < Duration::from_secs(4),
+        "{:?}",
+        started.elapsed()
+    );
+    let admin = superuser_connect(&cluster, "postgres").await;
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while scalar_text(
+        &admin,
+        "select count(*)::text from pg_stat_activity where query = 'select pg_sleep(8)' \
+         and state = 'active'",
+    )
+    .await
+        != "0"
+    {
+        assert!(Instant::now() < deadline, "the timed-out query still runs");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
 /// query_timeout times each request, not a busy stretch: queries pipelined
 /// back to back, each shorter than it, all succeed although together they
 /// take longer; and it applies in session mode too, as in PgBouncer.

@@ -363,7 +363,10 @@ pub(super) fn standing(
     at_end: bool,
     pooled: bool,
 ) -> Standing {
-    let owed = cycle.req.outstanding > 0;
+    // (an Execute flushed with no Sync is owed too: the client waits for
+    // it; only the expected replies tell when it is answered)
+    let owed = cycle.req.outstanding > 0
+        || (cycle.req.flushed && tracking.is_some_and(|t| t.expected.awaits_execute()));
     Standing {
         owed,
         unanswered_replica: owed && cycle.retry == Retry::Armed,
