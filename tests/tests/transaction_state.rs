@@ -322,6 +322,43 @@ async fn sequence_values_are_no_other_clients() {
         .await
         .unwrap();
     expect_sqlstate(bob.simple_query("select lastval()").await, "55000");
+    // In a batch that opens its transaction first (JDBC with autocommit
+    // off: BEGIN, then the query, one Sync), and in a request pipelined
+    // behind another: both once read the other client's value.
+    let mut raw = RawClient::logged_in(sluice.port(), APP_USER, "postgres").await;
+    let read = "select currval('orders_id_seq')::text";
+    let mut jdbc = execute_message("BEGIN", b'H');
+    jdbc.extend(execute_message(read, b'S'));
+    let mut pipelined = query_message("select 1 where false");
+    pipelined.extend(query_message(read));
+    for (request, what) in [(jdbc, "after BEGIN in one batch"), (pipelined, "pipelined")] {
+        alice
+            .batch_execute("insert into orders (item) values ('secret')")
+            .await
+            .unwrap();
+        raw.send(&request).await.expect("send");
+        let mut errors = Vec::new();
+        loop {
+            match raw.read_message(Duration::from_secs(10)).await {
+                RawReply::Message(b'D', body) => {
+                    panic!("{what}: currval answered another client's value: {body:?}")
+                }
+                RawReply::Message(b'E', body) => {
+                    let fields = error_fields(&body);
+                    errors.push(error_field(&fields, b'C').map(str::to_owned));
+                }
+                RawReply::Message(b'Z', status) if what == "pipelined" && errors.is_empty() => {
+                    assert_eq!(status, b"I");
+                }
+                RawReply::Message(b'Z', _) => break,
+                RawReply::Message(..) => {}
+                other => panic!("{what}: {other:?}"),
+            }
+        }
+        assert_eq!(errors, [Some("55000".to_owned())], "{what}");
+        raw.simple_query("rollback", Duration::from_secs(10)).await;
+    }
+    assert_eq!(pid(&bob).await, server, "the server stayed in the pool");
 }
 
 /// A custom setting whose name is not ASCII (`app.café`) follows its

@@ -56,6 +56,12 @@ pub(super) struct Tracking {
     /// sluice's DISCARD SEQUENCES went to the server in this link (its
     /// replies may be owed: `Expected::discarding` is looked at only then).
     pub(super) discard_sent: bool,
+    /// Where in the stream to the server (bytes queued before it) a simple
+    /// query of sluice's may go, ahead of everything of the client's that
+    /// may draw: the start of the link's first request, with nothing owed
+    /// and no batch open. Good while nothing from there has been written
+    /// (see `discard_sequences`).
+    pub(super) discard_at: Option<u64>,
 }
 
 impl Default for Tracking {
@@ -73,6 +79,7 @@ impl Default for Tracking {
             sequences_mine: false,
             in_batch: false,
             discard_sent: false,
+            discard_at: None,
         }
     }
 }
@@ -148,6 +155,7 @@ impl Tracking {
         self.sequences_mine = false;
         self.in_batch = false;
         self.discard_sent = false;
+        self.discard_at = None;
         SPARE.with(|s| {
             let mut spare = s.borrow_mut();
             if spare.len() < SPARES {
@@ -363,7 +371,6 @@ fn handle_message(
             let aborted = cycle.status == TransactionStatus::Failed
                 && cycle.req.status_current()
                 && !parse_query(message).is_some_and(sql::ends_transaction);
-            let tracked_name = capacity != 0 && parse_name(message).is_some_and(|n| !n.is_empty());
             rewriter.parse(message, aborted)?;
             cycle.req.other_sent();
             let text = parse_query(message);
@@ -372,6 +379,8 @@ fn handle_message(
                 // (or one sluice does not track) at the Bind to come, in
                 // the transaction of the Sync to come; a named one at each
                 // Bind (below).
+                let tracked_name =
+                    capacity != 0 && parse_name(message).is_some_and(|n| !n.is_empty());
                 if !tracked_name {
                     follow_listens(t, sql::specials(text), cycle.req.sent() + 1);
                 }
@@ -420,19 +429,36 @@ fn handle_message(
             }
         }
     }
-    // Where a simple query of sluice's may go first: nothing of the
-    // client's that may draw ran in the link, nothing owed, no batch open,
-    // no failed block (rare: only texts that call currval or lastval get
-    // here).
+    // Where a simple query of sluice's may go first: before this message
+    // if nothing of the client's that may draw was sent in the link,
+    // nothing is owed, no batch is open and no block failed. The first
+    // such place is kept (once a link, usually at its first request).
+    let status = cycle.status;
+    let may_go_here = |t: &Tracking| {
+        !batch_open
+            && expected_at == 0
+            && outstanding == 0
+            && !t.sequences_mine
+            && !t.discard_sent
+            && !t.expected.skipping()
+            && status != TransactionStatus::Failed
+    };
+    if t.discard_at.is_none() && may_go_here(t) {
+        t.discard_at = Some(cycle.written.0 + out_at as u64);
+    }
+    // A text that calls currval or lastval (rare): the state is cleared
+    // at that place if nothing from there has gone to the server yet (a
+    // batch that opened a transaction first, JDBC's BEGIN, or requests
+    // pipelined behind the first, all written at once), else before this
+    // message if it may go here (after a lone BEGIN that was answered).
     if reads_sequences
-        && !t.sequences_mine
-        && !batch_open
-        && expected_at == 0
-        && !t.expected.skipping()
-        && cycle.status != TransactionStatus::Failed
-        && outstanding == 0
+        && let Some(from) = t
+            .discard_at
+            .and_then(|at| at.checked_sub(cycle.written.0))
+            .map(|from| from as usize)
+            .or_else(|| may_go_here(t).then_some(out_at))
     {
-        discard_sequences(t, out_at, expected_at);
+        discard_sequences(t, from);
     }
     // (what the client runs from now on may draw: its own values; a lone
     // BEGIN draws nothing)
@@ -446,21 +472,22 @@ fn handle_message(
 /// `lastval` answer from it: another client's order number, or, where an
 /// application inserts and then asks `currval` in two transactions, a
 /// wrong key) is cleared with `DISCARD SEQUENCES` before a request that
-/// reads it, sent ahead of the request's messages (from `out_at` in
-/// `t.out`, owing from `expected_at`) and answered to nobody. The client
-/// then gets PostgreSQL's "not yet defined in this session", as it does
-/// from a fresh server, whoever had the server before: a draw in an
-/// earlier transaction may have been on another server, and its value
-/// here would be stale. Only while nothing of the client's that may draw
-/// has run in the link (a lone BEGIN may have: after it the state may hold
-/// its own draws), with nothing owed and no batch open: the query must run
-/// alone. A request pipelined behind another keeps what the server has
-/// (see docs/architecture.md).
-fn discard_sequences(t: &mut Tracking, out_at: usize, expected_at: usize) {
+/// reads it, answered to nobody. The client then gets PostgreSQL's "not
+/// yet defined in this session", as it does from a fresh server, whoever
+/// had the server before: a draw in an earlier transaction may have been
+/// on another server, and its value here would be stale. The query goes
+/// in at `out_at` in `t.out`, where it runs alone, before anything of the
+/// client's in the link that may draw (a lone BEGIN draws nothing), with
+/// nothing owed and no batch open: everything after it is still in
+/// `t.out` (no reply to it can have come; sluice's own replies answered
+/// since are the client's already), so its replies are owed first. A
+/// request sent after others of the link reached the server keeps what
+/// the server has (see docs/architecture.md).
+fn discard_sequences(t: &mut Tracking, out_at: usize) {
     let request = t.out.split_off(out_at);
     t.out.extend_from_slice(&DISCARD_SEQUENCES);
     t.out.unsplit(request);
-    t.expected.insert(expected_at, Expect::Discard);
+    t.expected.insert(0, Expect::Discard);
     t.discard_sent = true;
 }
 
