@@ -142,7 +142,7 @@ impl Sides<'_> {
     /// written, with `writes_wake`), when a side ends or fails, or when a
     /// timer fires. (Inlined in both its callers: the relay's hot loop,
     /// and the rare pinned listener's; un-inlined, it cost the hot loop
-    /// about 100 instructions a transaction.)
+    /// about 170 instructions a transaction.)
     #[inline(always)]
     pub fn poll(&mut self, cx: &mut Context<'_>) -> Poll<IoEvent> {
         loop {
