@@ -1436,3 +1436,137 @@ async fn a_write_pipelined_behind_a_read_on_the_primary_is_read_back() {
         .await;
     assert_eq!(rows, vec![Some("1".to_owned())], "the client's own write");
 }
+
+/// A client that cancels a read waiting on a frozen replica is answered
+/// as PostgreSQL answers a cancelled query once the replica is taken out
+/// of rotation: the read is not run again on the primary (found by a
+/// review: the cancel went to the frozen replica, and the re-run answered
+/// in full).
+#[tokio::test]
+async fn a_read_cancelled_on_a_frozen_replica_is_not_run_again() {
+    let (primary, replica) = primary_and_replica();
+    let checks = [
+        ("health_check_timeout", "1"),
+        ("health_check_threshold", "2"),
+    ];
+    let (sluice, client) = reading_client(&primary, &replica, &checks).await;
+    let token = client.cancel_token();
+    let sql = "select pg_is_in_recovery()::text, pg_sleep(4)";
+    let read = tokio::spawn(async move { client.simple_query(sql).await });
+    let on_replica = superuser_connect(&replica, "postgres").await;
+    let running = format!(
+        "select count(*)::text from pg_stat_activity where query = '{sql}' and state = 'active'"
+    );
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while scalar_text(&on_replica, &running).await != "1" {
+        assert!(
+            Instant::now() < deadline,
+            "the read never ran on the replica"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let frozen = Frozen::new(&replica);
+    token.cancel_query(NoTls).await.expect("cancel request");
+    let answer = tokio::time::timeout(Duration::from_secs(30), read)
+        .await
+        .unwrap_or_else(|_| panic!("the read never answered\n{}", sluice.log_tail(20)))
+        .expect("task");
+    drop(frozen);
+    let error = match answer {
+        Ok(rows) => panic!(
+            "the cancelled read was run again: {} messages\n{}",
+            rows.len(),
+            sluice.log_tail(15)
+        ),
+        Err(e) => e,
+    };
+    let db = error.as_db_error().expect("an ErrorResponse");
+    assert_eq!(db.code().code(), "57014", "{db:?}");
+}
+
+/// Raw extended-protocol messages for the tests below.
+fn frontend(tag: u8, body: &[u8]) -> Vec<u8> {
+    let mut message = vec![tag];
+    message.extend_from_slice(&length_prefixed(body));
+    message
+}
+
+fn parse_named(name: &str, sql: &str) -> Vec<u8> {
+    frontend(b'P', format!("{name}\0{sql}\0\0\0").as_bytes())
+}
+
+/// Reads replies up to ReadyForQuery: the error codes, the notices and
+/// the command tags.
+async fn replies(raw: &mut RawClient) -> (Vec<String>, usize, Vec<String>) {
+    let (mut errors, mut notices, mut tags) = (Vec::new(), 0, Vec::new());
+    loop {
+        match raw.read_message(Duration::from_secs(15)).await {
+            RawReply::Message(b'Z', _) => return (errors, notices, tags),
+            RawReply::Message(b'E', body) => {
+                let fields = error_fields(&body);
+                errors.push(error_field(&fields, b'C').unwrap_or("").to_owned());
+            }
+            RawReply::Message(b'N', _) => notices += 1,
+            RawReply::Message(b'C', body) => {
+                tags.push(
+                    String::from_utf8_lossy(body.strip_suffix(b"\0").unwrap_or(&body)).into(),
+                );
+            }
+            RawReply::Message(..) => {}
+            other => panic!("{other:?}"),
+        }
+    }
+}
+
+/// Reads the replica refuses run again on the primary, the client hearing
+/// only the primary: also when sluice evicts a statement on the replica's
+/// server first (its own CloseComplete was once taken for the batch's
+/// first answer: the client got 25006), and with a notice raised before
+/// the refusal (once passed on, then sent again by the primary's run).
+#[tokio::test]
+async fn refused_reads_run_again_past_evictions_and_notices() {
+    let (primary, replica) = primary_and_replica();
+    let sluice = routed_config(&primary, &replica, "route_reads=1", &[])
+        .set("max_prepared_statements", "2")
+        .start();
+    wait_for_roles(&sluice, &primary, &replica).await;
+    let mut raw = RawClient::logged_in(sluice.port(), APP_USER, "postgres").await;
+    let sync = frontend(b'S', b"");
+    for i in 0..6 {
+        let mut prepare = parse_named(&format!("n{i}"), &format!("select app_sneaky() + {i}"));
+        prepare.extend_from_slice(&sync);
+        raw.send(&prepare).await.expect("send");
+        let (errors, _, _) = replies(&mut raw).await;
+        assert!(errors.is_empty(), "{errors:?}");
+    }
+    for i in 0..12 {
+        // (a one-off Parse and its description ahead of the Bind of a
+        // named statement that 2 per server cannot all keep)
+        let mut batch = parse_named("", "select 7");
+        batch.extend(frontend(b'D', b"S\0"));
+        batch.extend(frontend(
+            b'B',
+            format!("\0n{}\0\0\0\0\0\0\0", i % 6).as_bytes(),
+        ));
+        batch.extend(frontend(b'D', b"P\0"));
+        batch.extend(frontend(b'E', b"\0\0\0\0\0"));
+        batch.extend_from_slice(&sync);
+        raw.send(&batch).await.expect("send");
+        let (errors, _, tags) = replies(&mut raw).await;
+        assert!(
+            errors.is_empty(),
+            "batch {i}: {errors:?}\n{}",
+            sluice.log_tail(10)
+        );
+        assert_eq!(tags, ["SELECT 1"], "batch {i}");
+    }
+    let long_name = "x".repeat(70);
+    let refused_with_a_notice = query_message(&format!("select app_sneaky() as {long_name}"));
+    for _ in 0..3 {
+        raw.send(&refused_with_a_notice).await.expect("send");
+        let (errors, notices, tags) = replies(&mut raw).await;
+        assert!(errors.is_empty(), "{errors:?}");
+        assert_eq!(tags, ["SELECT 1"]);
+        assert_eq!(notices, 1, "the identifier's notice, once");
+    }
+}

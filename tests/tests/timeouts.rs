@@ -493,10 +493,11 @@ async fn query_timeout_ends_a_client_whose_query_runs_too_long() {
     assert_eq!(scalar_text(&other, "select 7").await, "7");
 }
 
-/// query_timeout also times an Execute the client flushed with no Sync:
-/// it waits for that answer with no ReadyForQuery owed (the clock never
-/// ran: the query ran on for as long as it liked). An answered one is not
-/// timed while the client takes its time to send the Sync.
+/// query_timeout also times an Execute sent with no Sync, flushed or not:
+/// it runs with no ReadyForQuery owed (the clock never ran: the query ran
+/// on for as long as it liked). Each Execute is timed on its own (five
+/// short ones flushed at once were once timed as one), and an answered
+/// one is not timed while the client takes its time to send the Sync.
 #[tokio::test]
 async fn query_timeout_times_an_execute_flushed_without_a_sync() {
     let cluster = app_cluster(ServerAuth::Trust);
@@ -521,6 +522,35 @@ async fn query_timeout_times_an_execute_flushed_without_a_sync() {
         RawReply::Message(b'Z', _) => {}
         other => panic!("an answered Execute was timed after all: {other:?}"),
     }
+    let mut pipelined = Vec::new();
+    for _ in 0..5 {
+        pipelined.extend(execute_message("select pg_sleep(0.4)", b'H'));
+    }
+    quick.send(&pipelined).await.expect("send");
+    let mut done = 0;
+    while done < 5 {
+        match quick.read_message(Duration::from_secs(5)).await {
+            RawReply::Message(b'C', _) => done += 1,
+            RawReply::Message(b'1' | b'2' | b'D' | b'N', _) => {}
+            other => panic!("five short Executes flushed at once, {done} answered: {other:?}"),
+        }
+    }
+    quick.send(&[b'S', 0, 0, 0, 4]).await.expect("Sync");
+    match quick.read_message(Duration::from_secs(5)).await {
+        RawReply::Message(b'Z', _) => {}
+        other => panic!("{other:?}"),
+    }
+    // An Execute neither flushed nor synced is timed too (PgBouncer times
+    // a request from its first message).
+    let mut unflushed = RawClient::logged_in(sluice.port(), APP_USER, "postgres").await;
+    let mut execute_only = execute_message("select pg_sleep(8)", b'H');
+    execute_only.truncate(execute_only.len() - 5);
+    unflushed.send(&execute_only).await.expect("send");
+    let fields = unflushed
+        .expect_error_or_close(Duration::from_secs(5))
+        .await
+        .expect("an ErrorResponse before the close");
+    assert_eq!(error_field(&fields, b'M'), Some("query timeout"));
     let mut slow = RawClient::logged_in(sluice.port(), APP_USER, "postgres").await;
     let started = Instant::now();
     slow.send(&execute_message("select pg_sleep(8)", b'H'))

@@ -53,6 +53,9 @@ struct Slot {
     /// PostgreSQL (timed out): whether its server was signalled, and
     /// when, is not known.
     cancel_unsure: AtomicBool,
+    /// A cancel request for the client's query was forwarded since
+    /// `forget_cancel` (a read that may run again elsewhere is not, then).
+    cancel_asked: AtomicBool,
     /// Waiting in line for a server.
     waiting: AtomicBool,
     /// Why an operator disconnects the client (`Kill`), 0 when not.
@@ -138,6 +141,34 @@ pub struct Killed {
 pub struct CancelHandle {
     pub key: BackendKeyData,
     index: u32,
+}
+
+/// A client's slot while its login is not over: given up when dropped
+/// before `keep` (a login that fails, or whose future client_login_timeout
+/// drops mid-write: its slot, its process id and its socket number stayed
+/// registered, and KILL could later shut a newcomer's socket).
+pub struct Registration<'a> {
+    cancels: &'a CancelRegistry,
+    handle: Option<CancelHandle>,
+}
+
+impl Registration<'_> {
+    pub fn key(&self) -> Option<BackendKeyData> {
+        self.handle.map(|h| h.key)
+    }
+
+    /// The login is over: the slot is the client's until `unregister`.
+    pub fn keep(mut self) -> Option<CancelHandle> {
+        self.handle.take()
+    }
+}
+
+impl Drop for Registration<'_> {
+    fn drop(&mut self) {
+        if let Some(handle) = self.handle.take() {
+            self.cancels.unregister(handle);
+        }
+    }
 }
 
 /// All clients' cancel slots.
@@ -309,6 +340,14 @@ impl CancelRegistry {
         Some(CancelHandle { key, index })
     }
 
+    /// `register`, given up unless kept (see `Registration`).
+    pub fn register_for_login(&self, meta: ClientMeta) -> Option<Registration<'_>> {
+        Some(Registration {
+            cancels: self,
+            handle: Some(self.register(meta)?),
+        })
+    }
+
     /// Records why the client keeps its server (None: it no longer does).
     pub fn set_pinned(&self, handle: CancelHandle, reason: Option<Box<str>>) {
         if let Some(slot) = self.slot(handle.index)
@@ -368,6 +407,20 @@ impl CancelRegistry {
             slot.request_at.store(request_at.nanos(), Ordering::Relaxed);
             slot.server.store(pack(server_key), Ordering::Release);
         }
+    }
+
+    /// Forgets cancel requests forwarded so far (before a request that may
+    /// run again elsewhere is linked).
+    pub fn forget_cancel(&self, handle: CancelHandle) {
+        if let Some(slot) = self.slot(handle.index) {
+            slot.cancel_asked.store(false, Ordering::Relaxed);
+        }
+    }
+
+    /// Whether a cancel request was forwarded since `forget_cancel`.
+    pub fn cancel_asked(&self, handle: CancelHandle) -> bool {
+        self.slot(handle.index)
+            .is_some_and(|s| s.cancel_asked.load(Ordering::Relaxed))
     }
 
     /// The client no longer runs on its server. Returns whether a cancel
@@ -618,6 +671,9 @@ impl CancelRegistry {
         let Some((pool, host, key)) = found else {
             return Ok(false);
         };
+        if let Some(s) = slot {
+            s.cancel_asked.store(true, Ordering::Relaxed);
+        }
         let target = match host {
             0 => pool.settings_and_target().1,
             // A server on host `i` of a list without routing.
@@ -851,6 +907,28 @@ mod tests {
                 .is_none()
             );
         }
+    }
+
+    /// A login's registration is given up unless the login keeps it (a
+    /// login future dropped by client_login_timeout mid-write once left
+    /// its slot, key and socket number registered).
+    #[test]
+    fn a_registration_not_kept_is_given_up() {
+        let reg = CancelRegistry::new(0);
+        let req = |key: BackendKeyData| CancelRequest {
+            process_id: key.process_id,
+            secret_key: key.secret_key,
+        };
+        let dropped = reg.register_for_login(meta(1)).expect("slot");
+        let key = dropped.key().expect("a key");
+        assert!(reg.find(&req(key)).is_some());
+        drop(dropped);
+        assert!(reg.find(&req(key)).is_none(), "given up");
+        assert!(reg.clients().is_empty());
+        let kept = reg.register_for_login(meta(2)).expect("slot");
+        let handle = kept.keep().expect("a handle");
+        assert!(reg.find(&req(handle.key)).is_some(), "kept");
+        assert_eq!(reg.clients().len(), 1);
     }
 
     #[test]

@@ -437,13 +437,14 @@ async fn login_inner(
         pinned: None,
         tls: stream.tls_description(),
     };
-    let cancel = app.cancels.register(meta).ok_or_else(|| {
+    let exhausted = || {
         ClientError::new(
             "53300",
             "no more connections allowed (cancel keys exhausted)",
         )
-    })?;
-    let key = cancel.key;
+    };
+    let registration = app.cancels.register_for_login(meta).ok_or_else(exhausted)?;
+    let key = registration.key().ok_or_else(exhausted)?;
     Authentication::Ok.encode(&mut out);
     // A database with a topology is one endpoint that takes writes, not a
     // standby, whichever server greeted first (the first host listed may
@@ -475,9 +476,9 @@ async fn login_inner(
     }
     ready_for_query(&mut out, TransactionStatus::Idle);
     if let Err(e) = stream.write_all(&out).await {
-        app.cancels.unregister(cancel);
         return Err(ClientError::protocol(e.to_string()));
     }
+    let cancel = registration.keep().ok_or_else(exhausted)?;
     log_login(&config.settings, stream, &database, &user);
     pool.client_joined();
     admitted.keep();

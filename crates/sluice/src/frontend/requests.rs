@@ -82,10 +82,6 @@ pub(super) struct Requests {
     /// An Execute was sent since the last ReadyForQuery (it may end a
     /// failed transaction block: ROLLBACK through the extended protocol).
     executed: bool,
-    /// A Flush followed the latest Execute, no Sync yet: the client waits
-    /// for its answer now, with no ReadyForQuery owed (query_timeout times
-    /// it; without a Flush the client is still writing its batch).
-    pub(super) flushed: bool,
     /// A COPY whose Syncs were discounted ended in an error: PostgreSQL
     /// may have left COPY before reading some of them and answered those,
     /// so the count cannot be trusted and the server must not be shared.
@@ -115,6 +111,11 @@ impl Requests {
         self.outstanding == 0 && !self.executed
     }
 
+    /// An Execute was sent since the last ReadyForQuery.
+    pub(super) fn executed(&self) -> bool {
+        self.executed
+    }
+
     /// Requests (Query, FunctionCall, Sync) sent in this linked period.
     pub(super) fn sent(&self) -> u64 {
         self.sent
@@ -140,7 +141,6 @@ impl Requests {
                 Counted::Request
             }
             f::SYNC => {
-                self.flushed = false;
                 self.outstanding = self.outstanding.saturating_add(1);
                 self.unsynced = false;
                 self.sent += 1;
@@ -151,10 +151,7 @@ impl Requests {
                 Counted::Sync
             }
             f::TERMINATE => Counted::Terminate,
-            f::FLUSH => {
-                self.flushed = self.executed;
-                Counted::Other
-            }
+            f::FLUSH => Counted::Other,
             f::COPY_DATA => {
                 self.quiet = false;
                 Counted::Other
@@ -166,7 +163,6 @@ impl Requests {
                 }
             }
             f::EXECUTE => {
-                self.flushed = false;
                 self.unsynced = true;
                 self.executed = true;
                 self.start_extended = true;
@@ -272,7 +268,6 @@ impl Requests {
     /// The server sent ReadyForQuery.
     pub(super) fn server_ready(&mut self) {
         self.executed = false;
-        self.flushed = false;
         self.outstanding = self.outstanding.saturating_sub(1);
         self.seen += 1;
         self.server_copy = None;

@@ -562,6 +562,9 @@ impl Client {
             None
         };
         self.retry_query = again.map(|n| bytes::Bytes::copy_from_slice(&buf[..n]));
+        if self.retry_query.is_some() {
+            self.app.cancels.forget_cancel(self.cancel);
+        }
         let on_replica = lease.host() != 0;
         self.on_routed_primary = topology.is_some() && !on_replica;
         self.primary_read = read && self.on_routed_primary;
@@ -574,6 +577,13 @@ impl Client {
         if let RelayEnd::Retry = end
             && let Some(query) = self.retry_query.take()
         {
+            if self.app.cancels.cancel_asked(self.cancel) {
+                // The client cancelled it before any answer came (to a
+                // frozen replica, say): it is not run again, and the
+                // client hears what PostgreSQL says of a cancelled query
+                // (found by a review: the re-run answered in full).
+                return self.answer_cancelled().await;
+            }
             // Refused by the replica (or lost with it, or its primary
             // server lost) before anything reached the client: the same
             // query, first, on the primary.
@@ -760,6 +770,24 @@ impl Client {
             watch_closed(stream, &mut watch, cx).map(|()| None)
         })
         .await
+    }
+
+    /// Answers a request that was cancelled before it answered anything
+    /// (it opened no transaction: only such requests run again).
+    async fn answer_cancelled(&mut self) -> Option<SessionEnd> {
+        use tokio::io::AsyncWriteExt;
+        let mut out = BytesMut::new();
+        sluice_wire::ErrorFields::new(
+            sluice_wire::Severity::Error,
+            "57014",
+            "canceling statement due to user request",
+        )
+        .encode(&mut out);
+        sluice_wire::ready_for_query(&mut out, sluice_wire::TransactionStatus::Idle);
+        match tokio::time::timeout(LOCAL_WRITE_TIMEOUT, self.stream.write_all(&out)).await {
+            Ok(Ok(())) => None,
+            _ => Some(SessionEnd::ClientLeft),
+        }
     }
 
     /// A batch that only prepares or closes statements is answered here,

@@ -672,6 +672,9 @@ fn is_farewell(tag: u8, body: &[u8]) -> bool {
     }
 }
 
+/// Notices kept from the client while a read may still run elsewhere.
+const RETRY_KEPT_NOTICES: usize = 64 * 1024;
+
 /// What a server sends for a batch before the first answer that tells
 /// whether the statement ran: ParseComplete (of the unnamed statement, in
 /// a one-off query), BindComplete, and the descriptions of the statement
@@ -689,8 +692,10 @@ fn preamble(tag: u8) -> bool {
 }
 
 /// The first message after the one whose body is `body` (a slice of
-/// `buf`) that is neither a notice nor part of the preamble, if it is
-/// already whole in `buf`: (type, body).
+/// `buf`) that is neither a notice nor part of the preamble nor a
+/// CloseComplete (sluice's own, for a statement it evicted: a batch that
+/// may run again closes nothing of the client's), if it is already whole
+/// in `buf`: (type, body).
 fn next_answer<'a>(buf: &'a [u8], body: &[u8]) -> Option<(u8, &'a [u8])> {
     let mut start = (body.as_ptr() as usize)
         .checked_sub(buf.as_ptr() as usize)?
@@ -701,7 +706,11 @@ fn next_answer<'a>(buf: &'a [u8], body: &[u8]) -> Option<(u8, &'a [u8])> {
         let len = i32::from_be_bytes(rest.get(1..5)?.try_into().ok()?);
         let len = usize::try_from(len).ok()?.checked_sub(4)?;
         let next = rest.get(5..5 + len)?;
-        if tag != tags::backend::NOTICE_RESPONSE && !preamble(tag) {
+        if !matches!(
+            tag,
+            tags::backend::NOTICE_RESPONSE | tags::backend::CLOSE_COMPLETE
+        ) && !preamble(tag)
+        {
             return Some((tag, next));
         }
         start = start.checked_add(5 + len)?;
@@ -799,9 +808,17 @@ pub(super) fn scan_server(
                 // sends): nothing ran; the end of the connection follows
                 // and the request goes elsewhere.
                 Retry::Lost | Retry::Armed if is_farewell(tag, body) => Some(RetryStep::Swallow),
-                // A notice after the kept description goes with it (if the
-                // read is refused, the primary's run sends it again).
-                Retry::Armed if keeping && tag == b::NOTICE_RESPONSE => Some(RetryStep::Keep),
+                // A notice is kept too, with what is kept (if the read is
+                // refused, the primary's run sends it again; found by a
+                // review: the client got it twice), up to a bound: past it
+                // what was kept goes out and the read stays here.
+                Retry::Armed if tag == b::NOTICE_RESPONSE => Some(
+                    if cycle.retry_kept.len() + body.len() < RETRY_KEPT_NOTICES {
+                        RetryStep::Keep
+                    } else {
+                        RetryStep::Emit
+                    },
+                ),
                 _ if asynchronous => None,
                 // A primary's farewell: kept (see `Cycle::keep_farewell`).
                 _ if cycle.keep_farewell && tag == b::ERROR_RESPONSE && is_fatal(body) => {

@@ -120,6 +120,8 @@ pub struct Expected {
     /// extended-protocol batch (PostgreSQL ignores everything up to the
     /// Sync, a Query too), not yet told to the request count.
     ignored_requests: u32,
+    /// Executes answered (query_timeout times each).
+    executes_done: u64,
 }
 
 /// A change to a client's names that PostgreSQL did not make (its Parse
@@ -196,6 +198,11 @@ impl Expected {
             Some(Expect::Unprepare { .. }) => tag == b::CLOSE_COMPLETE,
             _ => false,
         }
+    }
+
+    /// Executes answered so far.
+    pub fn executes_done(&self) -> u64 {
+        self.executes_done
     }
 
     /// An Execute's answer is owed.
@@ -298,7 +305,13 @@ impl Expected {
             Some(Expect::Local(_)) => false,
             Some(Expect::Discard) => tag == b::READY_FOR_QUERY,
             Some(Expect::Refused(_)) => tag == b::PARSE_COMPLETE,
-            Some(Expect::Pass { reply, .. }) => ends(*reply, tag),
+            Some(Expect::Pass { reply, .. }) => {
+                let done = ends(*reply, tag);
+                if done && *reply == Reply::Execute {
+                    self.executes_done += 1;
+                }
+                done
+            }
         };
         if done {
             self.queue.pop_front();

@@ -127,7 +127,8 @@ type Timer = Pin<Box<Sleep>>;
 pub(super) struct Clocks {
     limits: Limits,
     idle: Option<(IdleKind, Timer)>,
-    /// Request cycles ended when the query_timeout clock was last armed.
+    /// Requests and Executes answered when the query_timeout clock was
+    /// last armed.
     query_cycle: u64,
     /// When the request owed now times out (query_timeout), if it does.
     query_deadline: Option<tokio::time::Instant>,
@@ -153,8 +154,8 @@ impl Clocks {
     }
 
     /// Arms what `s` asks for; `cycles_done` and `xacts_done` are the
-    /// period's counts (a new request restarts query_timeout's clock, an
-    /// ended transaction transaction_timeout's).
+    /// period's counts (a new request, or an answered Execute, restarts
+    /// query_timeout's clock; an ended transaction transaction_timeout's).
     #[inline(always)]
     pub(super) fn arm(&mut self, s: &Standing, cycles_done: u64, xacts_done: u64) {
         // query_timeout counts from the turn a request is first owed in

@@ -145,7 +145,13 @@ pub async fn run(client: &mut Client, cbuf: &mut BytesMut, mut lease: Lease) -> 
             }
         };
         let standing = turn::standing(&cycle, tracking.as_deref(), cbuf, at_end, pooled);
-        clocks.arm(&standing, cycle.cycles_done, cycle.xacts_done);
+        // (each answered Execute starts query_timeout's clock again, as
+        // each ReadyForQuery does)
+        let answered = cycle.cycles_done
+            + tracking
+                .as_deref()
+                .map_or(0, |t| t.expected.executes_done());
+        clocks.arm(&standing, answered, cycle.xacts_done);
         let read_server = turn::read_server(&cycle, tracking.as_deref(), lease.server(), pooled);
         let read_client = !cycle.client_terminated && !cycle.capped();
         let writes_wake = turn::writes_wake(&cycle, tracking.as_deref(), read_client, read_server);

@@ -363,10 +363,11 @@ pub(super) fn standing(
     at_end: bool,
     pooled: bool,
 ) -> Standing {
-    // (an Execute flushed with no Sync is owed too: the client waits for
-    // it; only the expected replies tell when it is answered)
+    // (an Execute with no Sync yet is owed too, until the expected replies
+    // say it is answered; session mode keeps none: until the Sync's
+    // ReadyForQuery, as PgBouncer times a request)
     let owed = cycle.req.outstanding > 0
-        || (cycle.req.flushed && tracking.is_some_and(|t| t.expected.awaits_execute()));
+        || (cycle.req.executed() && tracking.is_none_or(|t| t.expected.awaits_execute()));
     Standing {
         owed,
         unanswered_replica: owed && cycle.retry == Retry::Armed,
