@@ -345,6 +345,19 @@ async fn set_changes_a_setting_and_show_config_reports_it() {
             .await
             .is_err()
     );
+    // A time no clock can add to the present is refused (it once panicked
+    // every login and every query that followed; a review).
+    for key in ["client_login_timeout", "query_timeout"] {
+        assert!(
+            admin
+                .simple_query(&format!("SET {key} = 18446744073709551615"))
+                .await
+                .is_err(),
+            "{key}"
+        );
+    }
+    let client = connect_as(p, APP_USER, "postgres").await;
+    assert_eq!(scalar_text(&client, "select 'still'").await, "still");
 }
 
 #[tokio::test]

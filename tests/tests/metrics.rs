@@ -122,6 +122,31 @@ async fn health_is_503_while_paused_and_200_after_resume() {
     assert_eq!(get(mport, "/health").await.0, 200);
 }
 
+/// Connections held open from one address take at most a few of the
+/// endpoint's places: `/health` still answers others (40 idle sockets
+/// once kept it down, and an orchestrator would restart sluice).
+#[tokio::test]
+async fn idle_connections_from_one_address_leave_health_answering() {
+    let cluster = app_cluster(ServerAuth::Trust);
+    let (_sluice, mport) = with_metrics(ConfigBuilder::for_cluster(&cluster));
+    let mut held = Vec::new();
+    for _ in 0..40 {
+        let socket = tokio::net::TcpSocket::new_v4().expect("socket");
+        socket
+            .bind("127.0.0.2:0".parse().expect("address"))
+            .expect("bind 127.0.0.2");
+        let stream = socket
+            .connect(format!("127.0.0.1:{mport}").parse().expect("address"))
+            .await
+            .expect("connect");
+        held.push(stream);
+    }
+    for _ in 0..3 {
+        assert_eq!(get(mport, "/health").await.0, 200);
+    }
+    drop(held);
+}
+
 #[tokio::test]
 async fn health_is_503_when_no_server_can_be_reached() {
     let dead_port = sluice_testkit::free_port().expect("free port");

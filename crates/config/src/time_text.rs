@@ -7,6 +7,12 @@ use std::time::Duration;
 const NOT_A_TIME: &str =
     "expected a non-negative time in seconds (e.g. 30 or 2.5) or with a unit (ms, s, min, h)";
 
+/// The longest time taken: every clock adds times to the present, and a
+/// time near `u64::MAX` seconds overflowed there (a panic at every login
+/// after `SET client_login_timeout = 18446744073709551615`; found by a
+/// review).
+const MAX_SECONDS: u64 = 100 * 365 * 24 * 3600;
+
 /// Parses a time: seconds, possibly fractional (`5`, `5.0`, `0.25`), or a
 /// number followed by one of the units `ms`, `s`, `min`, `h` (`250ms`,
 /// `2 min`). Decimal digits are converted exactly, to the nanosecond.
@@ -29,7 +35,7 @@ pub(crate) fn parse_seconds(text: &str) -> Result<Duration, String> {
     if whole.is_empty() && fraction.is_empty() || !all_digits(whole) || !all_digits(fraction) {
         return Err(NOT_A_TIME.to_string());
     }
-    let too_long = || "time is too long".to_string();
+    let too_long = || format!("time is too long (at most {MAX_SECONDS} s, about 100 years)");
     let whole_units: u128 = if whole.is_empty() {
         0
     } else {
@@ -47,7 +53,10 @@ pub(crate) fn parse_seconds(text: &str) -> Result<Duration, String> {
         .checked_mul(nanos_per_unit)
         .and_then(|nanos| nanos.checked_add(fraction_units * nanos_per_unit / fraction_scale))
         .ok_or_else(too_long)?;
-    let seconds = u64::try_from(total_nanos / 1_000_000_000).map_err(|_| too_long())?;
+    let seconds = u64::try_from(total_nanos / 1_000_000_000)
+        .ok()
+        .filter(|&s| s <= MAX_SECONDS)
+        .ok_or_else(too_long)?;
     let subsec_nanos = u32::try_from(total_nanos % 1_000_000_000).map_err(|_| too_long())?;
     Ok(Duration::new(seconds, subsec_nanos))
 }
@@ -92,6 +101,14 @@ mod tests {
             assert!(parse_seconds(bad).is_err(), "{bad} should be refused");
         }
         assert!(parse_seconds("99999999999999999999999").is_err());
+        // Times every clock can add to the present.
+        assert!(parse_seconds("18446744073709551615").is_err());
+        assert!(parse_seconds("9300000000000000000").is_err());
+        assert!(parse_seconds("1000000h").is_err());
+        assert_eq!(
+            parse_seconds("3153600000"),
+            Ok(Duration::from_secs(MAX_SECONDS))
+        );
     }
 
     #[test]

@@ -27,6 +27,9 @@ use crate::net::Stream;
 pub const CONSOLE_DATABASES: &[&str] = &["pgbouncer", "sluice"];
 /// Largest console command accepted.
 const COMMAND_LIMIT: usize = 64 * 1024;
+/// How long a console session may take to read a reply: one that does not
+/// read is closed, its reply (a listing may be megabytes) freed.
+const WRITE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// What a console user may do.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -134,8 +137,12 @@ pub async fn serve(app: Arc<App>, mut stream: Stream, role: Role) {
                 error(&mut out, "08P01", &message);
             }
         }
-        if stream.write_all(&out).await.is_err() {
-            return;
+        match tokio::time::timeout(WRITE_TIMEOUT, stream.write_all(&out)).await {
+            Ok(Ok(())) => {}
+            _ => return,
+        }
+        if out.capacity() > 1 << 20 {
+            out = BytesMut::with_capacity(512);
         }
     }
 }

@@ -64,34 +64,13 @@ impl Known<'_> {
     }
 }
 
-/// PBKDF2 (a plain password checked against a SCRAM secret, a SCRAM
-/// secret made from a plain one) costs up to ~100 ms of CPU with a
-/// secret's iterations (4,096 to 100,000). It runs off the event loop, a
-/// few at a time: a flood of logins with wrong passwords queues here
-/// (within `client_login_timeout`) instead of stalling the transactions
-/// of the clients on the same worker.
+/// `crate::auth::derive`, failing as a login does.
 async fn derive<T: Send + 'static>(
     work: impl FnOnce() -> T + Send + 'static,
 ) -> Result<T, ClientError> {
-    static DERIVING: std::sync::LazyLock<std::sync::Arc<tokio::sync::Semaphore>> =
-        std::sync::LazyLock::new(|| {
-            let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-            std::sync::Arc::new(tokio::sync::Semaphore::new((cores / 2).max(1)))
-        });
-    let turn = DERIVING
-        .clone()
-        .acquire_owned()
+    crate::auth::derive(work)
         .await
-        .map_err(|_| ClientError::new("XX000", "password check unavailable"))?;
-    // (the turn is held by the work itself: a login given up meanwhile
-    // does not let another derivation start beside it)
-    tokio::task::spawn_blocking(move || {
-        let done = work();
-        drop(turn);
-        done
-    })
-    .await
-    .map_err(|_| ClientError::new("XX000", "password check failed"))
+        .ok_or_else(|| ClientError::new("XX000", "password check failed"))
 }
 
 /// Runs the exchange `auth_type` asks for. Does not send AuthenticationOk.

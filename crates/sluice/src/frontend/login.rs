@@ -429,9 +429,9 @@ async fn login_inner(
         peer: stream.peer_addr(),
         local: stream.local_addr(),
         connected: std::time::SystemTime::now(),
-        application_name: client_params
-            .get("application_name")
-            .unwrap_or_default()
+        // (as PostgreSQL shows it, in NAMEDATALEN - 1 bytes: SHOW CLIENTS
+        // of thousands of 9 KB names was tens of megabytes; a review)
+        application_name: shown_name(client_params.get("application_name").unwrap_or_default())
             .into(),
         fd: stream.raw_fd(),
         pinned: None,
@@ -491,6 +491,16 @@ async fn login_inner(
         user,
         early: buf,
     }))))
+}
+
+/// `name` cut to PostgreSQL's NAMEDATALEN - 1 bytes (at a character's
+/// start), as pg_stat_activity shows an application_name.
+fn shown_name(name: &str) -> &str {
+    let mut end = name.len().min(63);
+    while !name.is_char_boundary(end) {
+        end -= 1;
+    }
+    &name[..end]
 }
 
 /// Checks the client's password (or lets it in, as `auth_type` says)
@@ -772,6 +782,15 @@ fn parse_options(options: &str) -> Vec<Result<(String, String), ClientError>> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn application_names_show_as_postgresql_shows_them() {
+        assert_eq!(shown_name("psql"), "psql");
+        assert_eq!(shown_name(&"x".repeat(9000)), "x".repeat(63));
+        // (a two-byte character across the cut is left out whole)
+        let name = format!("{}é", "x".repeat(62));
+        assert_eq!(shown_name(&name), "x".repeat(62));
+    }
 
     #[test]
     fn options_are_parsed() {

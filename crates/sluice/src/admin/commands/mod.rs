@@ -11,6 +11,7 @@ mod show;
 mod shutdown;
 mod switches;
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::BytesMut;
@@ -143,7 +144,7 @@ fn fake_param(name: &str) -> Option<(&'static str, &'static str)> {
 }
 
 /// Runs one command line and appends its answer to `out`.
-pub async fn run(app: &App, role: Role, sql: &str, out: &mut BytesMut) {
+pub async fn run(app: &Arc<App>, role: Role, sql: &str, out: &mut BytesMut) {
     let text = sql.trim().trim_end_matches(';').trim();
     if text.is_empty() {
         sluice_wire::empty_query_response(out);
@@ -174,7 +175,29 @@ pub async fn run(app: &App, role: Role, sql: &str, out: &mut BytesMut) {
     }
     line.log_issued();
     match line.verb.as_str() {
-        "SHOW" => show::run(app, &line, out),
+        "SHOW" => {
+            // A listing of every client or server (thousands of rows) is
+            // built on the blocking pool, not on the event loop of the
+            // worker whose clients it would stall (a review saw 11,380 tps
+            // fall to 348 under a stats user's SHOW CLIENTS loop).
+            let (app, sql, arg) = (app.clone(), sql.to_owned(), line.arg.map(str::to_owned));
+            let built = tokio::task::spawn_blocking(move || {
+                let mut out = BytesMut::new();
+                let line = Line {
+                    sql: &sql,
+                    text: &sql,
+                    verb: "SHOW".to_owned(),
+                    arg: arg.as_deref(),
+                };
+                show::run(&app, &line, &mut out);
+                out
+            })
+            .await;
+            match built {
+                Ok(built) => out.extend_from_slice(&built),
+                Err(_) => error(out, "XX000", "SHOW failed"),
+            }
+        }
         "RELOAD" => reload::run(app, out),
         "PAUSE" => pause::pause(app, &line, out).await,
         "RESUME" => pause::resume(app, &line, out),
