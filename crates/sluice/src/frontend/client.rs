@@ -70,6 +70,8 @@ pub struct Client {
     pub(super) reads_routed: bool,
     /// Routing's lookups, kept while they hold (see `RouteCache`).
     pub(super) route_cache: Option<Box<RouteCache>>,
+    /// Its slot, key and counts are given back (`leave`).
+    left: bool,
 }
 
 /// What routing looked up for a client, kept while the app's routing
@@ -154,6 +156,12 @@ impl Drop for Listening {
 /// Timeout for best-effort cleanup queries (ROLLBACK, reset query).
 pub const CLEANUP_TIMEOUT: Duration = Duration::from_secs(5);
 
+impl Drop for Client {
+    fn drop(&mut self) {
+        self.leave();
+    }
+}
+
 impl Client {
     pub fn new(
         stream: Stream,
@@ -187,7 +195,21 @@ impl Client {
             replicas_after: None,
             reads_routed: false,
             route_cache: None,
+            left: false,
         }
+    }
+
+    /// Gives back the client's cancel slot, its pool's and its database's
+    /// counts: once, when it says goodbye, or when its task ends any other
+    /// way (a panic unwinding left a ghost client counted for good, and
+    /// max_db_client_connections refused real ones; found by a review).
+    pub fn leave(&mut self) {
+        if std::mem::replace(&mut self.left, true) {
+            return;
+        }
+        self.app.cancels.unregister(self.cancel);
+        self.pool.client_left();
+        self.app.release_client(self.database(), self.user());
     }
 
     /// What the client carries, created on first use.

@@ -385,9 +385,7 @@ async fn say_goodbye(mut client: Client, end: SessionEnd) {
         }
         (end, _) => end,
     };
-    client.app.cancels.unregister(client.cancel);
-    client.pool.client_left();
-    client.app.release_client(client.database(), client.user());
+    client.leave();
     match end {
         SessionEnd::ClientLeft | SessionEnd::Park => {
             if client.app.config().settings.log_disconnections {
