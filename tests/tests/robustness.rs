@@ -948,3 +948,36 @@ async fn startup_oddities_are_answered_as_postgresql_answers_them() {
     let fields = old.expect_error_or_close(wait).await.expect("an error");
     assert_eq!(error_field(&fields, b'C'), Some("0A000"));
 }
+
+/// A user name with a line break in it cannot forge a log line: each log
+/// event stays one line (found by a review: an unauthenticated client
+/// wrote "pooler error: password authentication failed…" lines).
+#[tokio::test]
+async fn a_user_name_cannot_forge_a_log_line() {
+    let cluster = app_cluster(ServerAuth::Trust);
+    let sluice = ConfigBuilder::for_cluster(&cluster)
+        .set("log_connections", "1")
+        .start();
+    let mut raw = RawClient::connect(sluice.port()).await;
+    raw.send(&startup_packet(&[
+        ("user", "evil\nFORGED pooler error"),
+        ("database", "postgres"),
+    ]))
+    .await
+    .expect("send");
+    let _ = raw.expect_error_or_close(Duration::from_secs(10)).await;
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    while !sluice.log().contains("evil\\nFORGED") {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the login was not logged with its line break escaped\n{}",
+            sluice.log_tail(10)
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(
+        !sluice.log().lines().any(|l| l.starts_with("FORGED")),
+        "{}",
+        sluice.log_tail(10)
+    );
+}

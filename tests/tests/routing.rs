@@ -1181,6 +1181,15 @@ impl Drop for Frozen {
     }
 }
 
+/// Waits until `running` (a count of the read's backends) says 1.
+async fn wait_until_running(on: &Client, running: &str) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while scalar_text(on, running).await != "1" {
+        assert!(Instant::now() < deadline, "the read never ran there");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
 /// A read whose replica freezes before it answers runs on the primary
 /// once the checks take the replica out of rotation. Before, it waited
 /// for the replica to thaw (or for query_timeout, off by default).
@@ -1253,14 +1262,7 @@ async fn read_through_a_freeze(settings: &[(&str, &str)], sent: Sent, sleep: u32
             _ => None,
         }))
     });
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while scalar_text(&on_replica, &running).await != "1" {
-        assert!(
-            Instant::now() < deadline,
-            "the read never ran on the replica"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    wait_until_running(&on_replica, &running).await;
     let frozen = Frozen::new(&replica);
     // Once it runs on the primary, the replica thaws, its read not done
     // (pg_sleep counts wall time: a long one has most of it left).
@@ -1457,14 +1459,7 @@ async fn a_read_cancelled_on_a_frozen_replica_is_not_run_again() {
     let running = format!(
         "select count(*)::text from pg_stat_activity where query = '{sql}' and state = 'active'"
     );
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while scalar_text(&on_replica, &running).await != "1" {
-        assert!(
-            Instant::now() < deadline,
-            "the read never ran on the replica"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    wait_until_running(&on_replica, &running).await;
     let frozen = Frozen::new(&replica);
     token.cancel_query(NoTls).await.expect("cancel request");
     let answer = tokio::time::timeout(Duration::from_secs(30), read)

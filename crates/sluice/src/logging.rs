@@ -17,8 +17,8 @@ pub fn init(logfile: &str, to_stderr: bool, verbosity: u32) -> std::io::Result<(
     };
     reopen(logfile)?;
     let writer = match to_stderr {
-        true => BoxMakeWriter::new(std::io::stderr.and(|| LogFile).and(Syslog)),
-        false => BoxMakeWriter::new((|| LogFile).and(Syslog)),
+        true => BoxMakeWriter::new(OneLine(std::io::stderr.and(|| LogFile).and(Syslog))),
+        false => BoxMakeWriter::new(OneLine((|| LogFile).and(Syslog))),
     };
     tracing_subscriber::fmt()
         .with_writer(writer)
@@ -27,6 +27,58 @@ pub fn init(logfile: &str, to_stderr: bool, verbosity: u32) -> std::io::Result<(
         .with_target(false)
         .init();
     Ok(())
+}
+
+/// Every event on one line: a line break inside one (in a user name a
+/// client chose, say) is written `\n`, so that no client can forge a log
+/// line (found by a review).
+struct OneLine<M>(M);
+
+impl<'a, M: tracing_subscriber::fmt::MakeWriter<'a>> tracing_subscriber::fmt::MakeWriter<'a>
+    for OneLine<M>
+{
+    type Writer = OneLineWriter<M::Writer>;
+
+    fn make_writer(&'a self) -> Self::Writer {
+        OneLineWriter(self.0.make_writer())
+    }
+
+    fn make_writer_for(&'a self, meta: &tracing::Metadata<'_>) -> Self::Writer {
+        OneLineWriter(self.0.make_writer_for(meta))
+    }
+}
+
+/// Writes each event (one `write_all`) with its inner line breaks escaped.
+struct OneLineWriter<W>(W);
+
+impl<W: std::io::Write> std::io::Write for OneLineWriter<W> {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.write_all(buf)?;
+        Ok(buf.len())
+    }
+
+    fn write_all(&mut self, buf: &[u8]) -> std::io::Result<()> {
+        let line = buf.strip_suffix(b"\n").unwrap_or(buf);
+        if !line.iter().any(|&b| b == b'\n' || b == b'\r') {
+            return self.0.write_all(buf);
+        }
+        let mut out = Vec::with_capacity(buf.len() + 16);
+        for &b in line {
+            match b {
+                b'\n' => out.extend_from_slice(b"\\n"),
+                b'\r' => out.extend_from_slice(b"\\r"),
+                b => out.push(b),
+            }
+        }
+        if line.len() < buf.len() {
+            out.push(b'\n');
+        }
+        self.0.write_all(&out)
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.0.flush()
+    }
 }
 
 /// The open `logfile`, if one is set.
@@ -260,6 +312,19 @@ pub fn civil_date(days: i64) -> (i64, i64, i64) {
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn an_event_stays_one_line() {
+        use std::io::Write;
+        let mut w = super::OneLineWriter(Vec::new());
+        w.write_all(b"login attempt: user=evil\nFORGED line\r\n")
+            .expect("write");
+        assert_eq!(w.0, b"login attempt: user=evil\\nFORGED line\\r\n");
+        let mut plain = super::OneLineWriter(Vec::new());
+        plain.write_all(b"a line\n").expect("write");
+        assert_eq!(plain.0, b"a line\n");
+    }
+
     use super::*;
 
     #[test]
