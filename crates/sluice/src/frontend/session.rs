@@ -775,7 +775,6 @@ impl Client {
     /// Answers a request that was cancelled before it answered anything
     /// (it opened no transaction: only such requests run again).
     async fn answer_cancelled(&mut self) -> Option<SessionEnd> {
-        use tokio::io::AsyncWriteExt;
         let mut out = BytesMut::new();
         sluice_wire::ErrorFields::new(
             sluice_wire::Severity::Error,
@@ -784,9 +783,22 @@ impl Client {
         )
         .encode(&mut out);
         sluice_wire::ready_for_query(&mut out, sluice_wire::TransactionStatus::Idle);
-        match tokio::time::timeout(LOCAL_WRITE_TIMEOUT, self.stream.write_all(&out)).await {
-            Ok(Ok(())) => None,
-            _ => Some(SessionEnd::ClientLeft),
+        self.write_local(&out).await.err()
+    }
+
+    /// Writes replies sluice made itself, bounded by `LOCAL_WRITE_TIMEOUT`.
+    async fn write_local(&mut self, out: &[u8]) -> Result<(), SessionEnd> {
+        use tokio::io::AsyncWriteExt;
+        match tokio::time::timeout(LOCAL_WRITE_TIMEOUT, self.stream.write_all(out)).await {
+            Ok(Ok(())) => Ok(()),
+            _ => {
+                tracing::info!(
+                    user = %self.user(), db = %self.database(),
+                    "closing because: the client did not read its replies for {} s",
+                    LOCAL_WRITE_TIMEOUT.as_secs()
+                );
+                Err(SessionEnd::ClientLeft)
+            }
         }
     }
 
@@ -821,18 +833,7 @@ impl Client {
                 Answer::Server => return Ok(false),
             }
         }
-        use tokio::io::AsyncWriteExt;
-        match tokio::time::timeout(LOCAL_WRITE_TIMEOUT, self.stream.write_all(&out)).await {
-            Ok(Ok(())) => Ok(true),
-            _ => {
-                tracing::info!(
-                    user = %self.user(), db = %self.database(),
-                    "closing because: the client did not read its replies for {} s",
-                    LOCAL_WRITE_TIMEOUT.as_secs()
-                );
-                Err(SessionEnd::ClientLeft)
-            }
-        }
+        self.write_local(&out).await.map(|()| true)
     }
 
     /// PAUSE (or KILL): new transactions wait until RESUME, as on

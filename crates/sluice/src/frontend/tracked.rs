@@ -489,6 +489,8 @@ fn discard_sequences(t: &mut Tracking, out_at: usize) {
     t.out.unsplit(request);
     t.expected.insert(0, Expect::Discard);
     t.discard_sent = true;
+    // (once a link: what reads the state later reads the client's own)
+    t.discard_at = None;
 }
 
 /// Query "DISCARD SEQUENCES".
