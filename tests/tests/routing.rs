@@ -1479,6 +1479,54 @@ async fn a_read_cancelled_on_a_frozen_replica_is_not_run_again() {
     assert_eq!(db.code().code(), "57014", "{db:?}");
 }
 
+/// A read that cannot run again (a named statement parsed in its own
+/// batch) on a replica that freezes: the client is told once the checks
+/// take the replica out of rotation, not left waiting for the thaw (its
+/// cancel would wait in the frozen replica's queue too).
+#[tokio::test]
+async fn a_read_that_cannot_run_again_ends_when_its_replica_freezes() {
+    let (primary, replica) = primary_and_replica();
+    let sluice = routed_config(&primary, &replica, "route_reads=1", &[])
+        .set("health_check_timeout", "1")
+        .set("health_check_threshold", "2")
+        .start();
+    wait_for_roles(&sluice, &primary, &replica).await;
+    let mut raw = RawClient::logged_in(sluice.port(), APP_USER, "postgres").await;
+    let sql = "select pg_is_in_recovery()::text, pg_sleep(60)";
+    let mut batch = parse_named("st9", sql);
+    batch.extend(frontend(b'B', b"\0st9\0\0\0\0\0\0\0"));
+    batch.extend(frontend(b'E', b"\0\0\0\0\0"));
+    batch.extend(frontend(b'S', b""));
+    raw.send(&batch).await.expect("send");
+    let on_replica = superuser_connect(&replica, "postgres").await;
+    let running = format!(
+        "select count(*)::text from pg_stat_activity where query = '{sql}' and state = 'active'"
+    );
+    wait_until_running(&on_replica, &running).await;
+    let frozen = Frozen::new(&replica);
+    let frozen_at = Instant::now();
+    let mut codes = Vec::new();
+    loop {
+        match raw.read_message(Duration::from_secs(30)).await {
+            RawReply::Message(b'E', body) => {
+                let fields = error_fields(&body);
+                codes.push(error_field(&fields, b'C').unwrap_or("").to_owned());
+            }
+            RawReply::Message(..) => {}
+            RawReply::Closed => break,
+            RawReply::TimedOut => panic!(
+                "the read still waits for its frozen replica after 30 s\n{}",
+                sluice.log_tail(15)
+            ),
+        }
+    }
+    assert!(frozen_at.elapsed() < Duration::from_secs(20));
+    drop(frozen);
+    assert_eq!(codes, ["08006"], "{}", sluice.log_tail(15));
+    let next = connect_as(sluice.port(), APP_USER, "postgres").await;
+    assert_eq!(scalar_text(&next, "select 'next'").await, "next");
+}
+
 /// Raw extended-protocol messages for the tests below.
 fn frontend(tag: u8, body: &[u8]) -> Vec<u8> {
     let mut message = vec![tag];

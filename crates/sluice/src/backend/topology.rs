@@ -668,9 +668,6 @@ impl Topology {
         record_end(insert, self.wal_block.load(Ordering::Relaxed))
     }
 
-    /// A replica that may serve a read now: up, within `limits`, and
-    /// replayed up to `min_lsn` if given; round robin among those that
-    /// qualify.
     /// Host `i` is out of rotation: its checks failed `threshold` times
     /// in a row, or Patroni no longer lists it.
     pub fn out_of_rotation(&self, i: usize) -> bool {
@@ -680,6 +677,9 @@ impl Topology {
             .is_none_or(|h| h.health == Health::Down || !h.listed)
     }
 
+    /// A replica that may serve a read now: up, within `limits`, and
+    /// replayed up to `min_lsn` if given; round robin among those that
+    /// qualify.
     pub fn pick_replica(&self, limits: LagLimits, min_lsn: Option<u64>) -> Option<usize> {
         let st = self.lock();
         let qualifies = |h: &HostState| {

@@ -52,6 +52,8 @@ pub(super) struct Cycle {
     /// been sent, and the rest waits for the next lease, routed afresh
     /// (lifted when the request leaves a READ ONLY transaction open).
     pub(super) cap: Option<u64>,
+    /// The server is a replica's (a host pool's).
+    pub(super) on_replica: bool,
     /// The read-on-a-replica safety net (see `Retry`).
     pub(super) retry: Retry,
     /// A RowDescription kept from the client while `retry` is armed.
@@ -127,6 +129,7 @@ impl Cycle {
             cap: ((host != 0 && !session_mode)
                 || (host == 0 && (retry_query || (primary_read && !session_mode))))
                 .then_some(1),
+            on_replica: host != 0,
             retry: match (host, retry_query) {
                 (_, false) => Retry::Off,
                 (0, true) => Retry::Lost,

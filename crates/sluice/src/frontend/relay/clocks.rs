@@ -27,10 +27,12 @@ pub(super) enum IdleKind {
     /// Replies owed while the client is not read: a look at its end now
     /// and then.
     Unread,
-    /// A read on a replica that has not answered yet: a look now and then
-    /// at whether the checks took the replica out of rotation (frozen,
-    /// cut off), in which case the read runs on the primary, and at the
-    /// client's end (as `Unread` looks).
+    /// A replica owes replies: a look now and then at whether the checks
+    /// took it out of rotation (frozen, cut off), in which case a read
+    /// that has not answered runs on the primary and one that cannot run
+    /// again ends once the replica has been silent a whole look (it would
+    /// wait for the thaw, the client's cancel too); and at the client's
+    /// end (as `Unread` looks).
     Replica,
 }
 
@@ -80,9 +82,9 @@ pub(super) struct Standing {
     /// Replies are owed while the client is not read (its buffers full):
     /// its close, or KILL's, would go unseen until the server answers.
     pub unread_client: bool,
-    /// A read on a replica waits for its first answer (it may still run
-    /// on the primary).
-    pub unanswered_replica: bool,
+    /// A replica owes replies (a read that may still run on the primary
+    /// waits for its first answer, or one that cannot runs).
+    pub replica_owes: bool,
     /// The client is halfway through a message sluice is ready to read.
     pub mid_message: bool,
     /// A pinned client between transactions.
@@ -98,7 +100,7 @@ pub(super) struct Standing {
 /// applies wins.
 #[inline(always)]
 pub(super) fn idle_clock(s: &Standing, limits: &Limits) -> Option<(IdleKind, Duration)> {
-    if s.owed && s.unanswered_replica {
+    if s.owed && s.replica_owes {
         // (query_timeout's deadline bounds its looks: `Clocks::arm`)
         Some((IdleKind::Replica, REPLICA_LOOK))
     } else if s.owed && !limits.query.is_zero() {
@@ -137,6 +139,8 @@ pub(super) struct Clocks {
     transaction: Option<Timer>,
     /// Transactions ended when `transaction` was last looked at.
     xact_mark: u64,
+    /// What a replica had answered at the last `Replica` look.
+    replica_mark: Option<u64>,
 }
 
 impl Clocks {
@@ -150,6 +154,7 @@ impl Clocks {
             query_cycle: 0,
             query_deadline: None,
             xact_mark: 0,
+            replica_mark: None,
         }
     }
 
@@ -204,6 +209,12 @@ impl Clocks {
     pub(super) fn query_expired(&self) -> bool {
         self.query_deadline
             .is_some_and(|at| tokio::time::Instant::now() >= at)
+    }
+
+    /// At a `Replica` look: the replica answered nothing since the last
+    /// look (`answered` counts what it has answered: it only grows).
+    pub(super) fn replica_silent(&mut self, answered: u64) -> bool {
+        self.replica_mark.replace(answered) == Some(answered)
     }
 
     /// The idle clock running, if one is.
@@ -261,7 +272,20 @@ mod tests {
             query_deadline: None,
             transaction: None,
             xact_mark: 0,
+            replica_mark: None,
         }
+    }
+
+    #[test]
+    fn a_replica_is_silent_only_after_a_whole_look_without_an_answer() {
+        let mut c = clocks();
+        assert!(
+            !c.replica_silent(10),
+            "the first look has nothing to compare"
+        );
+        assert!(!c.replica_silent(25), "it answered since");
+        assert!(c.replica_silent(25));
+        assert!(!c.replica_silent(26));
     }
 
     #[test]
@@ -292,7 +316,7 @@ mod tests {
     fn a_read_on_a_replica_looks_at_its_health_until_it_answers() {
         let s = Standing {
             owed: true,
-            unanswered_replica: true,
+            replica_owes: true,
             unread_client: true,
             ..Default::default()
         };
@@ -318,7 +342,7 @@ mod tests {
         };
         let waiting = Standing {
             owed: true,
-            unanswered_replica: true,
+            replica_owes: true,
             ..Default::default()
         };
         clocks.arm(&waiting, 0, 0);
@@ -332,7 +356,7 @@ mod tests {
         assert!(!clocks.query_expired());
         // The replica answers: query_timeout goes on from the same start.
         let answered = Standing {
-            unanswered_replica: false,
+            replica_owes: false,
             ..waiting
         };
         clocks.arm(&answered, 0, 0);

@@ -370,7 +370,7 @@ pub(super) fn standing(
         || (cycle.req.executed() && tracking.is_none_or(|t| t.expected.awaits_execute()));
     Standing {
         owed,
-        unanswered_replica: owed && cycle.retry == Retry::Armed,
+        replica_owes: owed && cycle.on_replica,
         unread_client: owed && (cbuf.len() >= BUFFER_LIMIT || tracking.is_some_and(full)),
         mid_message: tracking.is_some_and(|t| !full(t))
             && (cycle.client_scan.wanted() > 0 || !cycle.client_scan.at_boundary()),
@@ -430,9 +430,11 @@ pub(super) fn on_event(
                     .and_then(|c| c.topology.as_ref())
                     .zip(index)
                     .is_some_and(|(t, i)| t.out_of_rotation(i));
-                // (one that cannot run again waits, as it would for a
-                // replica that answers late)
-                if out && super::unlink::may_run_again(client, cycle, tracked) {
+                if !out {
+                    clocks.idle_done();
+                    return None;
+                }
+                if super::unlink::may_run_again(client, cycle, tracked) {
                     // Nothing of the read reached the client: it runs on
                     // the primary (`unlink::server_lost`), and the
                     // replica's connection, which may never answer, closes
@@ -442,6 +444,22 @@ pub(super) fn on_event(
                     return Some(Err(End::Server {
                         why: "the replica was taken out of rotation (its checks fail) \
                               before it answered"
+                            .into(),
+                        lost: true,
+                    }));
+                }
+                // One that cannot run again (a named statement parsed in
+                // its batch, rows already sent) would wait for the thaw,
+                // and so would the client's cancel: once the replica has
+                // said nothing for a whole look, the client is told, as
+                // for a lost server (a replica still streaming rows to it
+                // goes on).
+                let answered = cycle.written.1 + cycle.to_client as u64;
+                if clocks.replica_silent(answered) {
+                    lease.cancel_detached();
+                    return Some(Err(End::Server {
+                        why: "the replica was taken out of rotation (its checks fail) \
+                              and answered nothing for a second"
                             .into(),
                         lost: true,
                     }));
