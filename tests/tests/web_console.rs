@@ -131,6 +131,11 @@ async fn http(
     }
     req.push_str("\r\n");
     req.push_str(body);
+    send_request(port, &req).await
+}
+
+/// Sends one whole request as written and reads the reply to its close.
+async fn send_request(port: u16, req: &str) -> Reply {
     let mut s = tokio::net::TcpStream::connect(("127.0.0.1", port))
         .await
         .unwrap_or_else(|e| panic!("connect to the web console on {port}: {e}"));
@@ -138,7 +143,7 @@ async fn http(
     let mut raw = Vec::new();
     tokio::time::timeout(Duration::from_secs(15), s.read_to_end(&mut raw))
         .await
-        .unwrap_or_else(|_| panic!("{method} {path}: no complete response in 15 s"))
+        .unwrap_or_else(|_| panic!("{req:?}: no complete response in 15 s"))
         .unwrap();
     let text = String::from_utf8_lossy(&raw).into_owned();
     let (head, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
@@ -146,7 +151,7 @@ async fn http(
         .split_whitespace()
         .nth(1)
         .and_then(|c| c.parse().ok())
-        .unwrap_or_else(|| panic!("{method} {path}: no status line in {text:?}"));
+        .unwrap_or_else(|| panic!("{req:?}: no status line in {text:?}"));
     Reply {
         status,
         head: head.to_owned(),
@@ -566,6 +571,25 @@ async fn databases_created_through_the_api_survive_restart_and_reload() {
     wait_http_up(http_port).await;
     let nobody = http(http_port, "GET", "/api/databases", None, None).await;
     assert_eq!(nobody.status, 401, "{}", nobody.head);
+    // The scheme's name is case-insensitive (RFC 9110 11.1); a length
+    // that is not a number is a bad request, not an empty body.
+    let token = base64(format!("{}:{}", WATCHER.0, WATCHER.1).as_bytes());
+    let lower = send_request(
+        http_port,
+        &format!("GET /api/databases HTTP/1.1\r\nAuthorization: basic {token}\r\n\r\n"),
+    )
+    .await;
+    assert_eq!(lower.status, 200, "{}", lower.head);
+    let token = base64(format!("{}:{}", ADMIN.0, ADMIN.1).as_bytes());
+    let unparsable = send_request(
+        http_port,
+        &format!(
+            "POST /api/databases HTTP/1.1\r\nAuthorization: Basic {token}\r\n\
+             Content-Type: application/json\r\nContent-Length: 12x\r\n\r\n{{}}"
+        ),
+    )
+    .await;
+    assert_eq!(unparsable.status, 400, "{}", unparsable.head);
     assert!(
         nobody
             .head

@@ -229,9 +229,21 @@ async fn answer<S: AsyncRead + AsyncWrite + Unpin>(
                 return respond(&mut stream, r.status, r.content_type, &r.body, &r.headers).await;
             }
         };
-        let length = header("content-length")
-            .and_then(|l| l.parse::<usize>().ok())
-            .unwrap_or(0);
+        let length = match header("content-length").map(|l| l.parse::<usize>()) {
+            None => 0,
+            Some(Ok(n)) => n,
+            // (not read as no body: RFC 9112 6.3)
+            Some(Err(_)) => {
+                return respond(
+                    &mut stream,
+                    "400 Bad Request",
+                    "text/plain",
+                    "bad Content-Length\n",
+                    &[],
+                )
+                .await;
+            }
+        };
         if length > BODY_LIMIT {
             return respond(
                 &mut stream,

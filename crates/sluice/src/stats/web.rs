@@ -161,7 +161,11 @@ fn listing(rs: ResultSet) -> Response {
 /// to check, so the caller runs this off the event loop, and a password
 /// once verified is remembered (by its hash) for five minutes.
 pub fn authorize(app: &App, authorization: Option<&str>) -> Option<Access> {
-    let encoded = authorization?.trim().strip_prefix("Basic ")?;
+    // (the scheme's name is case-insensitive: RFC 9110 11.1)
+    let (scheme, encoded) = authorization?.trim().split_once(' ')?;
+    if !scheme.eq_ignore_ascii_case("basic") {
+        return None;
+    }
     let decoded = base64::engine::general_purpose::STANDARD
         .decode(encoded.trim())
         .ok()?;
