@@ -131,20 +131,35 @@ async fn idle_connections_from_one_address_leave_health_answering() {
     let (_sluice, mport) = with_metrics(ConfigBuilder::for_cluster(&cluster));
     let mut held = Vec::new();
     for _ in 0..40 {
-        let socket = tokio::net::TcpSocket::new_v4().expect("socket");
-        socket
-            .bind("127.0.0.2:0".parse().expect("address"))
-            .expect("bind 127.0.0.2");
-        let stream = socket
-            .connect(format!("127.0.0.1:{mport}").parse().expect("address"))
-            .await
-            .expect("connect");
-        held.push(stream);
+        held.push(idle_http_connection(mport, 2).await);
+    }
+    for _ in 0..3 {
+        assert_eq!(get(mport, "/health").await.0, 200);
+    }
+    // From 17 addresses, 8 each: more than all the places there are (the
+    // oldest connection that sent nothing makes way for a newcomer).
+    for from in 3..20 {
+        for _ in 0..8 {
+            held.push(idle_http_connection(mport, from).await);
+        }
     }
     for _ in 0..3 {
         assert_eq!(get(mport, "/health").await.0, 200);
     }
     drop(held);
+}
+
+/// A connection to the HTTP endpoint from 127.0.0.`from` that sends
+/// nothing.
+async fn idle_http_connection(mport: u16, from: u8) -> tokio::net::TcpStream {
+    let socket = tokio::net::TcpSocket::new_v4().expect("socket");
+    socket
+        .bind(std::net::SocketAddr::from(([127, 0, 0, from], 0)))
+        .expect("bind 127.0.0.x");
+    socket
+        .connect(format!("127.0.0.1:{mport}").parse().expect("address"))
+        .await
+        .expect("connect")
 }
 
 #[tokio::test]

@@ -24,6 +24,8 @@ const CONNECTIONS: usize = 128;
 const CONNECTIONS_PER_ADDRESS: usize = 8;
 /// How long a request with wrong credentials waits for its 401.
 const FAILED_LOGIN_DELAY: Duration = Duration::from_millis(300);
+/// How long a newcomer waits for the place of a connection it closed.
+const PLACE_WAIT: Duration = Duration::from_secs(1);
 
 /// Binds `metrics_addr`, before the workers start (a start that fails
 /// here has accepted no client). With `so_reuseport` two processes share
@@ -56,6 +58,7 @@ pub async fn serve(app: Arc<App>, listener: TcpListener) {
     // not take the descriptors the PostgreSQL listener needs).
     let slots = Arc::new(tokio::sync::Semaphore::new(CONNECTIONS));
     let per_address = Arc::new(PerAddress::default());
+    let unread = Arc::new(Unread::default());
     loop {
         match listener.accept().await {
             Ok((stream, peer)) => {
@@ -63,13 +66,28 @@ pub async fn serve(app: Arc<App>, listener: TcpListener) {
                     drop(stream);
                     continue;
                 };
-                let Ok(slot) = slots.clone().try_acquire_owned() else {
+                // Every place taken: the oldest connection that has not
+                // sent its request yet makes way (idle sockets from many
+                // addresses kept `/health` down; a review), or this one
+                // is closed.
+                let slot = slots.clone().try_acquire_owned().ok();
+                if slot.is_none() && !unread.close_oldest() {
                     drop(stream);
                     continue;
-                };
+                }
                 let (app, registry) = (app.clone(), registry.clone());
+                let (slots, unread) = (slots.clone(), unread.clone());
                 tokio::spawn(async move {
+                    let slot = match slot {
+                        Some(s) => s,
+                        None => match tokio::time::timeout(PLACE_WAIT, slots.acquire_owned()).await
+                        {
+                            Ok(Ok(s)) => s,
+                            _ => return,
+                        },
+                    };
                     let _slot = (slot, mine);
+                    let reading = Unread::enter(&unread);
                     // With the web console and client_tls_* certificates,
                     // the whole endpoint speaks HTTPS (its passwords and
                     // its changes never travel in clear).
@@ -79,16 +97,19 @@ pub async fn serve(app: Arc<App>, listener: TcpListener) {
                         .web_console
                         .then(|| app.client_tls().web_acceptor())
                         .flatten();
-                    let _ = tokio::time::timeout(REQUEST_TIMEOUT, async {
+                    let served = tokio::time::timeout(REQUEST_TIMEOUT, async {
                         match tls {
-                            None => answer(&app, &registry, stream, false).await,
+                            None => answer(&app, &registry, stream, false, &reading).await,
                             Some(acceptor) => {
                                 let stream = acceptor.accept(stream).await?;
-                                answer(&app, &registry, stream, true).await
+                                answer(&app, &registry, stream, true, &reading).await
                             }
                         }
-                    })
-                    .await;
+                    });
+                    tokio::select! {
+                        _ = served => {}
+                        () = reading.closed.notified() => {}
+                    }
                 });
             }
             Err(e) => {
@@ -96,6 +117,72 @@ pub async fn serve(app: Arc<App>, listener: TcpListener) {
                 tokio::time::sleep(Duration::from_millis(100)).await;
             }
         }
+    }
+}
+
+/// The connections that have not sent their whole request head yet,
+/// oldest first (a few hundred at most: a scan is cheap), after the last
+/// number given.
+#[derive(Default)]
+struct Unread(std::sync::Mutex<Line>);
+
+type Line = (
+    u64,
+    std::collections::VecDeque<(u64, Arc<tokio::sync::Notify>)>,
+);
+
+/// One connection in `Unread` until its head is whole or it ends.
+struct Reading {
+    unread: Arc<Unread>,
+    id: u64,
+    /// Told when the connection must make way.
+    closed: Arc<tokio::sync::Notify>,
+}
+
+impl Unread {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Line> {
+        self.0.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn enter(unread: &Arc<Unread>) -> Reading {
+        let closed = Arc::new(tokio::sync::Notify::new());
+        let mut q = unread.lock();
+        q.0 += 1;
+        let id = q.0;
+        q.1.push_back((id, closed.clone()));
+        Reading {
+            unread: unread.clone(),
+            id,
+            closed,
+        }
+    }
+
+    /// Tells the oldest connection still reading its head to close; false
+    /// if there is none.
+    fn close_oldest(&self) -> bool {
+        // (its place is free once its task sees it: `notify_one` keeps
+        // the word for a task not waiting yet)
+        self.lock()
+            .1
+            .pop_front()
+            .map(|(_, c)| c.notify_one())
+            .is_some()
+    }
+}
+
+impl Reading {
+    /// The head is whole: the connection is served to its end.
+    fn done(&self) {
+        let mut q = self.unread.lock();
+        if let Some(i) = q.1.iter().position(|(id, _)| *id == self.id) {
+            q.1.remove(i);
+        }
+    }
+}
+
+impl Drop for Reading {
+    fn drop(&mut self) {
+        self.done();
     }
 }
 
@@ -160,6 +247,7 @@ async fn answer<S: AsyncRead + AsyncWrite + Unpin>(
     registry: &prometheus_client::registry::Registry,
     mut stream: S,
     tls: bool,
+    reading: &Reading,
 ) -> std::io::Result<()> {
     let mut buf = Vec::with_capacity(512);
     let mut chunk = [0u8; 1024];
@@ -186,6 +274,7 @@ async fn answer<S: AsyncRead + AsyncWrite + Unpin>(
             .await;
         }
     };
+    reading.done();
     let head_end = head_end.unwrap_or(buf.len());
     let head = String::from_utf8_lossy(&buf[..head_end]).into_owned();
     let mut lines = head.lines();
