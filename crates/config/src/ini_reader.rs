@@ -138,7 +138,7 @@ impl IniReader {
 
 /// Splits `key = value`. A key may be double-quoted (`"my-db" = ...`), with
 /// `""` standing for a quote inside it, so it can hold `=` or spaces.
-fn split_key_value(line: &str) -> Result<(String, String), String> {
+pub(crate) fn split_key_value(line: &str) -> Result<(String, String), String> {
     let (key, rest) = if let Some(quoted) = line.strip_prefix('"') {
         let mut key = String::new();
         let mut chars = quoted.char_indices();

@@ -63,6 +63,26 @@ pub fn connstring_pairs(text: &str) -> Result<Vec<(String, String)>, String> {
     connstring::parse_connstring(text).map(|ps| ps.into_iter().map(|p| (p.key, p.value)).collect())
 }
 
+/// Splits one `key = value` line of an ini file as the reader does (a
+/// double-quoted key is unquoted).
+pub fn ini_key_value(line: &str) -> Result<(String, String), String> {
+    ini_reader::split_key_value(line)
+}
+
+/// `name` as an ini key the reader reads back as `name`: double-quoted
+/// (a quote inside doubled) unless it is plain.
+pub fn ini_key(name: &str) -> String {
+    let plain = !name.is_empty()
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'-' | b'.' | b'*'));
+    if plain {
+        name.to_owned()
+    } else {
+        format!("\"{}\"", name.replace('"', "\"\""))
+    }
+}
+
 /// Writes pairs back as a connection string, quoting values that need it.
 pub fn connstring_text(pairs: &[(String, String)]) -> String {
     pairs
@@ -131,5 +151,22 @@ mod connstring_round_trip {
         let again = connstring_pairs(&connstring_text(&pairs)).unwrap();
         assert_eq!(pairs, again);
         assert_eq!(pairs[2].1, "a b'c");
+    }
+
+    #[test]
+    fn ini_keys_survive_writing_back() {
+        for name in [
+            "plain_db",
+            "my db",
+            "a=b",
+            "say \"hi\"",
+            "\"",
+            ";x",
+            "[y]",
+            "*",
+        ] {
+            let line = format!("{} = host=/tmp", ini_key(name));
+            assert_eq!(ini_key_value(&line).unwrap().0, name, "{line}");
+        }
     }
 }

@@ -293,9 +293,10 @@ fn read_managed(path: &std::path::Path) -> Result<(String, Vec<(String, String)>
             in_databases = line == "[databases]";
             continue;
         }
-        if let (true, Some((name, value))) = (in_databases, line.split_once('=')) {
-            let name = name.trim().trim_matches('"').to_owned();
-            entries.push((name, value.trim().to_owned()));
+        // (read as the configuration reader reads it: a quoted name may
+        // hold '=' or spaces)
+        if let (true, Ok(entry)) = (in_databases, sluice_config::ini_key_value(line)) {
+            entries.push(entry);
         }
     }
     Ok((text, entries))
@@ -308,7 +309,7 @@ fn managed_text(entries: &[(String, String)]) -> String {
          [databases]\n",
     );
     for (name, value) in entries {
-        text.push_str(&format!("{name} = {value}\n"));
+        text.push_str(&format!("{} = {value}\n", sluice_config::ini_key(name)));
     }
     text
 }
@@ -602,11 +603,14 @@ mod tests {
         let path = dir.join("sluice-web.ini");
         std::fs::write(
             &path,
-            "; mine\n[databases]\nhand = host=/tmp port=5433 user=x password='a b'\n",
+            "; mine\n[databases]\nhand = host=/tmp port=5433 user=x password='a b'\n\
+             \"my db=2\" = host=/tmp dbname=x\n\"say \"\"hi\"\"\" = host=/tmp\n",
         )
         .unwrap();
         let (_, mut entries) = read_managed(&path).unwrap();
-        assert_eq!(entries.len(), 1);
+        assert_eq!(entries.len(), 3);
+        assert_eq!(entries[1].0, "my db=2");
+        assert_eq!(entries[2].0, "say \"hi\"");
         entries.push(("api".into(), "host=127.0.0.1 port=5432 dbname=api".into()));
         let text = managed_text(&entries);
         replace_file(&path, &text).unwrap();
@@ -614,6 +618,9 @@ mod tests {
             sluice_config::parse_str(&std::fs::read_to_string(&path).unwrap(), &path).unwrap();
         let hand = config.database("hand").unwrap();
         assert_eq!(hand.password.as_deref(), Some("a b"));
+        // (names that need quotes keep them)
+        assert!(config.database("my db=2").is_some());
+        assert!(config.database("say \"hi\"").is_some());
         assert_eq!(config.database("api").and_then(|d| d.port), Some(5432));
         std::fs::remove_dir_all(&dir).unwrap();
     }
