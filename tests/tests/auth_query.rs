@@ -5,6 +5,8 @@
 //! client proved — no password of theirs is configured anywhere. Each case
 //! succeeds and fails with PostgreSQL's SQLSTATE and message.
 
+use std::time::Duration;
+
 use sluice_tests::*;
 
 const AUTH_USER: &str = "sluice_auth";
@@ -313,6 +315,56 @@ async fn failed_logins_to_invented_databases_leave_no_pools() {
         "pools left by failed logins: {pools:?}"
     );
     assert!(pools.iter().any(|db| db == "postgres"), "{pools:?}");
+}
+
+/// A failed login whose lookup made the auth user's pool (a `*` entry,
+/// nothing there yet) leaves it to the clients that came meanwhile: it was
+/// forgotten under them, and each of their transactions then ran on a new
+/// server (a review: 8,488 tps down to 1,571, 1,336 backends forked).
+#[tokio::test]
+async fn a_failed_login_leaves_the_pool_others_joined() {
+    let cluster = auth_cluster();
+    let sluice = any_database(&cluster)
+        .set("pool_mode", "transaction")
+        .set("admin_users", "admin")
+        .userlist(&[(AUTH_USER, AUTH_PASSWORD), ("admin", "admin-pw")])
+        .start();
+    let port = sluice.port();
+    let mut intruder = RawClient::connect(port).await;
+    intruder.startup("nosuchuser", "postgres").await;
+    match intruder.read_message(Duration::from_secs(10)).await {
+        RawReply::Message(b'R', body) => assert_eq!(body[..4], 5u32.to_be_bytes(), "md5"),
+        other => panic!("no password request: {other:?}"),
+    }
+    // (the auth user's own pool, made by the intruder's lookup)
+    let client = connect(port, AUTH_USER, AUTH_PASSWORD, "postgres")
+        .await
+        .expect("the auth user logs in");
+    let pid = scalar_text(&client, "select pg_backend_pid()::text").await;
+    let mut wrong = b"md5".to_vec();
+    wrong.extend_from_slice(&[b'0'; 32]);
+    wrong.push(0);
+    intruder
+        .send(&[&[b'p'][..], &length_prefixed(&wrong)].concat())
+        .await
+        .expect("send");
+    match intruder.read_message(Duration::from_secs(10)).await {
+        RawReply::Message(b'E', _) => {}
+        other => panic!("the wrong password was not refused: {other:?}"),
+    }
+    for _ in 0..5 {
+        assert_eq!(
+            scalar_text(&client, "select pg_backend_pid()::text").await,
+            pid,
+            "the pool was forgotten under its client: a new server each transaction\n{}",
+            sluice.log_tail(10)
+        );
+    }
+    let console = connect(port, "admin", "admin-pw", "pgbouncer")
+        .await
+        .expect("console");
+    let users = column(&console, "SHOW POOLS", "user").await;
+    assert!(users.iter().any(|u| u == AUTH_USER), "{users:?}");
 }
 
 /// A flood of logins to one database that does not exist (a `*` entry)

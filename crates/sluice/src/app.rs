@@ -486,11 +486,31 @@ impl App {
 
     /// The pool for a client of `database` logged in as `user`.
     pub fn pool_for(&self, database: &str, user: &str) -> Result<Arc<Pool>, PoolLookupError> {
-        let pool = self.pool_as(database, user, false)?;
-        // A login is under way: the idle-pool janitor leaves it alone for
-        // its timeout (the client joins once logged in).
-        pool.touch();
-        Ok(pool)
+        self.pool_to_join(database, user).map(|(pool, _)| pool)
+    }
+
+    /// The pool a login of `user` to `database` joins, held for it until
+    /// the guard drops: a pool forgotten before the guard was counted (a
+    /// failed login's, `forget_disposable`) is not the one returned.
+    pub fn pool_to_join(
+        &self,
+        database: &str,
+        user: &str,
+    ) -> Result<(Arc<Pool>, crate::backend::pool::Joining), PoolLookupError> {
+        loop {
+            let pool = self.pool_as(database, user, false)?;
+            let joining = pool.joining();
+            let kept = {
+                let pools = self.pools.lock().unwrap_or_else(|p| p.into_inner());
+                let key = (pool.database.clone(), pool.user.clone());
+                pools.get(&key).is_some_and(|p| Arc::ptr_eq(p, &pool))
+            };
+            if kept {
+                // (the idle-pool janitor leaves it alone for its timeout)
+                pool.touch();
+                return Ok((pool, joining));
+            }
+        }
     }
 
     /// A pool of `database` for `user` exists.
@@ -505,7 +525,8 @@ impl App {
     /// user's own pool, even where the entry forces another `user=`. `true`
     /// when this call made it for a database only the `*` entry stands for:
     /// an unauthenticated client named it, so a failed login forgets it
-    /// ([`App::forget_pool`]) rather than keep a pool per invented name.
+    /// ([`App::forget_disposable`]) rather than keep a pool per invented
+    /// name.
     pub fn auth_pool(
         &self,
         database: &str,
@@ -544,12 +565,11 @@ impl App {
                 (true, _, Some(t)) if pool.host == 0 => (t, "pool_idle_timeout", true),
                 _ => continue,
             };
-            if pool.retire_if_unused(timeout, without_servers) {
+            if self.forget_if_unused(pool, timeout, without_servers) {
                 tracing::info!(
                     db = %pool.database, user = %pool.user,
                     "pool unused for {key} ({timeout:?}): freed"
                 );
-                self.forget_pool(pool);
             }
         }
         // A pause or DISABLE set on a removed database after the RELOAD
@@ -584,16 +604,14 @@ impl App {
     /// and no server of it is lent; until then SHOW POOLS, PAUSE, KILL and
     /// a safe shutdown see it.
     fn free_if_removed(&self, pool: &Arc<Pool>) {
-        // Unused for a few seconds: a login that found the pool just
-        // before the RELOAD (between `pool_for`'s touch and joining it)
-        // joins a live pool, not one being freed.
+        // Unused for a few seconds (a login on its way counts: see
+        // `pool_to_join`).
         const GRACE: std::time::Duration = std::time::Duration::from_secs(3);
-        if pool.retire_if_unused(GRACE, false) {
+        if self.forget_if_unused(pool, GRACE, false) {
             tracing::info!(
                 db = %pool.database, user = %pool.user,
                 "database removed from the configuration and its last client gone: pool freed"
             );
-            self.forget_pool(pool);
         }
     }
 
@@ -610,6 +628,39 @@ impl App {
         let mut retiring = self.retiring.lock().unwrap_or_else(|p| p.into_inner());
         retiring.retain(|p| !p.drained());
         retiring.clone()
+    }
+
+    /// A pool made by a login that then failed ([`App::auth_pool`]): it
+    /// is forgotten unless clients came to it meanwhile (its own, when it
+    /// is the auth user's pool: forgetting it under them closed their
+    /// servers after every transaction; a review).
+    pub fn forget_disposable(&self, pool: &Arc<Pool>) {
+        self.forget_if_unused(pool, std::time::Duration::ZERO, false);
+    }
+
+    /// Forgets `pool` if it has been unused for `timeout`
+    /// ([`Pool::mark_retired_if_unused`]). The check and the removal are
+    /// one step under the map's lock: a login counted after the check
+    /// finds the pool gone and makes another ([`App::pool_to_join`]), none
+    /// joins a pool being freed.
+    fn forget_if_unused(
+        &self,
+        pool: &Arc<Pool>,
+        timeout: std::time::Duration,
+        without_servers: bool,
+    ) -> bool {
+        {
+            let mut pools = self.pools.lock().unwrap_or_else(|p| p.into_inner());
+            if !pool.mark_retired_if_unused(timeout, without_servers) {
+                return false;
+            }
+            let key = (pool.database.clone(), pool.user.clone());
+            if pools.get(&key).is_some_and(|p| Arc::ptr_eq(p, pool)) {
+                pools.remove(&key);
+            }
+        }
+        self.forget_pool(pool);
+        true
     }
 
     /// Drops a pool (and its database's cluster, when it was the last pool

@@ -104,7 +104,7 @@ pub async fn lookup(app: &App, lookup: &AuthLookup) -> Result<Found, ClientError
         }),
         Err(e) => {
             if disposable {
-                app.forget_pool(&pool);
+                app.forget_disposable(&pool);
             }
             Err(e)
         }

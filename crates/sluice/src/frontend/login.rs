@@ -394,8 +394,9 @@ async fn login_inner(
         user: &user,
         done: false,
     };
-    let pool = app
-        .pool_for(&database, &user)
+    // (a failed login elsewhere that made this pool leaves it to us)
+    let (pool, _joining) = app
+        .pool_to_join(&database, &user)
         .map_err(|e| ClientError::new("3D000", e.to_string()))?;
     app.learn_secret(&pool, &user, &learnt);
     app.wait_for_members(&pool)
@@ -554,7 +555,7 @@ async fn authenticate_client(
     if let Some(pool) = disposable
         && proven.is_err()
     {
-        app.forget_pool(&pool);
+        app.forget_disposable(&pool);
     }
     // A queried md5 hash (or plain password) the client just answered for
     // is what the pool logs in with as this user.
@@ -591,7 +592,7 @@ async fn known_without_password(
         let found = super::auth_query::lookup(app, &lookup).await?;
         if !found.exists {
             if let Some(pool) = found.disposable {
-                app.forget_pool(&pool);
+                app.forget_disposable(&pool);
             }
             return Err(unknown());
         }

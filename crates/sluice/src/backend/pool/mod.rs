@@ -148,6 +148,8 @@ struct PoolState {
     retired: bool,
     /// Clients logged in to this pool.
     clients: u32,
+    /// Logins on their way to it (`Pool::joining`).
+    joining: u32,
     /// Clients waiting out a PAUSE, by when they began (SHOW POOLS counts
     /// them waiting, as PgBouncer does).
     paused: std::collections::BTreeMap<Mono, u32>,
@@ -311,6 +313,7 @@ impl Pool {
                 generation: 0,
                 retired: false,
                 clients: 0,
+                joining: 0,
                 paused: std::collections::BTreeMap::new(),
                 last_used: Mono::now(),
                 lent: Vec::new(),
@@ -444,6 +447,14 @@ impl Pool {
         self.lock().last_used = Mono::now();
     }
 
+    /// A login on its way to the pool, until the guard drops (after
+    /// `client_joined`, or on failure): meanwhile the pool is not retired
+    /// as unused (`mark_retired_if_unused`).
+    pub fn joining(self: &Arc<Self>) -> Joining {
+        self.lock().joining += 1;
+        Joining(self.clone())
+    }
+
     pub fn client_left(&self) {
         let mut st = self.lock();
         st.clients = st.clients.saturating_sub(1);
@@ -510,5 +521,15 @@ impl Pool {
         let lease = self.acquire().await?;
         lease.release();
         self.lock().welcome.clone().ok_or(AcquireError::Closed)
+    }
+}
+
+/// A login on its way to a pool (`Pool::joining`).
+pub struct Joining(Arc<Pool>);
+
+impl Drop for Joining {
+    fn drop(&mut self) {
+        let mut st = self.0.lock();
+        st.joining = st.joining.saturating_sub(1);
     }
 }

@@ -5,26 +5,26 @@
 use super::*;
 
 impl Pool {
-    /// Retires the pool if it has had no client, no lent server, no server
-    /// being opened and no waiter for `timeout` (autodb_idle_timeout): the
-    /// check and the retirement under one lock, so a client that joins
-    /// meanwhile keeps it alive.
-    pub fn retire_if_unused(&self, timeout: Duration, without_servers: bool) -> bool {
+    /// Marks the pool retired if it has had no client (nor a login on its
+    /// way), no lent server, no server being opened and no waiter for
+    /// `timeout` (autodb_idle_timeout), and none at all with
+    /// `without_servers`: the check and the mark under one lock, so a
+    /// client that joins meanwhile keeps it alive. Its servers are left to
+    /// `retire`.
+    pub fn mark_retired_if_unused(&self, timeout: Duration, without_servers: bool) -> bool {
+        let mut st = self.lock();
+        let opening = st.total as usize > st.active as usize + st.idle.len();
+        if (without_servers && st.total > 0)
+            || st.clients > 0
+            || st.joining > 0
+            || st.active > 0
+            || opening
+            || !st.waiters.is_empty()
+            || st.last_used.elapsed() < timeout
         {
-            let mut st = self.lock();
-            let opening = st.total as usize > st.active as usize + st.idle.len();
-            if (without_servers && st.total > 0)
-                || st.clients > 0
-                || st.active > 0
-                || opening
-                || !st.waiters.is_empty()
-                || st.last_used.elapsed() < timeout
-            {
-                return false;
-            }
-            st.retired = true;
+            return false;
         }
-        self.reconnect();
+        st.retired = true;
         true
     }
 
