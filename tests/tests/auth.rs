@@ -82,6 +82,42 @@ async fn plain_passwords_and_scram_secrets_meet_both_ways() {
     assert_wrong_password_refused(sluice.port(), APP_USER).await;
 }
 
+/// A user listed with an empty password (or the md5 hash of one), as a
+/// cert- or trust-only user may be, gets in by no password exchange: the
+/// empty password is no password (PgBouncer: "disallow empty passwords").
+#[tokio::test]
+async fn an_empty_password_in_the_auth_file_lets_nobody_in() {
+    let cluster = app_cluster(ServerAuth::ScramSha256);
+    let empty_md5 = server_answer(&cluster, "select 'md5' || md5('dave')");
+    for auth_type in ["plain", "md5", "scram-sha-256"] {
+        let sluice = ConfigBuilder::new()
+            .database(
+                "postgres",
+                &format!(
+                    "host={} port={} dbname=postgres user={APP_USER} password={APP_PASSWORD}",
+                    cluster.host(),
+                    cluster.port()
+                ),
+            )
+            .set("auth_type", auth_type)
+            .auth_file(&format!(
+                "\"{APP_USER}\" \"{APP_PASSWORD}\"\n\"carol\" \"\"\n\"dave\" \"{empty_md5}\"\n"
+            ))
+            .start();
+        for user in ["carol", "dave"] {
+            let mut config = config_for(sluice.port(), user, "", "postgres");
+            config.password("");
+            let error = expect_sqlstate(connect_config(&config).await, "28P01");
+            assert_eq!(
+                error.as_db_error().expect("a server error").message(),
+                format!("password authentication failed for user \"{user}\""),
+                "{auth_type}"
+            );
+        }
+        assert_logs_in_as_app(sluice.port(), APP_PASSWORD).await;
+    }
+}
+
 #[tokio::test]
 async fn md5_auth_accepts_the_password_and_refuses_a_wrong_one() {
     let cluster = app_cluster(ServerAuth::ScramSha256);

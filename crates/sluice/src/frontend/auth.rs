@@ -81,7 +81,10 @@ pub async fn authenticate(
     known: &Known<'_>,
     user: &str,
 ) -> Result<Option<ScramKeys>, ClientError> {
-    let secret = known.secret(user);
+    // An empty password is no password (as PgBouncer and PostgreSQL have
+    // it): a user listed with "" for cert or trust logins elsewhere was let
+    // in by a password exchange with an empty password (a review).
+    let secret = known.secret(user).filter(|s| !empty_password(s, user));
     match auth_type {
         AuthType::Any | AuthType::Trust => Ok(None),
         AuthType::Plain => {
@@ -115,6 +118,7 @@ pub async fn authenticate(
             }
         }
         AuthType::ScramSha256 => {
+            let answerable = matches!(secret, Some(Secret::Scram(_) | Secret::Plain(_)));
             let (secret, learn) = match secret {
                 Some(Secret::Scram(s)) => (s.clone(), true),
                 Some(Secret::Plain(p)) => (known.scram_for_plain(user, p).await?, false),
@@ -122,10 +126,6 @@ pub async fn authenticate(
                 // mock secret so that the failure looks the same.
                 Some(Secret::Md5(_)) | None => (ScramSecret::mock(user), false),
             };
-            let answerable = matches!(
-                known.secret(user),
-                Some(Secret::Scram(_) | Secret::Plain(_))
-            );
             let keys = scram(stream, buf, secret, user).await?;
             if !answerable {
                 return Err(auth_failed(user));
@@ -136,6 +136,15 @@ pub async fn authenticate(
             "28000",
             format!("auth_type {} is not supported by sluice", other.as_str()),
         )),
+    }
+}
+
+/// The auth_file's `""`, or the md5 hash of an empty password.
+fn empty_password(secret: &Secret, user: &str) -> bool {
+    match secret {
+        Secret::Plain(p) => p.is_empty(),
+        Secret::Md5(h) => *h == md5::password_hash("", user),
+        Secret::Scram(_) => false,
     }
 }
 
