@@ -245,6 +245,16 @@ async fn reload_swaps_the_certificate_and_keeps_connected_clients() {
     assert!(kept.is_some(), "{}", sluice.log());
     let still = psql_with(port, &ca, "select 2").await;
     assert!(still.success(), "{}", still.stderr);
+    // SHOW CONFIG shows the certificate in force, not the one that failed.
+    let shown = psql_with(port, &format!("{ca} dbname=pgbouncer"), "show config").await;
+    assert!(shown.success(), "{}", shown.stderr);
+    let line = shown
+        .stdout
+        .lines()
+        .find(|l| l.starts_with("client_tls_cert_file|"))
+        .unwrap_or_else(|| panic!("{}", shown.stdout))
+        .to_owned();
+    assert!(line.contains(&second.path("server.crt")), "{line}");
 
     // The client connected before both reloads still works.
     assert_eq!(held.ask("select 3").await, "3");

@@ -65,6 +65,23 @@ pub fn restart_needed(
         .collect()
 }
 
+/// A set of TLS settings that did not load: SHOW CONFIG goes on showing
+/// the files in force (a review saw the new, unreadable CA file listed
+/// while the old one checked servers), and the new mode if `raised` (it is
+/// in force: what needs TLS is refused until a certificate loads).
+fn keep_in_force(
+    new: &mut sluice_config::Settings,
+    old: &sluice_config::Settings,
+    prefix: &str,
+    raised: bool,
+) {
+    for info in sluice_config::known_keys() {
+        if info.key.starts_with(prefix) && !(raised && info.key.ends_with("_sslmode")) {
+            new.keep(info.key, old);
+        }
+    }
+}
+
 fn reload_into(app: &App, said: &mut Said) {
     let config = match sluice_config::load(&app.config_path) {
         Ok(c) => c,
@@ -133,7 +150,10 @@ fn apply_into(app: &App, mut config: sluice_config::Config, said: &mut Said) {
             said.error(format!("client TLS not reloaded, keeping the old one: {e}"));
             let wanted =
                 crate::tls::Mode::parse("client_tls_sslmode", &config.settings.client_tls_sslmode);
-            let old = app.client_tls();
+            let old_tls = app.client_tls();
+            let raised = wanted.as_ref().is_ok_and(|w| *w > old_tls.mode);
+            keep_in_force(&mut config.settings, &old.settings, "client_tls_", raised);
+            let old = old_tls;
             if let Ok(wanted) = wanted
                 && wanted > old.mode
             {
@@ -157,7 +177,10 @@ fn apply_into(app: &App, mut config: sluice_config::Config, said: &mut Said) {
         Err(e) => {
             let wanted =
                 crate::tls::Mode::parse("server_tls_sslmode", &config.settings.server_tls_sslmode);
-            let old = app.server_tls().mode.unwrap_or(crate::tls::Mode::Disable);
+            let in_force = app.server_tls().mode.unwrap_or(crate::tls::Mode::Disable);
+            let raised = wanted.as_ref().is_ok_and(|w| *w > in_force);
+            keep_in_force(&mut config.settings, &old.settings, "server_tls_", raised);
+            let old = in_force;
             match wanted {
                 Ok(wanted) if wanted > old => {
                     said.error(format!(
