@@ -255,6 +255,36 @@ async fn server_login_retry_fails_the_next_client_fast() {
     );
 }
 
+/// A RELOAD that fixes what made server logins fail lets the next client
+/// try at once: the cached error was served for the rest of
+/// server_login_retry (a review).
+#[tokio::test]
+async fn a_reload_forgets_a_cached_login_failure() {
+    let cluster = app_cluster(ServerAuth::Trust);
+    let dead_port = sluice_testkit::free_port().expect("free port");
+    let config = |port: u16| {
+        ConfigBuilder::new()
+            .database(
+                "fixme",
+                &format!("host={} port={port} dbname=postgres", cluster.host()),
+            )
+            .set("server_login_retry", "60")
+    };
+    let sluice = config(dead_port).start();
+    let failed = connect(sluice.port(), APP_USER, APP_PASSWORD, "fixme").await;
+    assert!(failed.is_err());
+    sluice.rewrite_config(&config(cluster.port()).render());
+    sluice.reload();
+    let fixed = eventually(Duration::from_secs(10), || async {
+        connect(sluice.port(), APP_USER, APP_PASSWORD, "fixme")
+            .await
+            .ok()
+    })
+    .await
+    .unwrap_or_else(|| panic!("still refused after the RELOAD\n{}", sluice.log_tail(10)));
+    assert_eq!(scalar_text(&fixed, "select 'fixed'").await, "fixed");
+}
+
 #[tokio::test]
 async fn client_login_timeout_drops_silent_clients() {
     let cluster = app_cluster(ServerAuth::Trust);

@@ -206,5 +206,6 @@ fn apply_into(app: &App, mut config: sluice_config::Config, said: &mut Said) {
     crate::daemon::warn_without_effect(&config.settings);
     crate::auth::scram::set_iterations(config.settings.scram_iterations);
     app.reload(config, Some(userlist));
+    crate::frontend::forget_login_failures();
     tracing::info!("configuration reloaded");
 }

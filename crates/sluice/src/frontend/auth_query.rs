@@ -144,6 +144,10 @@ impl LoginsFailing {
         }
     }
 
+    fn forget_all(&self) {
+        *self.0.lock().unwrap_or_else(|p| p.into_inner()) = None;
+    }
+
     fn remember(&self, key: FailureKey, reason: &str) {
         let mut map = self.0.lock().unwrap_or_else(|p| p.into_inner());
         let failures = map.get_or_insert_with(Default::default);
@@ -155,6 +159,12 @@ impl LoginsFailing {
             failures.insert(key, (std::time::Instant::now(), reason.to_owned()));
         }
     }
+}
+
+/// A RELOAD (the operator may have fixed what failed) lets the next login
+/// try again.
+pub fn forget_failures() {
+    LOGINS_FAILING.forget_all();
 }
 
 /// The password column (the second, as PgBouncer reads it) of the only

@@ -4,6 +4,7 @@
 
 pub mod auth;
 mod auth_query;
+pub use auth_query::forget_failures as forget_login_failures;
 pub mod client;
 mod cycle;
 pub mod error;

@@ -462,7 +462,8 @@ impl Pool {
     }
 
     /// Applies new settings, target or credentials (RELOAD). Servers made
-    /// for another target are closed as they come back.
+    /// for another target are closed as they come back; a login failure
+    /// kept for `server_login_retry` is forgotten.
     pub fn reconfigure(
         &self,
         settings: PoolSettings,
@@ -482,6 +483,9 @@ impl Pool {
             || !st.target.tls.same_settings(&target.tls);
         st.settings = Arc::new(settings);
         st.target = Arc::new(target);
+        // (the operator may have fixed what made logins fail: the next
+        // acquire tries again, not the cached error)
+        st.last_login_failure = None;
         let mut credential = credential;
         credential.keep_learned(&st.credential);
         st.credential = credential;
