@@ -245,9 +245,12 @@ async fn login_inner(
                     .map_err(|e| ClientError::protocol(e.to_string()))?;
                 return Ok(Some(Decided::StartTls));
             }
-            StartupPacket::SslRequest if matches!(stream, Stream::Tls(_)) => {
+            StartupPacket::SslRequest | StartupPacket::GssEncRequest
+                if matches!(stream, Stream::Tls(_)) =>
+            {
+                // (PostgreSQL ends such a connection too)
                 return Err(ClientError::protocol(
-                    "SSL request on a connection that is already encrypted",
+                    "encryption requested on a connection that is already encrypted",
                 ));
             }
             StartupPacket::SslRequest | StartupPacket::GssEncRequest => {
