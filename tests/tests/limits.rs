@@ -95,6 +95,49 @@ async fn max_client_conn_refuses_the_extra_client() {
     );
 }
 
+/// Past max_client_conn the console still lets operators in, but only a
+/// few logins at a time: connections that never answer the password
+/// request took descriptors without bound (a review held 150).
+#[tokio::test]
+async fn console_logins_past_max_client_conn_are_bounded() {
+    let cluster = app_cluster(ServerAuth::Trust);
+    let sluice = ConfigBuilder::for_cluster(&cluster)
+        .set("max_client_conn", "1")
+        .set("auth_type", "md5")
+        .set("admin_users", "admin")
+        .userlist(&[(APP_USER, APP_PASSWORD), ("admin", "admin-pw")])
+        .start();
+    let _full = connect(sluice.port(), APP_USER, APP_PASSWORD, "postgres")
+        .await
+        .expect("the one client");
+    let mut held = Vec::new();
+    for _ in 0..16 {
+        let mut raw = RawClient::connect(sluice.port()).await;
+        raw.startup("admin", "pgbouncer").await;
+        match raw.read_message(Duration::from_secs(10)).await {
+            RawReply::Message(b'R', _) => held.push(raw),
+            other => panic!("no password request: {other:?}"),
+        }
+    }
+    let mut extra = RawClient::connect(sluice.port()).await;
+    extra.startup("admin", "pgbouncer").await;
+    match extra.read_message(Duration::from_secs(10)).await {
+        RawReply::Message(b'E', body) => {
+            let fields = error_fields(&body);
+            assert_eq!(error_field(&fields, b'C'), Some("53300"), "{fields:?}");
+        }
+        other => panic!("a 17th console login in progress was let in: {other:?}"),
+    }
+    drop(held);
+    let port = sluice.port();
+    let admin = eventually(Duration::from_secs(5), || async move {
+        connect(port, "admin", "admin-pw", "pgbouncer").await.ok()
+    })
+    .await
+    .expect("an operator gets in once the logins in progress are gone");
+    assert!(admin.simple_query("SHOW POOLS").await.is_ok());
+}
+
 #[tokio::test]
 async fn max_db_connections_spans_the_pools_of_all_users() {
     let cluster = app_cluster_with(ServerAuth::Trust, |b| b.user(OTHER_USER, "x"));

@@ -148,6 +148,32 @@ async fn upgrade(
     }
 }
 
+/// Console logins past `max_client_conn` that may be in progress at once.
+const CONSOLE_LOGINS_OVER_LIMIT: usize = 16;
+
+static CONSOLE_LOGINS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+/// One console login past `max_client_conn`, until it ends.
+struct ConsoleLogin;
+
+impl ConsoleLogin {
+    fn take() -> Option<Self> {
+        use std::sync::atomic::Ordering::Relaxed;
+        CONSOLE_LOGINS
+            .fetch_update(Relaxed, Relaxed, |n| {
+                (n < CONSOLE_LOGINS_OVER_LIMIT).then_some(n + 1)
+            })
+            .ok()
+            .map(|_| ConsoleLogin)
+    }
+}
+
+impl Drop for ConsoleLogin {
+    fn drop(&mut self) {
+        CONSOLE_LOGINS.fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
 /// Gives the client budget back if the login fails after `admit_client`.
 struct AdmittedClient<'a> {
     app: &'a App,
@@ -343,13 +369,25 @@ async fn login_inner(
         .to_owned();
     // The console is exempt, as PgBouncer's is: an operator must get in
     // to see why the pooler is full (only admin_users and stats_users
-    // pass its authentication).
-    if over_client_limit && !CONSOLE_DATABASES.contains(&database.as_str()) {
+    // pass its authentication); a few logins at a time, so that clients
+    // that never authenticate cannot take every descriptor (a review held
+    // 150 at the password step, nothing but the open files limit above).
+    let console = CONSOLE_DATABASES.contains(&database.as_str());
+    if over_client_limit && !console {
         return Err(ClientError::new(
             "53300",
             "no more connections allowed (max_client_conn)",
         ));
     }
+    let _console_login = match over_client_limit {
+        true => Some(ConsoleLogin::take().ok_or_else(|| {
+            ClientError::new(
+                "53300",
+                "no more connections allowed (max_client_conn; console logins in progress)",
+            )
+        })?),
+        false => None,
+    };
     if params
         .get("replication")
         .is_some_and(|r| r != "false" && r != "0" && r != "off")
