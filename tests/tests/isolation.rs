@@ -1410,3 +1410,225 @@ async fn temporary_types_and_functions_do_not_reach_the_next_client() {
     );
     assert_fresh_session(&next, "after temporary objects spelt pg_temp.").await;
 }
+
+// ---------------------------------------------------------------------------
+// 11. Effects the words of a text hide (a review, 2026-11-27).
+// ---------------------------------------------------------------------------
+
+/// `owner` sends each of `requests` (each its own transaction) and leaves;
+/// the next client must see the server as a fresh session would.
+async fn left_behind_after(requests: &[&str]) {
+    let cluster = app_cluster(ServerAuth::Trust);
+    let sluice = one_server(&cluster);
+    let owner = app_client(&sluice).await;
+    for sql in requests {
+        owner
+            .batch_execute(sql)
+            .await
+            .unwrap_or_else(|e| panic!("{sql:?} failed: {e:?}"));
+    }
+    drop(owner);
+    let next = app_client(&sluice).await;
+    let context = format!("after another client ran {requests:?} and left");
+    assert_fresh_session(&next, &context).await;
+    assert_eq!(
+        bounded_scalar(&next, "show search_path", &context).await,
+        "\"$user\", public",
+        "{context}"
+    );
+    assert_eq!(
+        bounded_scalar(&next, "show statement_timeout", &context).await,
+        "0",
+        "{context}"
+    );
+}
+
+#[tokio::test]
+async fn temporary_tables_made_without_the_word_temp_do_not_reach_the_next_client() {
+    // (a Unicode escape spells pg_temp; pg_temp first in search_path makes
+    // SELECT INTO and an explained CREATE temporary)
+    left_behind_after(&[r#"select 'row' as v into U&"pg_\0074emp".leak"#]).await;
+    left_behind_after(&[
+        "set search_path = pg_temp, public",
+        "select 'row' as v into leak2",
+    ])
+    .await;
+    left_behind_after(&[
+        "set search_path = pg_temp, public",
+        "explain analyze create table leak3 as select 1",
+    ])
+    .await;
+}
+
+#[tokio::test]
+async fn settings_changed_through_pg_settings_do_not_reach_the_next_client() {
+    left_behind_after(&[
+        "update pg_settings set setting = '250' where name = 'statement_timeout'",
+        "update pg_settings set setting = 'pg_catalog' where name = 'search_path'",
+    ])
+    .await;
+}
+
+/// SQL EXECUTE of a statement prepared by the protocol (by its shared
+/// name, read from pg_prepared_statements) runs a text sluice never saw
+/// run.
+#[tokio::test]
+async fn sql_execute_of_a_shared_statement_leaves_nothing_behind() {
+    let cluster = app_cluster(ServerAuth::Trust);
+    let sluice = one_server(&cluster);
+    let owner = app_client(&sluice).await;
+    owner
+        .prepare("set app.tenant = 'alice'")
+        .await
+        .expect("prepare");
+    let name = bounded_scalar(
+        &owner,
+        "select name from pg_prepared_statements where statement = 'set app.tenant = ''alice'''",
+        "owner",
+    )
+    .await;
+    owner
+        .batch_execute(&format!("execute {name}"))
+        .await
+        .expect("execute");
+    drop(owner);
+    let next = app_client(&sluice).await;
+    assert_eq!(
+        bounded_scalar(
+            &next,
+            "select coalesce(current_setting('app.tenant', true), '')",
+            "next client"
+        )
+        .await,
+        "",
+        "another client's tenant"
+    );
+}
+
+#[tokio::test]
+async fn a_custom_setting_with_spaces_around_its_dot_stays_its_clients() {
+    let cluster = app_cluster(ServerAuth::Trust);
+    let sluice = one_server(&cluster);
+    let owner = app_client(&sluice).await;
+    owner
+        .batch_execute("set app . tenant = 'alice'")
+        .await
+        .expect("set");
+    let next = app_client(&sluice).await;
+    assert_eq!(
+        bounded_scalar(
+            &next,
+            "select coalesce(current_setting('app.tenant', true), '')",
+            "next client"
+        )
+        .await,
+        "",
+        "another client's tenant"
+    );
+    assert_eq!(
+        bounded_scalar(&owner, "show app.tenant", "owner").await,
+        "alice",
+        "its own"
+    );
+}
+
+/// sluice's own look at the server must not call the client's functions:
+/// an aggregate `count(*)` that answers 0, before pg_catalog in
+/// search_path, hid a temporary table, and the client went unpinned.
+#[tokio::test]
+async fn a_shadowing_count_does_not_hide_a_temporary_table() {
+    let cluster = app_cluster(ServerAuth::Trust);
+    cluster
+        .psql(
+            "postgres",
+            &format!("create schema ev authorization {APP_USER}"),
+        )
+        .expect("schema");
+    let sluice = ConfigBuilder::for_cluster(&cluster)
+        .set("pool_mode", "transaction")
+        .set("default_pool_size", "1")
+        .set("query_wait_timeout", "3")
+        .start();
+    let owner = app_client(&sluice).await;
+    owner
+        .batch_execute(
+            "create function ev.zero(bigint) returns bigint language sql as 'select 0::bigint'; \
+             create aggregate ev.count(*) (sfunc = ev.zero, stype = bigint, initcond = '0'); \
+             create function ev.zero2(bigint, bigint) returns bigint language sql \
+               as 'select 0::bigint'; \
+             create operator ev.+ (leftarg = bigint, rightarg = bigint, function = ev.zero2)",
+        )
+        .await
+        .expect("shadows");
+    owner
+        .batch_execute("set search_path = ev, pg_catalog, public")
+        .await
+        .expect("search_path");
+    owner
+        .batch_execute("create temp table mine (x int); insert into mine values (1)")
+        .await
+        .expect("temp table");
+    // Pinned to its owner, the only server is not lent: the next client
+    // waits (and is told so), it never reads the table.
+    let next = app_client(&sluice).await;
+    let read = tokio::time::timeout(WAIT, next.simple_query("select x from mine")).await;
+    assert!(
+        matches!(read, Ok(Err(_))),
+        "another client's temporary table was read: {read:?}"
+    );
+    drop(owner);
+}
+
+/// setseed makes random()'s next values known; RESET and DISCARD leave
+/// the generator as it is.
+#[tokio::test]
+async fn setseed_does_not_reach_the_next_client() {
+    let cluster = app_cluster(ServerAuth::Trust);
+    let predicted = cluster
+        .psql("postgres", "select setseed(0.42); select random()")
+        .expect("direct")
+        .lines()
+        .rfind(|l| !l.trim().is_empty())
+        .expect("a value")
+        .trim()
+        .to_owned();
+    let sluice = one_server(&cluster);
+    let owner = app_client(&sluice).await;
+    owner
+        .batch_execute("select setseed(0.42)")
+        .await
+        .expect("setseed");
+    drop(owner);
+    let next = app_client(&sluice).await;
+    let drawn = bounded_scalar(&next, "select random()::text", "next client").await;
+    assert_ne!(drawn, predicted, "the next client's random() was predicted");
+}
+
+/// PostgreSQL reads literals as the settings are when it parses: a
+/// statement shared by text alone gave one client the dates and strings
+/// of another's DateStyle and standard_conforming_strings.
+#[tokio::test]
+async fn shared_statements_read_literals_with_each_clients_settings() {
+    let cluster = app_cluster(ServerAuth::Trust);
+    let sluice = one_server(&cluster);
+    let day_first = app_client(&sluice).await;
+    day_first
+        .batch_execute("set datestyle = 'ISO, DMY'; set standard_conforming_strings = off")
+        .await
+        .expect("settings");
+    let month_first = app_client(&sluice).await;
+    let date = "select '01/02/2020'::date::text";
+    let string = r"select pg_catalog.length('C:\new')::text";
+    for (client, want_date, want_length) in [
+        (&day_first, "2020-02-01", "5"),
+        (&month_first, "2020-01-02", "6"),
+        (&day_first, "2020-02-01", "5"),
+    ] {
+        let statement = client.prepare(date).await.expect("prepare");
+        let row = client.query_one(&statement, &[]).await.expect("date");
+        assert_eq!(row.get::<_, String>(0), want_date);
+        let statement = client.prepare(string).await.expect("prepare");
+        let row = client.query_one(&statement, &[]).await.expect("length");
+        assert_eq!(row.get::<_, String>(0), want_length);
+    }
+}

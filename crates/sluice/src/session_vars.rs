@@ -41,17 +41,21 @@ pub fn capture_sql(custom: &[String], mode: TextMode) -> String {
         .map(|n| format!("'{n}'"))
         .collect::<Vec<_>>()
         .join(",");
+    // (every function, operator and type with its schema: the session's
+    // search_path may name the client's own before pg_catalog's)
     let mut sql = format!(
         "SELECT name, {} FROM pg_catalog.pg_settings \
-         WHERE source = 'session' AND name NOT IN ({tracked}) \
+         WHERE source OPERATOR(pg_catalog.=) 'session' \
+         AND name OPERATOR(pg_catalog.<>) ALL (ARRAY[{tracked}]::pg_catalog.text[]) \
          UNION ALL SELECT 'role', {} \
-         WHERE pg_catalog.current_setting('role') <> 'none' \
+         WHERE pg_catalog.current_setting('role') OPERATOR(pg_catalog.<>) 'none' \
          UNION ALL SELECT 'session_authorization', {} \
-         WHERE session_user <> (SELECT usename FROM pg_catalog.pg_stat_activity \
-         WHERE pid = pg_catalog.pg_backend_pid())",
+         WHERE session_user OPERATOR(pg_catalog.<>) \
+         (SELECT usename FROM pg_catalog.pg_stat_activity \
+         WHERE pid OPERATOR(pg_catalog.=) pg_catalog.pg_backend_pid())",
         value("setting"),
         value("pg_catalog.current_setting('role')"),
-        value("session_user::text"),
+        value("session_user::pg_catalog.text"),
     );
     if !custom.is_empty() {
         let names = custom
@@ -61,8 +65,9 @@ pub fn capture_sql(custom: &[String], mode: TextMode) -> String {
             .join(",");
         sql.push_str(&format!(
             " UNION ALL SELECT n, {} \
-             FROM pg_catalog.unnest(ARRAY[{names}]::text[]) AS n \
-             WHERE coalesce(pg_catalog.current_setting(n, true), '') <> ''",
+             FROM pg_catalog.unnest(ARRAY[{names}]::pg_catalog.text[]) AS n \
+             WHERE coalesce(pg_catalog.current_setting(n, true), '') \
+             OPERATOR(pg_catalog.<>) ''",
             value("pg_catalog.current_setting(n, true)")
         ));
     }

@@ -818,13 +818,17 @@ impl Client {
         let (app, scope) = (self.app.clone(), self.pool.scope);
         let mut out = BytesMut::new();
         loop {
-            let carried = self.carried();
-            let search_path = carried
-                .session
-                .as_deref()
-                .and_then(|s| s.get("search_path"));
+            let params = &*self.params;
+            let carried = self.carried.get_or_insert_with(Box::default);
+            let context = crate::prepared::registry::ParseContext {
+                search_path: carried
+                    .session
+                    .as_deref()
+                    .and_then(|s| s.get("search_path")),
+                params,
+            };
             let names = &mut carried.statements;
-            match answer(buf, names, &app.statements, (scope, search_path), &mut out) {
+            match answer(buf, names, &app.statements, (scope, context), &mut out) {
                 Answer::Done(n) => {
                     bytes::Buf::advance(buf, n);
                     break;

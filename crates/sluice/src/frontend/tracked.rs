@@ -207,9 +207,11 @@ fn bad_message(tag: u8, body: &[u8]) -> Option<String> {
 /// Where the rewriter's shared state lives.
 pub(super) struct Statements<'a> {
     pub(super) names: &'a mut ClientNames,
-    /// The client's session settings: its search_path keeps its statements
-    /// apart from those of clients with another.
-    pub(super) search_path: Option<&'a crate::session_vars::SessionVars>,
+    /// The client's session settings and tracked parameters: what its
+    /// Parse texts mean depends on some (`ParseContext`), which keep its
+    /// statements apart from those of clients with others.
+    pub(super) session: Option<&'a crate::session_vars::SessionVars>,
+    pub(super) params: &'a crate::params::ParamSet,
     pub(super) server: &'a mut ServerStatements,
     pub(super) registry: &'a Registry,
     pub(super) capacity: usize,
@@ -356,7 +358,10 @@ fn handle_message(
     let names = &mut *st.names;
     let mut rewriter = Rewriter {
         names,
-        search_path: st.search_path.and_then(|s| s.get("search_path")),
+        context: crate::prepared::registry::ParseContext {
+            search_path: st.session.and_then(|s| s.get("search_path")),
+            params: st.params,
+        },
         server: st.server,
         registry: st.registry,
         capacity: st.capacity,
@@ -1163,32 +1168,37 @@ pub(super) enum AfterTx {
 /// HOLD cursors, session advisory locks
 /// (transaction-level ones end with the transaction), SQL-level prepared
 /// statements, statements prepared by the protocol (sluice's shared ones),
-/// and channels listened to.
+/// and channels listened to. Every function, operator and type is named
+/// with its schema: the client's search_path may put its own `count` or
+/// `=` before pg_catalog's (a review made an aggregate `count(*)` that
+/// answered 0, and its temporary table reached the next client).
 const CHECK_SQL: &str = "SELECT \
-    (SELECT count(*) FROM pg_catalog.pg_class \
-      WHERE relnamespace = pg_catalog.pg_my_temp_schema()) \
-    + (SELECT count(*) FROM pg_catalog.pg_proc \
-      WHERE pronamespace = pg_catalog.pg_my_temp_schema()) \
-    + (SELECT count(*) FROM pg_catalog.pg_type \
-      WHERE typnamespace = pg_catalog.pg_my_temp_schema()) \
-    + (SELECT count(*) FROM pg_catalog.pg_operator \
-      WHERE oprnamespace = pg_catalog.pg_my_temp_schema()) \
-    + (SELECT count(*) FROM pg_catalog.pg_collation \
-      WHERE collnamespace = pg_catalog.pg_my_temp_schema()) \
-    + (SELECT count(*) FROM pg_catalog.pg_conversion \
-      WHERE connamespace = pg_catalog.pg_my_temp_schema()) \
-    + (SELECT count(*) FROM pg_catalog.pg_ts_config \
-      WHERE cfgnamespace = pg_catalog.pg_my_temp_schema()) \
-    + (SELECT count(*) FROM pg_catalog.pg_ts_dict \
-      WHERE dictnamespace = pg_catalog.pg_my_temp_schema()) \
-    + (SELECT count(*) FROM pg_catalog.pg_opfamily \
-      WHERE opfnamespace = pg_catalog.pg_my_temp_schema()), \
-    (SELECT count(*) FROM pg_catalog.pg_cursors WHERE is_holdable), \
-    (SELECT count(*) FROM pg_catalog.pg_locks \
-      WHERE locktype = 'advisory' AND pid = pg_catalog.pg_backend_pid()), \
-    (SELECT count(*) FILTER (WHERE from_sql) FROM pg_catalog.pg_prepared_statements), \
-    (SELECT count(*) FILTER (WHERE NOT from_sql) FROM pg_catalog.pg_prepared_statements), \
-    (SELECT count(*) FROM pg_catalog.pg_listening_channels())";
+    (SELECT pg_catalog.count(*) FROM pg_catalog.pg_class \
+      WHERE relnamespace OPERATOR(pg_catalog.=) pg_catalog.pg_my_temp_schema()) \
+    OPERATOR(pg_catalog.+) (SELECT pg_catalog.count(*) FROM pg_catalog.pg_proc \
+      WHERE pronamespace OPERATOR(pg_catalog.=) pg_catalog.pg_my_temp_schema()) \
+    OPERATOR(pg_catalog.+) (SELECT pg_catalog.count(*) FROM pg_catalog.pg_type \
+      WHERE typnamespace OPERATOR(pg_catalog.=) pg_catalog.pg_my_temp_schema()) \
+    OPERATOR(pg_catalog.+) (SELECT pg_catalog.count(*) FROM pg_catalog.pg_operator \
+      WHERE oprnamespace OPERATOR(pg_catalog.=) pg_catalog.pg_my_temp_schema()) \
+    OPERATOR(pg_catalog.+) (SELECT pg_catalog.count(*) FROM pg_catalog.pg_collation \
+      WHERE collnamespace OPERATOR(pg_catalog.=) pg_catalog.pg_my_temp_schema()) \
+    OPERATOR(pg_catalog.+) (SELECT pg_catalog.count(*) FROM pg_catalog.pg_conversion \
+      WHERE connamespace OPERATOR(pg_catalog.=) pg_catalog.pg_my_temp_schema()) \
+    OPERATOR(pg_catalog.+) (SELECT pg_catalog.count(*) FROM pg_catalog.pg_ts_config \
+      WHERE cfgnamespace OPERATOR(pg_catalog.=) pg_catalog.pg_my_temp_schema()) \
+    OPERATOR(pg_catalog.+) (SELECT pg_catalog.count(*) FROM pg_catalog.pg_ts_dict \
+      WHERE dictnamespace OPERATOR(pg_catalog.=) pg_catalog.pg_my_temp_schema()) \
+    OPERATOR(pg_catalog.+) (SELECT pg_catalog.count(*) FROM pg_catalog.pg_opfamily \
+      WHERE opfnamespace OPERATOR(pg_catalog.=) pg_catalog.pg_my_temp_schema()), \
+    (SELECT pg_catalog.count(*) FROM pg_catalog.pg_cursors WHERE is_holdable), \
+    (SELECT pg_catalog.count(*) FROM pg_catalog.pg_locks \
+      WHERE locktype OPERATOR(pg_catalog.=) 'advisory' \
+      AND pid OPERATOR(pg_catalog.=) pg_catalog.pg_backend_pid()), \
+    (SELECT pg_catalog.count(*) FILTER (WHERE from_sql) FROM pg_catalog.pg_prepared_statements), \
+    (SELECT pg_catalog.count(*) FILTER (WHERE NOT from_sql) \
+      FROM pg_catalog.pg_prepared_statements), \
+    (SELECT pg_catalog.count(*) FROM pg_catalog.pg_listening_channels())";
 
 /// What `CHECK_SQL` found.
 struct Found {
@@ -1270,6 +1280,15 @@ pub(super) async fn after_transaction(
             cleanup.push_str("CLOSE ALL;DISCARD TEMP;SELECT pg_catalog.pg_advisory_unlock_all();");
             reason = PinReason::default();
         }
+    }
+    if effects.opaque {
+        // setseed (called, or by the code) made random()'s next values the
+        // caller's to predict, and RESET and DISCARD leave them (a review
+        // predicted the next client's): the server draws from a new seed.
+        let mut bytes = [0u8; 4];
+        crate::auth::scram::fill_random(&mut bytes);
+        let seed = f64::from(u32::from_le_bytes(bytes)) / f64::from(u32::MAX) * 2.0 - 1.0;
+        cleanup.push_str(&format!("SELECT pg_catalog.setseed({seed:.9});"));
     }
     if !cleanup.is_empty() && !reset(lease, &cleanup).await {
         return AfterTx::Close;

@@ -47,10 +47,10 @@ pub fn answer(
     buf: &[u8],
     names: &mut ClientNames,
     registry: &Registry,
-    (scope, search_path): (u64, Option<&str>),
+    (scope, context): (u64, super::registry::ParseContext<'_>),
     out: &mut BytesMut,
 ) -> Answer {
-    match plan(buf, names, registry, (scope, search_path)) {
+    match plan(buf, names, registry, (scope, context)) {
         Plan::Whole(steps, end) => {
             apply(steps, names, out);
             Answer::Done(end)
@@ -70,7 +70,7 @@ fn plan<'a>(
     buf: &'a [u8],
     names: &ClientNames,
     registry: &Registry,
-    (scope, search_path): (u64, Option<&str>),
+    (scope, context): (u64, super::registry::ParseContext<'_>),
 ) -> Plan<'a> {
     use tags::frontend as f;
     let mut steps: Vec<Step<'_>> = Vec::new();
@@ -98,7 +98,7 @@ fn plan<'a>(
                 if name.is_empty() || names.get(name).is_some() || named_in(&steps, name) {
                     return Plan::Server;
                 }
-                let Some(statement) = registry.proven(text, scope, search_path) else {
+                let Some(statement) = registry.proven(text, scope, Some(&context.key())) else {
                     return Plan::Server;
                 };
                 steps.push(Step::Parse(name, statement));
@@ -213,13 +213,24 @@ mod tests {
         MessageBuilder::new(buf, tags::frontend::SYNC).finish();
     }
 
+    static PARAMS: std::sync::LazyLock<crate::params::ParamSet> =
+        std::sync::LazyLock::new(Default::default);
+
+    /// A client that set nothing.
+    fn ctx() -> super::super::registry::ParseContext<'static> {
+        super::super::registry::ParseContext {
+            search_path: None,
+            params: &PARAMS,
+        }
+    }
+
     fn proven(
         registry: &Registry,
         text: &str,
     ) -> std::sync::Arc<super::super::registry::Statement> {
         let mut body = text.as_bytes().to_vec();
         body.extend_from_slice(&[0, 0, 0]);
-        let s = registry.intern(&body, None);
+        let s = registry.intern(&body, Some(&ctx().key()));
         s.prove(SCOPE);
         s
     }
@@ -247,7 +258,7 @@ mod tests {
         MessageBuilder::new(&mut buf, tags::frontend::BIND).finish();
         let mut out = BytesMut::new();
         assert_eq!(
-            answer(&buf, &mut names, &registry, (SCOPE, None), &mut out),
+            answer(&buf, &mut names, &registry, (SCOPE, ctx()), &mut out),
             Answer::Done(first)
         );
         assert_eq!(tags_of(&out), vec![b'1', b'Z']);
@@ -268,7 +279,7 @@ mod tests {
         sync(&mut buf);
         let mut out = BytesMut::new();
         assert_eq!(
-            answer(&buf, &mut names, &registry, (SCOPE, None), &mut out),
+            answer(&buf, &mut names, &registry, (SCOPE, ctx()), &mut out),
             Answer::Done(buf.len())
         );
         assert_eq!(tags_of(&out), vec![b'3', b'1', b'Z']);
@@ -282,7 +293,7 @@ mod tests {
     fn anything_a_server_must_see_leaves_the_batch_to_one() {
         let registry = Registry::default();
         let _held = proven(&registry, "select 1");
-        let unproven = registry.intern(b"select 2\0\0\0", None);
+        let unproven = registry.intern(b"select 2\0\0\0", Some(&ctx().key()));
         let cases: Vec<Box<Case>> = vec![
             // A text no server accepted yet (its error must come at Parse).
             Box::new(|b| parse(b, "a", "select 2")),
@@ -311,13 +322,16 @@ mod tests {
         ];
         for (i, case) in cases.iter().enumerate() {
             let mut names = ClientNames::default();
-            assert!(names.insert(b"taken", registry.intern(b"select 9\0\0\0", None)));
+            assert!(names.insert(
+                b"taken",
+                registry.intern(b"select 9\0\0\0", Some(&ctx().key()))
+            ));
             let mut buf = BytesMut::new();
             case(&mut buf);
             sync(&mut buf);
             let mut out = BytesMut::new();
             assert_eq!(
-                answer(&buf, &mut names, &registry, (SCOPE, None), &mut out),
+                answer(&buf, &mut names, &registry, (SCOPE, ctx()), &mut out),
                 Answer::Server,
                 "case {i}"
             );
@@ -338,12 +352,12 @@ mod tests {
         let mut out = BytesMut::new();
         // No Sync yet: wait for it.
         assert_eq!(
-            answer(&buf, &mut names, &registry, (SCOPE, None), &mut out),
+            answer(&buf, &mut names, &registry, (SCOPE, ctx()), &mut out),
             Answer::Partial
         );
         // Half of the Parse.
         assert_eq!(
-            answer(&buf[..7], &mut names, &registry, (SCOPE, None), &mut out),
+            answer(&buf[..7], &mut names, &registry, (SCOPE, ctx()), &mut out),
             Answer::Partial
         );
         let mut flushed = buf.clone();
@@ -354,7 +368,7 @@ mod tests {
                 &buf[..buf.len() - 1],
                 &mut names,
                 &registry,
-                (SCOPE, None),
+                (SCOPE, ctx()),
                 &mut out
             ),
             Answer::Partial
@@ -362,18 +376,18 @@ mod tests {
         // A Flush and no Sync: the client may wait for ParseComplete.
         MessageBuilder::new(&mut flushed, tags::frontend::FLUSH).finish();
         assert_eq!(
-            answer(&flushed, &mut names, &registry, (SCOPE, None), &mut out),
+            answer(&flushed, &mut names, &registry, (SCOPE, ctx()), &mut out),
             Answer::Server
         );
         // Proven for another database or user.
         assert_eq!(
-            answer(&buf, &mut names, &registry, (SCOPE + 1, None), &mut out),
+            answer(&buf, &mut names, &registry, (SCOPE + 1, ctx()), &mut out),
             Answer::Server
         );
         // Proven, then refuted there by a server.
         _held.refute(SCOPE);
         assert_eq!(
-            answer(&buf, &mut names, &registry, (SCOPE, None), &mut out),
+            answer(&buf, &mut names, &registry, (SCOPE, ctx()), &mut out),
             Answer::Server
         );
         assert!(out.is_empty());
@@ -388,18 +402,18 @@ mod tests {
         let mut out = BytesMut::new();
         let buf = [b'S', 0, 0, 0, 3];
         assert_eq!(
-            answer(&buf, &mut names, &registry, (SCOPE, None), &mut out),
+            answer(&buf, &mut names, &registry, (SCOPE, ctx()), &mut out),
             Answer::Server
         );
         let buf = [b'S', 0xff, 0xff, 0xff, 0xff];
         assert_eq!(
-            answer(&buf, &mut names, &registry, (SCOPE, None), &mut out),
+            answer(&buf, &mut names, &registry, (SCOPE, ctx()), &mut out),
             Answer::Server
         );
         // A Parse announced larger than a batch may wait for.
         let buf = [b'P', 0x10, 0, 0, 0];
         assert_eq!(
-            answer(&buf, &mut names, &registry, (SCOPE, None), &mut out),
+            answer(&buf, &mut names, &registry, (SCOPE, ctx()), &mut out),
             Answer::Server
         );
         // A Sync with a body.
@@ -409,7 +423,7 @@ mod tests {
             .u8(1)
             .finish();
         assert_eq!(
-            answer(&buf, &mut names, &registry, (SCOPE, None), &mut out),
+            answer(&buf, &mut names, &registry, (SCOPE, ctx()), &mut out),
             Answer::Server
         );
         assert!(out.is_empty());

@@ -17,12 +17,15 @@ pub struct Statement {
     /// The Parse body after the statement name: query, NUL, parameter count
     /// and type OIDs, exactly as the client sent them.
     pub text: Bytes,
-    /// The search_path of the clients that share it (None: the server's
-    /// own): the same text under another search_path may name other
-    /// tables, and sharing one server-side statement between the two
-    /// made PostgreSQL re-plan it and fail ("cached plan must not change
-    /// result type"; found by a review).
-    pub search_path: Option<Box<str>>,
+    /// What the text's meaning depends on beside itself, as the clients
+    /// that share it have it (`ParseContext::key`; None in unit tests): the
+    /// same text under another search_path may name other tables (sharing
+    /// one server-side statement between the two made PostgreSQL re-plan
+    /// it and fail, "cached plan must not change result type"), and
+    /// PostgreSQL reads date, time and string literals as the settings are
+    /// when it parses (one client's DateStyle decided another's dates; a
+    /// review).
+    pub context: Option<Box<str>>,
     /// What running it may leave on a server (see `sql::effects`): a Bind
     /// of it counts as sending its text again.
     pub effects: super::sql::Effects,
@@ -106,12 +109,12 @@ struct Interned {
 }
 
 impl Interned {
-    fn find(&self, hash: u64, text: &[u8], search_path: Option<&str>) -> Option<Arc<Statement>> {
+    fn find(&self, hash: u64, text: &[u8], context: Option<&str>) -> Option<Arc<Statement>> {
         self.by_text
             .get(&hash)?
             .iter()
             .filter_map(Weak::upgrade)
-            .find(|s| s.text == text && s.search_path.as_deref() == search_path)
+            .find(|s| s.text == text && s.context.as_deref() == context)
     }
 }
 
@@ -120,12 +123,12 @@ const FIRST_SWEEP: usize = 1024;
 
 impl Registry {
     /// The statement for `text` (a Parse body after the name), shared with
-    /// every client that parsed the same text under the same
-    /// `search_path` (the client's own, None when it set none).
-    pub fn intern(&self, text: &[u8], search_path: Option<&str>) -> Arc<Statement> {
-        let hash = self.hash(text, search_path);
+    /// every client that parsed the same text in the same `context`
+    /// ([`ParseContext::key`]).
+    pub fn intern(&self, text: &[u8], context: Option<&str>) -> Arc<Statement> {
+        let hash = self.hash(text, context);
         let mut map = self.map.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(found) = map.find(hash, text, search_path) {
+        if let Some(found) = map.find(hash, text, context) {
             return found;
         }
         if map.by_text.len() >= map.sweep_at.max(FIRST_SWEEP) {
@@ -147,7 +150,7 @@ impl Registry {
             id,
             name: super::server_name(id).into_boxed_str(),
             text: text.clone(),
-            search_path: search_path.map(Box::from),
+            context: context.map(Box::from),
             effects,
             read_only: std::sync::OnceLock::new(),
             proven: Default::default(),
@@ -159,25 +162,52 @@ impl Registry {
         statement
     }
 
-    fn hash(&self, text: &[u8], search_path: Option<&str>) -> u64 {
+    fn hash(&self, text: &[u8], context: Option<&str>) -> u64 {
         use std::hash::BuildHasher;
-        self.hasher.hash_one((text, search_path))
+        self.hasher.hash_one((text, context))
     }
 }
 
 impl Registry {
     /// The statement for `text` if a client uses it and a server of
     /// `scope` has accepted its Parse; nothing is interned.
-    pub fn proven(
-        &self,
-        text: &[u8],
-        scope: u64,
-        search_path: Option<&str>,
-    ) -> Option<Arc<Statement>> {
-        let hash = self.hash(text, search_path);
+    pub fn proven(&self, text: &[u8], scope: u64, context: Option<&str>) -> Option<Arc<Statement>> {
+        let hash = self.hash(text, context);
         let map = self.map.lock().unwrap_or_else(|p| p.into_inner());
-        map.find(hash, text, search_path)
-            .filter(|s| s.proven_in(scope))
+        map.find(hash, text, context).filter(|s| s.proven_in(scope))
+    }
+}
+
+/// The context a client's Parse is shared in: its search_path (None when
+/// it set none: the server's own) and the tracked settings PostgreSQL
+/// reads while parsing (client_encoding decodes the text; DateStyle,
+/// TimeZone and IntervalStyle read date and time literals;
+/// standard_conforming_strings, backslashes in strings). Clients that
+/// agree share; most do, with their drivers' defaults.
+#[derive(Clone, Copy)]
+pub struct ParseContext<'a> {
+    pub search_path: Option<&'a str>,
+    pub params: &'a crate::params::ParamSet,
+}
+
+impl ParseContext<'_> {
+    /// The registry's key for it (made only where a named Parse needs it).
+    pub fn key(&self) -> String {
+        let mut key = String::with_capacity(96);
+        match self.search_path {
+            Some(path) => {
+                key.push('s');
+                key.push_str(path);
+            }
+            None => key.push('n'),
+        }
+        for name in crate::params::TRACKED {
+            if *name != "application_name" {
+                key.push('\0');
+                key.push_str(self.params.get(name).unwrap_or_default());
+            }
+        }
+        key
     }
 }
 

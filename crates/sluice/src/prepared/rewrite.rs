@@ -18,8 +18,8 @@ use super::sql::{self, Special};
 /// Rewrites one client's messages for the server it holds now.
 pub struct Rewriter<'a> {
     pub names: &'a mut ClientNames,
-    /// The client's search_path, if it set one (see `Statement::search_path`).
-    pub search_path: Option<&'a str>,
+    /// What the client's Parse texts mean depends on.
+    pub context: super::registry::ParseContext<'a>,
     pub server: &'a mut ServerStatements,
     pub registry: &'a Registry,
     /// `max_prepared_statements` per server; 0 turns tracking off (names
@@ -86,7 +86,7 @@ impl Rewriter<'_> {
             }
             return Ok(());
         }
-        let statement = self.registry.intern(text, self.search_path);
+        let statement = self.registry.intern(text, Some(&self.context.key()));
         if !self.names.insert(name, statement.clone()) {
             // Past the client's limits: refused, as PostgreSQL refuses what
             // it cannot hold (an error, the rest of the batch skipped). A

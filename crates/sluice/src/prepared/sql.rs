@@ -229,11 +229,14 @@ fn is_end(s: &[u8]) -> bool {
 
 /// One quick pass deciding whether the closer, slower looks are needed:
 /// true if a statement starts with a keyword of [`starts_special`], the word
-/// `temp` appears anywhere, a function not known harmless is called, or
-/// `set_config` or a session advisory lock function appears. It runs on
-/// every simple query, so it finds the few bytes that can start something
-/// (`;`, `t`, `T`, `(`, `_`) sixteen at a time ([`closer_mask`]: SSE2
-/// byte compares on x86-64) and looks closer only at those: about 1
+/// `temp` appears anywhere, the words `into` (but in a lone INSERT),
+/// `create` or `execute` do (EXPLAIN ANALYZE runs what it explains), a
+/// function not known harmless is called, `set_config`, `pg_settings` or
+/// a session advisory lock function appears, or a Unicode-escaped name or
+/// string (`U&"…"`, which may spell any of these). It runs on every simple
+/// query, so it finds the few bytes that can start something (`;`, `t`,
+/// `T`, `(`, `_`, `&`) sixteen at a time ([`closer_mask`]: SSE2 byte
+/// compares on x86-64) and looks closer only at those: about 1
 /// instruction a byte for an ordinary query, where a byte-at-a-time table
 /// walk cost 10 and a memchr per kind of byte more.
 pub fn may_matter(text: &[u8]) -> bool {
@@ -265,7 +268,7 @@ pub fn may_matter(text: &[u8]) -> bool {
 /// Whether `may_matter` looks closer at byte `b`. `b | 0x20 == b't'` is
 /// exactly `t` or `T`.
 fn is_closer(b: u8) -> bool {
-    (b == b';') | (b == b'(') | (b == b'_') | ((b | 0x20) == b't')
+    (b == b';') | (b == b'(') | (b == b'_') | (b == b'&') | ((b | 0x20) == b't')
 }
 
 /// Bit `i` set when `chunk[i]` (at most 32 bytes) is a byte `may_matter`
@@ -301,11 +304,15 @@ fn closer_mask_sse2(block: [u8; 16]) -> u32 {
     let semicolon = _mm_cmpeq_epi8(v, _mm_set1_epi8(b';' as i8));
     let paren = _mm_cmpeq_epi8(v, _mm_set1_epi8(b'(' as i8));
     let underscore = _mm_cmpeq_epi8(v, _mm_set1_epi8(b'_' as i8));
+    let ampersand = _mm_cmpeq_epi8(v, _mm_set1_epi8(b'&' as i8));
     let t = _mm_cmpeq_epi8(
         _mm_or_si128(v, _mm_set1_epi8(0x20)),
         _mm_set1_epi8(b't' as i8),
     );
-    let hits = _mm_or_si128(_mm_or_si128(semicolon, paren), _mm_or_si128(underscore, t));
+    let hits = _mm_or_si128(
+        _mm_or_si128(semicolon, paren),
+        _mm_or_si128(_mm_or_si128(underscore, ampersand), t),
+    );
     // movemask puts each byte's top bit in bits 0..16 of an i32.
     _mm_movemask_epi8(hits) as u32 & 0xffff
 }
@@ -321,17 +328,55 @@ fn looks_closer(text: &[u8], at: usize) -> bool {
         b';' => starts_special(&text[at + 1..]),
         b'(' => unknown_call_at(text, at) || sequence_call_at(text, at),
         b'_' => session_function_at(text, at),
+        // U&"…" or U&'…'
+        b'&' => {
+            at > 0
+                && (text[at - 1] | 0x20) == b'u'
+                && matches!(text.get(at + 1), Some(b'"' | b'\''))
+        }
         // t or T
-        _ => text
-            .get(at..at + 4)
-            .is_some_and(|w| w.eq_ignore_ascii_case(b"temp")),
+        _ => {
+            text.get(at..at + 4)
+                .is_some_and(|w| w.eq_ignore_ascii_case(b"temp"))
+                || words_with_t(text, at)
+        }
     }
+}
+
+/// Whether the `t` at `at` is in `create`, `execute` or `into` (but a lone
+/// INSERT's), told apart by the byte before it.
+fn words_with_t(text: &[u8], at: usize) -> bool {
+    match at.checked_sub(1).map(|b| text[b] | 0x20) {
+        Some(b'a') => word_around(text, at, 4, b"create"),
+        Some(b'u') => word_around(text, at, 5, b"execute"),
+        Some(b'n') => word_around(text, at, 2, b"into") && !lone_insert(text),
+        _ => false,
+    }
+}
+
+/// Whether the `t` at `at` is byte `offset` of `word`, standing as a word
+/// of its own.
+fn word_around(text: &[u8], at: usize, offset: usize, word: &[u8]) -> bool {
+    let Some(start) = at.checked_sub(offset) else {
+        return false;
+    };
+    let end = start + word.len();
+    text.get(start..end)
+        .is_some_and(|w| w.eq_ignore_ascii_case(word))
+        && (start == 0 || !is_ident(text[start - 1]))
+        && text.get(end).is_none_or(|&c| !is_ident(c))
+}
+
+/// A text of one INSERT (its INTO makes no table; a `;` may start
+/// another statement).
+fn lone_insert(text: &[u8]) -> bool {
+    word(text).0.eq_ignore_ascii_case(b"insert") && !text.contains(&b';')
 }
 
 /// Whether the statement that starts `s` starts with a word that may
 /// change what follows the client, or remove a session object that pins
 /// it (SET, RESET, DISCARD, DEALLOCATE, PREPARE, LISTEN, UNLISTEN,
-/// CREATE, DO, CALL, DECLARE, DROP, CLOSE): the first word, lowered into a small buffer, is
+/// CREATE, DO, CALL, DECLARE, DROP, CLOSE, EXECUTE): the first word, lowered into a small buffer, is
 /// matched by length and bytes (a `match` the compiler makes a jump on
 /// the length), not compared with each keyword in turn.
 fn starts_special(s: &[u8]) -> bool {
@@ -364,6 +409,7 @@ fn starts_special(s: &[u8]) -> bool {
             | b"declare"
             | b"drop"
             | b"close"
+            | b"execute"
     )
 }
 
@@ -393,6 +439,8 @@ fn session_function_at(text: &[u8], at: usize) -> bool {
     let starts = |s: &[u8]| after.len() >= s.len() && after[..s.len()].eq_ignore_ascii_case(s);
     (ends(b"set") && starts(b"config"))
         || (ends(b"advisory") && (starts(b"lock") || starts(b"unlock")))
+        // (an UPDATE of pg_settings calls set_config through its rule)
+        || (ends(b"pg") && starts(b"settings"))
 }
 
 /// Whether the `(` at `at` opens a call of currval or lastval: harmless,
@@ -1017,7 +1065,10 @@ pub fn effects(text: &[u8]) -> Effects {
             // (an UNLISTEN run from a prepared statement is followed at
             // its Bind, which looks only at statements with an effect)
             e.listen = true;
-        } else if is(b"do") || is(b"call") {
+        } else if is(b"do") || is(b"call") || has_word(s, b"execute") {
+            // (SQL EXECUTE runs a prepared statement whose text is not
+            // here, also one of sluice's shared ones by its name, and so
+            // does EXPLAIN ANALYZE EXECUTE)
             e.opaque = true;
         } else if is(b"declare") {
             e.cursors |= contains_ignore_case(s, b"hold");
@@ -1040,6 +1091,14 @@ pub fn effects(text: &[u8]) -> Effects {
     }
     if contains_ignore_case(text, b"set_config") {
         e.settings = true;
+    }
+    // An UPDATE of pg_settings sets through its rule; a Unicode escape
+    // (`U&"pg_\0074emp"`) may spell any name the looks above miss.
+    if contains_ignore_case(text, b"pg_settings")
+        || contains_ignore_case(text, b"u&\"")
+        || contains_ignore_case(text, b"u&'")
+    {
+        e.opaque = true;
     }
     if calls_unknown_function(text) {
         e.opaque = true;
@@ -1179,14 +1238,19 @@ pub fn custom_names(text: &[u8]) -> Vec<String> {
             if next.eq_ignore_ascii_case(b"session") || next.eq_ignore_ascii_case(b"local") {
                 rest = after;
             }
-            let rest = skip_space(rest);
-            let end = rest
-                .iter()
-                .position(|&c| !(is_ident(c) || matches!(c, b'.' | b'"')))
-                .unwrap_or(rest.len());
-            let name = String::from_utf8_lossy(&rest[..end]).replace('"', "");
-            if name.contains('.') {
-                names.push(name.to_ascii_lowercase());
+            // Names joined by dots, with white space or comments around
+            // them as PostgreSQL's grammar allows (`app . tenant` was
+            // read as `app` and never reset; a review).
+            let mut parts = Vec::new();
+            while let Some((part, after)) = identifier(rest) {
+                parts.push(String::from_utf8_lossy(&part).into_owned());
+                match skip_space(after).strip_prefix(b".") {
+                    Some(next) => rest = next,
+                    None => break,
+                }
+            }
+            if parts.len() > 1 {
+                names.push(parts.join(".").to_ascii_lowercase());
             }
         }
     }
@@ -1324,8 +1388,17 @@ mod tests {
         let temp = memchr::memchr2_iter(b't', b'T', text).any(|at| {
             text.get(at..at + 4)
                 .is_some_and(|w| w.eq_ignore_ascii_case(b"temp"))
+                || word_around(text, at, 4, b"create")
+                || word_around(text, at, 5, b"execute")
+                || (word_around(text, at, 2, b"into") && !lone_insert(text))
         });
-        temp || calls_unknown_function(text)
+        let unicode = memchr::memchr_iter(b'&', text).any(|at| {
+            at > 0
+                && (text[at - 1] | 0x20) == b'u'
+                && matches!(text.get(at + 1), Some(b'"' | b'\''))
+        });
+        temp || unicode
+            || calls_unknown_function(text)
             || memchr::memchr_iter(b'_', text).any(|at| session_function_at(text, at))
     }
 
@@ -1344,6 +1417,7 @@ mod tests {
         b"declare",
         b"drop",
         b"close",
+        b"execute",
     ];
 
     #[test]
@@ -1376,7 +1450,7 @@ mod tests {
     #[test]
     fn closer_mask_marks_exactly_the_closer_bytes() {
         for b in 0..=255u8 {
-            let want = matches!(b, b';' | b'(' | b'_' | b't' | b'T');
+            let want = matches!(b, b';' | b'(' | b'_' | b'&' | b't' | b'T');
             for at in [0usize, 7, 15] {
                 let mut chunk = [b'x'; 16];
                 chunk[at] = b;
@@ -1472,6 +1546,36 @@ mod tests {
         assert!(may_matter(b"select PG_TRY_ADVISORY_LOCK(1)"));
         assert!(!may_matter(b"select pg_advisory_xact_lock(1)"));
         assert!(may_matter(b"create temp table t (x int)"));
+        assert!(!may_matter(
+            b"select created_at, intone, executed from t order by created_at"
+        ));
+        assert!(!may_matter(b"insert into t (a) values (1)"));
+    }
+
+    /// What runs code or makes objects the words at a statement's start
+    /// do not show (found by a review: each leaked to the next client).
+    #[test]
+    fn hidden_effects_are_seen() {
+        let opaque = [
+            &b"update pg_settings set setting = 's2' where name = 'search_path'"[..],
+            b"EXECUTE sluice_3",
+            b"explain analyze execute s(1)",
+            b"select 'x' as v into U&\"pg_\\0074emp\".leak",
+            b"select U&'\\0041'",
+        ];
+        for text in opaque {
+            assert!(may_matter(text), "{}", String::from_utf8_lossy(text));
+            assert!(effects(text).opaque, "{}", String::from_utf8_lossy(text));
+        }
+        let temp = [
+            &b"select 'x' as v into leak2"[..],
+            b"explain analyze create table leak3 as select 1",
+            b"insert into t values (1); select 2 into x",
+        ];
+        for text in temp {
+            assert!(may_matter(text), "{}", String::from_utf8_lossy(text));
+            assert!(effects(text).temp, "{}", String::from_utf8_lossy(text));
+        }
     }
 
     #[test]
@@ -1737,6 +1841,11 @@ mod custom_name_tests {
         assert_eq!(
             custom_names("SET app.café TO 'x'; RESET \"app\".\"Été\"".as_bytes()),
             ["app.café", "app.Été"]
+        );
+        // (white space and comments may stand around the dot)
+        assert_eq!(
+            custom_names(b"set app . tenant = 'a'; set local app. x = 1; reset app /* c */ .\"Y\""),
+            ["app.tenant", "app.x", "app.y"]
         );
     }
 }

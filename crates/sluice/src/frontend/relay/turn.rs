@@ -59,14 +59,16 @@ pub(super) fn read_requests(
     let scanned = match tracking {
         None => scan_client(cycle, cbuf, limit),
         Some(t) => {
-            let carried = client.carried();
+            let params = &*client.params;
+            let carried = client.carried.get_or_insert_with(Box::default);
             tracked::rewrite_client(
                 cycle,
                 cbuf,
                 t,
                 &mut tracked::Statements {
                     names: &mut carried.statements,
-                    search_path: carried.session.as_deref(),
+                    session: carried.session.as_deref(),
+                    params,
                     server: &mut server.statements,
                     registry,
                     capacity,
