@@ -1458,6 +1458,16 @@ async fn temporary_tables_made_without_the_word_temp_do_not_reach_the_next_clien
         "explain analyze create table leak3 as select 1",
     ])
     .await;
+    left_behind_after(&[
+        "set search_path = pg_temp, public",
+        "explain analyze select 666 as a into leak4",
+    ])
+    .await;
+    left_behind_after(&[
+        "set search_path = pg_temp, public",
+        "(select 777 as a into leak5)",
+    ])
+    .await;
 }
 
 #[tokio::test]
@@ -1493,9 +1503,14 @@ async fn sql_execute_of_a_shared_statement_leaves_nothing_behind() {
         .expect("execute");
     drop(owner);
     let next = app_client(&sluice).await;
+    assert_no_tenant(&next).await;
+}
+
+/// The client's session has no `app.tenant` (row-level security's key).
+async fn assert_no_tenant(client: &Client) {
     assert_eq!(
         bounded_scalar(
-            &next,
+            client,
             "select coalesce(current_setting('app.tenant', true), '')",
             "next client"
         )
@@ -1509,27 +1524,43 @@ async fn sql_execute_of_a_shared_statement_leaves_nothing_behind() {
 async fn a_custom_setting_with_spaces_around_its_dot_stays_its_clients() {
     let cluster = app_cluster(ServerAuth::Trust);
     let sluice = one_server(&cluster);
-    let owner = app_client(&sluice).await;
-    owner
-        .batch_execute("set app . tenant = 'alice'")
-        .await
-        .expect("set");
-    let next = app_client(&sluice).await;
-    assert_eq!(
-        bounded_scalar(
-            &next,
-            "select coalesce(current_setting('app.tenant', true), '')",
-            "next client"
-        )
-        .await,
-        "",
-        "another client's tenant"
-    );
-    assert_eq!(
-        bounded_scalar(&owner, "show app.tenant", "owner").await,
-        "alice",
-        "its own"
-    );
+    let long = "t".repeat(70);
+    for set in [
+        "set app . tenant = 'alice'".to_owned(),
+        "set \"app.tenant\" = 'alice'".to_owned(),
+        format!("set app.{long} = 'alice'"),
+    ] {
+        let owner = app_client(&sluice).await;
+        owner.batch_execute(&set).await.expect("set");
+        let next = app_client(&sluice).await;
+        assert_no_tenant(&next).await;
+        let cut = format!("app.{}", "t".repeat(63));
+        assert_eq!(
+            bounded_scalar(
+                &next,
+                &format!("select coalesce(current_setting('{cut}', true), '')"),
+                "next client"
+            )
+            .await,
+            "",
+            "{set}: another client's setting"
+        );
+        let shown = if set.contains(&long) {
+            cut
+        } else {
+            "app.tenant".to_owned()
+        };
+        assert_eq!(
+            bounded_scalar(
+                &owner,
+                &format!("select current_setting('{shown}')"),
+                "owner"
+            )
+            .await,
+            "alice",
+            "{set}: its own"
+        );
+    }
 }
 
 /// sluice's own look at the server must not call the client's functions:
@@ -1593,15 +1624,17 @@ async fn setseed_does_not_reach_the_next_client() {
         .trim()
         .to_owned();
     let sluice = one_server(&cluster);
-    let owner = app_client(&sluice).await;
-    owner
-        .batch_execute("select setseed(0.42)")
-        .await
-        .expect("setseed");
-    drop(owner);
-    let next = app_client(&sluice).await;
-    let drawn = bounded_scalar(&next, "select random()::text", "next client").await;
-    assert_ne!(drawn, predicted, "the next client's random() was predicted");
+    for seed in ["select setseed(0.42)", "set seed = 0.42"] {
+        let owner = app_client(&sluice).await;
+        owner.batch_execute(seed).await.expect("seed");
+        drop(owner);
+        let next = app_client(&sluice).await;
+        let drawn = bounded_scalar(&next, "select random()::text", "next client").await;
+        assert_ne!(
+            drawn, predicted,
+            "{seed}: the next client's random() was predicted"
+        );
+    }
 }
 
 /// PostgreSQL reads literals as the settings are when it parses: a
@@ -1613,22 +1646,34 @@ async fn shared_statements_read_literals_with_each_clients_settings() {
     let sluice = one_server(&cluster);
     let day_first = app_client(&sluice).await;
     day_first
-        .batch_execute("set datestyle = 'ISO, DMY'; set standard_conforming_strings = off")
+        .batch_execute(
+            "set datestyle = 'ISO, DMY'; set standard_conforming_strings = off; \
+             set transform_null_equals = on",
+        )
+        .await
+        .expect("settings");
+    // (only transform_null_equals apart from the next one)
+    let nulls_equal = app_client(&sluice).await;
+    nulls_equal
+        .batch_execute("set transform_null_equals = on")
         .await
         .expect("settings");
     let month_first = app_client(&sluice).await;
-    let date = "select '01/02/2020'::date::text";
-    let string = r"select pg_catalog.length('C:\new')::text";
-    for (client, want_date, want_length) in [
-        (&day_first, "2020-02-01", "5"),
-        (&month_first, "2020-01-02", "6"),
-        (&day_first, "2020-02-01", "5"),
+    let texts = [
+        "select '01/02/2020'::date::text",
+        r"select pg_catalog.length('C:\new')::text",
+        "select coalesce((1 = null)::text, 'null')",
+    ];
+    for (client, want) in [
+        (&day_first, ["2020-02-01", "5", "false"]),
+        (&nulls_equal, ["2020-01-02", "6", "false"]),
+        (&month_first, ["2020-01-02", "6", "null"]),
+        (&day_first, ["2020-02-01", "5", "false"]),
     ] {
-        let statement = client.prepare(date).await.expect("prepare");
-        let row = client.query_one(&statement, &[]).await.expect("date");
-        assert_eq!(row.get::<_, String>(0), want_date);
-        let statement = client.prepare(string).await.expect("prepare");
-        let row = client.query_one(&statement, &[]).await.expect("length");
-        assert_eq!(row.get::<_, String>(0), want_length);
+        for (text, want) in texts.iter().zip(want) {
+            let statement = client.prepare(text).await.expect("prepare");
+            let row = client.query_one(&statement, &[]).await.expect(text);
+            assert_eq!(row.get::<_, String>(0), want, "{text}");
+        }
     }
 }

@@ -1480,18 +1480,31 @@ async fn a_read_cancelled_on_a_frozen_replica_is_not_run_again() {
 }
 
 /// A read that cannot run again (a named statement parsed in its own
-/// batch) on a replica that freezes: the client is told once the checks
-/// take the replica out of rotation, not left waiting for the thaw (its
-/// cancel would wait in the frozen replica's queue too).
+/// batch) on a replica that freezes: one the client cancels ends once the
+/// checks take the replica out of rotation, not when it thaws (the cancel
+/// waits in the frozen replica's queue). Without a cancel it waits, as for
+/// a replica that answers late: its backend may be well while only the
+/// checks fail (a review saw such a read killed).
 #[tokio::test]
-async fn a_read_that_cannot_run_again_ends_when_its_replica_freezes() {
+async fn a_cancelled_read_that_cannot_run_again_ends_when_its_replica_freezes() {
     let (primary, replica) = primary_and_replica();
     let sluice = routed_config(&primary, &replica, "route_reads=1", &[])
         .set("health_check_timeout", "1")
         .set("health_check_threshold", "2")
         .start();
     wait_for_roles(&sluice, &primary, &replica).await;
-    let mut raw = RawClient::logged_in(sluice.port(), APP_USER, "postgres").await;
+    let mut raw = RawClient::connect(sluice.port()).await;
+    raw.startup(APP_USER, "postgres").await;
+    let mut key = None;
+    loop {
+        match raw.read_message(Duration::from_secs(10)).await {
+            RawReply::Message(b'K', body) => key = Some(body),
+            RawReply::Message(b'Z', _) => break,
+            RawReply::Message(..) => {}
+            other => panic!("login: {other:?}"),
+        }
+    }
+    let key = key.expect("BackendKeyData");
     let sql = "select pg_is_in_recovery()::text, pg_sleep(60)";
     let mut batch = parse_named("st9", sql);
     batch.extend(frontend(b'B', b"\0st9\0\0\0\0\0\0\0"));
@@ -1504,7 +1517,20 @@ async fn a_read_that_cannot_run_again_ends_when_its_replica_freezes() {
     );
     wait_until_running(&on_replica, &running).await;
     let frozen = Frozen::new(&replica);
-    let frozen_at = Instant::now();
+    // Out of rotation within about three seconds: it still waits, uncancelled.
+    if let RawReply::Message(tag, body) = raw.read_message(Duration::from_secs(6)).await {
+        panic!(
+            "an uncancelled read ended: {} {body:?}\n{}",
+            char::from(tag),
+            sluice.log_tail(10)
+        );
+    }
+    let mut cancel = 16u32.to_be_bytes().to_vec();
+    cancel.extend_from_slice(&80877102u32.to_be_bytes());
+    cancel.extend_from_slice(&key);
+    let mut canceller = RawClient::connect(sluice.port()).await;
+    canceller.send(&cancel).await.expect("cancel request");
+    let cancelled_at = Instant::now();
     let mut codes = Vec::new();
     loop {
         match raw.read_message(Duration::from_secs(30)).await {
@@ -1515,12 +1541,12 @@ async fn a_read_that_cannot_run_again_ends_when_its_replica_freezes() {
             RawReply::Message(..) => {}
             RawReply::Closed => break,
             RawReply::TimedOut => panic!(
-                "the read still waits for its frozen replica after 30 s\n{}",
+                "the cancelled read still waits for its frozen replica after 30 s\n{}",
                 sluice.log_tail(15)
             ),
         }
     }
-    assert!(frozen_at.elapsed() < Duration::from_secs(20));
+    assert!(cancelled_at.elapsed() < Duration::from_secs(10));
     drop(frozen);
     assert_eq!(codes, ["08006"], "{}", sluice.log_tail(15));
     let next = connect_as(sluice.port(), APP_USER, "postgres").await;

@@ -65,7 +65,8 @@ pub fn restart_needed(
         .collect()
 }
 
-/// A set of TLS settings that did not load: SHOW CONFIG goes on showing
+/// A set of TLS settings that did not load (`client_tls*` or
+/// `server_tls*`, the TLS 1.3 ciphers too): SHOW CONFIG goes on showing
 /// the files in force (a review saw the new, unreadable CA file listed
 /// while the old one checked servers), and the new mode if `raised` (it is
 /// in force: what needs TLS is refused until a certificate loads).
@@ -152,7 +153,7 @@ fn apply_into(app: &App, mut config: sluice_config::Config, said: &mut Said) {
                 crate::tls::Mode::parse("client_tls_sslmode", &config.settings.client_tls_sslmode);
             let old_tls = app.client_tls();
             let raised = wanted.as_ref().is_ok_and(|w| *w > old_tls.mode);
-            keep_in_force(&mut config.settings, &old.settings, "client_tls_", raised);
+            keep_in_force(&mut config.settings, &old.settings, "client_tls", raised);
             let old = old_tls;
             if let Ok(wanted) = wanted
                 && wanted > old.mode
@@ -179,7 +180,7 @@ fn apply_into(app: &App, mut config: sluice_config::Config, said: &mut Said) {
                 crate::tls::Mode::parse("server_tls_sslmode", &config.settings.server_tls_sslmode);
             let in_force = app.server_tls().mode.unwrap_or(crate::tls::Mode::Disable);
             let raised = wanted.as_ref().is_ok_and(|w| *w > in_force);
-            keep_in_force(&mut config.settings, &old.settings, "server_tls_", raised);
+            keep_in_force(&mut config.settings, &old.settings, "server_tls", raised);
             let old = in_force;
             match wanted {
                 Ok(wanted) if wanted > old => {

@@ -155,6 +155,11 @@ impl SessionVars {
                 .is_some_and(|v| v.eq_ignore_ascii_case("serializable"))
     }
 
+    /// Every setting, as kept.
+    pub fn iter(&self) -> impl Iterator<Item = (&str, &str)> {
+        self.vars.iter().map(|(n, v)| (&**n, &**v))
+    }
+
     pub fn get(&self, name: &str) -> Option<&str> {
         self.vars
             .iter()

@@ -562,7 +562,9 @@ impl Client {
             None
         };
         self.retry_query = again.map(|n| bytes::Bytes::copy_from_slice(&buf[..n]));
-        if self.retry_query.is_some() {
+        if self.retry_query.is_some() || lease.host() != 0 {
+            // (a cancel is counted from this request on: see
+            // `answer_cancelled`, and a frozen replica's in `turn.rs`)
             self.app.cancels.forget_cancel(self.cancel);
         }
         let on_replica = lease.host() != 0;
@@ -821,10 +823,7 @@ impl Client {
             let params = &*self.params;
             let carried = self.carried.get_or_insert_with(Box::default);
             let context = crate::prepared::registry::ParseContext {
-                search_path: carried
-                    .session
-                    .as_deref()
-                    .and_then(|s| s.get("search_path")),
+                session: carried.session.as_deref(),
                 params,
             };
             let names = &mut carried.statements;

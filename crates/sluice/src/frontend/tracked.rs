@@ -359,7 +359,7 @@ fn handle_message(
     let mut rewriter = Rewriter {
         names,
         context: crate::prepared::registry::ParseContext {
-            search_path: st.session.and_then(|s| s.get("search_path")),
+            session: st.session,
             params: st.params,
         },
         server: st.server,

@@ -219,7 +219,7 @@ mod tests {
     /// A client that set nothing.
     fn ctx() -> super::super::registry::ParseContext<'static> {
         super::super::registry::ParseContext {
-            search_path: None,
+            session: None,
             params: &PARAMS,
         }
     }

@@ -178,15 +178,17 @@ impl Registry {
     }
 }
 
-/// The context a client's Parse is shared in: its search_path (None when
-/// it set none: the server's own) and the tracked settings PostgreSQL
-/// reads while parsing (client_encoding decodes the text; DateStyle,
-/// TimeZone and IntervalStyle read date and time literals;
-/// standard_conforming_strings, backslashes in strings). Clients that
-/// agree share; most do, with their drivers' defaults.
+/// The context a client's Parse is shared in: the settings it set in its
+/// session (search_path names the tables; transform_null_equals,
+/// array_nulls, timezone_abbreviations, lc_monetary and others change how
+/// PostgreSQL reads a text: all of them, so that none is missed) and the
+/// tracked parameters PostgreSQL reads while parsing (client_encoding
+/// decodes the text; DateStyle, TimeZone and IntervalStyle read date and
+/// time literals; standard_conforming_strings, backslashes in strings).
+/// Clients that agree share; most do, with their drivers' defaults.
 #[derive(Clone, Copy)]
 pub struct ParseContext<'a> {
-    pub search_path: Option<&'a str>,
+    pub session: Option<&'a crate::session_vars::SessionVars>,
     pub params: &'a crate::params::ParamSet,
 }
 
@@ -194,18 +196,17 @@ impl ParseContext<'_> {
     /// The registry's key for it (made only where a named Parse needs it).
     pub fn key(&self) -> String {
         let mut key = String::with_capacity(96);
-        match self.search_path {
-            Some(path) => {
-                key.push('s');
-                key.push_str(path);
-            }
-            None => key.push('n'),
-        }
         for name in crate::params::TRACKED {
             if *name != "application_name" {
-                key.push('\0');
                 key.push_str(self.params.get(name).unwrap_or_default());
+                key.push('\0');
             }
+        }
+        for (name, value) in self.session.into_iter().flat_map(|s| s.iter()) {
+            key.push_str(name);
+            key.push('=');
+            key.push_str(value);
+            key.push('\0');
         }
         key
     }

@@ -184,10 +184,17 @@ fn skip_dollar_quoted(text: &[u8], open: usize) -> usize {
     }
 }
 
+/// White space as PostgreSQL's scanner has it (16 and later count a
+/// vertical tab too, which `is_ascii_whitespace` does not).
+fn is_space(c: u8) -> bool {
+    c.is_ascii_whitespace() || c == 0x0b
+}
+
 /// `s` without leading white space and comments.
 fn skip_space(mut s: &[u8]) -> &[u8] {
     loop {
-        let trimmed = s.trim_ascii_start();
+        let start = s.iter().position(|&c| !is_space(c)).unwrap_or(s.len());
+        let trimmed = &s[start..];
         if trimmed.starts_with(b"--") {
             let nl = trimmed
                 .iter()
@@ -750,7 +757,7 @@ fn keyword_in_place(text: &[u8], start: usize, at: usize, word: &[u8]) -> bool {
 /// and where that word starts.
 fn previous_word(text: &[u8], start: usize) -> (&[u8], Option<u8>, usize) {
     let mut end = start;
-    while end > 0 && text[end - 1].is_ascii_whitespace() {
+    while end > 0 && is_space(text[end - 1]) {
         end -= 1;
     }
     let (word_start, word) = word_before(text, end);
@@ -845,7 +852,7 @@ fn is_ident(c: u8) -> bool {
 /// which repeated `(`s would make quadratic).
 fn skip_space_back(text: &[u8], mut end: usize) -> Option<usize> {
     let mut newline = false;
-    while end > 0 && text[end - 1].is_ascii_whitespace() {
+    while end > 0 && is_space(text[end - 1]) {
         newline |= matches!(text[end - 1], b'\n' | b'\r');
         end -= 1;
     }
@@ -910,7 +917,7 @@ fn unknown_call_at(text: &[u8], at: usize) -> bool {
     // name may hide a dot (`evil./**/lower(`): a call.
     let mut dot = start;
     let mut crossed_line = false;
-    while dot > 0 && text[dot - 1].is_ascii_whitespace() {
+    while dot > 0 && is_space(text[dot - 1]) {
         crossed_line |= matches!(text[dot - 1], b'\n' | b'\r');
         dot -= 1;
     }
@@ -919,7 +926,7 @@ fn unknown_call_at(text: &[u8], at: usize) -> bool {
     }
     if dot > 0 && text[dot - 1] == b'.' {
         let mut schema_end = dot - 1;
-        while schema_end > 0 && text[schema_end - 1].is_ascii_whitespace() {
+        while schema_end > 0 && is_space(text[schema_end - 1]) {
             schema_end -= 1;
         }
         let (_, schema) = word_before(text, schema_end);
@@ -947,7 +954,7 @@ fn follows_table_keyword(text: &[u8], start: usize) -> bool {
         end = word_before(text, end - 1).0;
     }
     let mut newline = false;
-    while end > 0 && text[end - 1].is_ascii_whitespace() {
+    while end > 0 && is_space(text[end - 1]) {
         newline |= matches!(text[end - 1], b'\n' | b'\r');
         end -= 1;
     }
@@ -1083,7 +1090,8 @@ pub fn effects(text: &[u8]) -> Effects {
         if is(b"create")
             || (is(b"explain") && contains_ignore_case(s, b"create"))
             || (temp_keyword(s) && contains_ignore_case(s, b"into"))
-            || ((is(b"select") || is(b"with")) && has_word(s, b"into"))
+            // (SELECT … INTO also under EXPLAIN ANALYZE, or in parentheses)
+            || (!is(b"insert") && !is(b"merge") && has_word(s, b"into"))
             || contains_ignore_case(s, b"pg_temp")
         {
             e.temp = true;
@@ -1093,8 +1101,11 @@ pub fn effects(text: &[u8]) -> Effects {
         e.settings = true;
     }
     // An UPDATE of pg_settings sets through its rule; a Unicode escape
-    // (`U&"pg_\0074emp"`) may spell any name the looks above miss.
+    // (`U&"pg_\0074emp"`) may spell any name the looks above miss; the
+    // `seed` setting (`SET seed`) seeds random() as setseed does, and
+    // neither pg_settings nor RESET ALL shows or undoes it.
     if contains_ignore_case(text, b"pg_settings")
+        || contains_ignore_case(text, b"seed")
         || contains_ignore_case(text, b"u&\"")
         || contains_ignore_case(text, b"u&'")
     {
@@ -1241,16 +1252,20 @@ pub fn custom_names(text: &[u8]) -> Vec<String> {
             // Names joined by dots, with white space or comments around
             // them as PostgreSQL's grammar allows (`app . tenant` was
             // read as `app` and never reset; a review).
+            // Each part cut to 63 bytes, as PostgreSQL cuts identifiers;
+            // a quoted part may hold the dot itself (`"app.tenant"`).
             let mut parts = Vec::new();
             while let Some((part, after)) = identifier(rest) {
-                parts.push(String::from_utf8_lossy(&part).into_owned());
+                let part = String::from_utf8_lossy(&part).into_owned();
+                parts.push(cut_identifier(part));
                 match skip_space(after).strip_prefix(b".") {
                     Some(next) => rest = next,
                     None => break,
                 }
             }
-            if parts.len() > 1 {
-                names.push(parts.join(".").to_ascii_lowercase());
+            let name = parts.join(".");
+            if name.contains('.') {
+                names.push(name.to_ascii_lowercase());
             }
         }
     }
@@ -1275,6 +1290,17 @@ pub fn custom_names(text: &[u8]) -> Vec<String> {
         }
     }
     names
+}
+
+/// An identifier cut to NAMEDATALEN - 1 (63) bytes on a character
+/// boundary, as PostgreSQL's scanner cuts it.
+fn cut_identifier(mut name: String) -> String {
+    let mut end = name.len().min(63);
+    while !name.is_char_boundary(end) {
+        end -= 1;
+    }
+    name.truncate(end);
+    name
 }
 
 /// Whether `word` is in `s` as a word of its own (not inside another).
@@ -1567,10 +1593,14 @@ mod tests {
             assert!(may_matter(text), "{}", String::from_utf8_lossy(text));
             assert!(effects(text).opaque, "{}", String::from_utf8_lossy(text));
         }
+        assert!(may_matter(b"SET\x0bapp.tenant = 1"));
+        assert!(effects(b"SET seed = 0.42").opaque);
         let temp = [
             &b"select 'x' as v into leak2"[..],
             b"explain analyze create table leak3 as select 1",
             b"insert into t values (1); select 2 into x",
+            b"EXPLAIN ANALYZE SELECT 666 AS a INTO foo",
+            b"(SELECT 777 AS a INTO foo)",
         ];
         for text in temp {
             assert!(may_matter(text), "{}", String::from_utf8_lossy(text));
@@ -1841,6 +1871,21 @@ mod custom_name_tests {
         assert_eq!(
             custom_names("SET app.café TO 'x'; RESET \"app\".\"Été\"".as_bytes()),
             ["app.café", "app.Été"]
+        );
+        // (a quoted name may hold the dot; parts are cut to 63 bytes, as
+        // PostgreSQL cuts identifiers; PostgreSQL 16 reads a vertical tab
+        // as white space)
+        let long = "x".repeat(70);
+        assert_eq!(
+            custom_names(
+                format!("SET \"app.tenant\" = '42'; SET SESSION app.{long} TO 1; SET\x0bapp.v = 2")
+                    .as_bytes()
+            ),
+            [
+                "app.tenant".to_owned(),
+                format!("app.{}", "x".repeat(63)),
+                "app.v".to_owned()
+            ]
         );
         // (white space and comments may stand around the dot)
         assert_eq!(

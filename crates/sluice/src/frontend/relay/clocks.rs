@@ -29,10 +29,10 @@ pub(super) enum IdleKind {
     Unread,
     /// A replica owes replies: a look now and then at whether the checks
     /// took it out of rotation (frozen, cut off), in which case a read
-    /// that has not answered runs on the primary and one that cannot run
-    /// again ends once the replica has been silent a whole look (it would
-    /// wait for the thaw, the client's cancel too); and at the client's
-    /// end (as `Unread` looks).
+    /// that has not answered runs on the primary, and one that cannot run
+    /// again ends if the client cancelled it and the replica has been
+    /// silent a whole look (the cancel would wait for the thaw); and at
+    /// the client's end (as `Unread` looks).
     Replica,
 }
 

@@ -228,8 +228,12 @@ pub async fn run(client: &mut Client, cbuf: &mut BytesMut, mut lease: Lease) -> 
 
     // The end: the cancel link undone, the statistics, the server checked
     // in, closed or cleaned (see `unlink.rs`).
-    let cancel_unsettled =
-        client.app.cancels.unlink(client.cancel) && !unlink::settle_cancels(client).await;
+    // (a server that failed is closed, whatever the end: a cancel on its
+    // way to it, to a frozen replica say, is not waited for)
+    let server_gone = matches!(end, Err(End::Server { .. }));
+    let cancel_unsettled = client.app.cancels.unlink(client.cancel)
+        && !server_gone
+        && !unlink::settle_cancels(client).await;
     let end = match end {
         Ok(Outcome::Release) if cancel_unsettled => Ok(Outcome::Close),
         // A request with no reply (a lone Flush, CopyData outside a COPY)

@@ -451,17 +451,19 @@ pub(super) fn on_event(
                     }));
                 }
                 // One that cannot run again (a named statement parsed in
-                // its batch, rows already sent) would wait for the thaw,
-                // and so would the client's cancel: once the replica has
-                // said nothing for a whole look, the client is told, as
-                // for a lost server (a replica still streaming rows to it
-                // goes on).
+                // its batch, rows already sent) waits, as for a replica
+                // that answers late: its backend may be well while only
+                // the checks fail (a review saw a healthy read killed).
+                // But a cancel the client sent would wait for the thaw in
+                // the frozen replica's queue: once the replica has said
+                // nothing for a whole look, the client is told it ended.
                 let answered = cycle.written.1 + cycle.to_client as u64;
-                if clocks.replica_silent(answered) {
+                let silent = clocks.replica_silent(answered);
+                if silent && client.app.cancels.cancel_asked(client.cancel) {
                     lease.cancel_detached();
                     return Some(Err(End::Server {
-                        why: "the replica was taken out of rotation (its checks fail) \
-                              and answered nothing for a second"
+                        why: "cancelled while its replica was out of rotation (its checks \
+                              fail) and answered nothing: the cancel could not reach it"
                             .into(),
                         lost: true,
                     }));
