@@ -1589,10 +1589,14 @@ mod tests {
             b"select 'x' as v into U&\"pg_\\0074emp\".leak",
             b"select U&'\\0041'",
         ];
-        for text in opaque {
-            assert!(may_matter(text), "{}", String::from_utf8_lossy(text));
-            assert!(effects(text).opaque, "{}", String::from_utf8_lossy(text));
-        }
+        let seen = |texts: &[&[u8]], kind: fn(&Effects) -> bool| {
+            for text in texts {
+                let shown = String::from_utf8_lossy(text);
+                assert!(may_matter(text), "{shown}");
+                assert!(kind(&effects(text)), "{shown}");
+            }
+        };
+        seen(&opaque, |e| e.opaque);
         assert!(may_matter(b"SET\x0bapp.tenant = 1"));
         assert!(effects(b"SET seed = 0.42").opaque);
         let temp = [
@@ -1602,10 +1606,7 @@ mod tests {
             b"EXPLAIN ANALYZE SELECT 666 AS a INTO foo",
             b"(SELECT 777 AS a INTO foo)",
         ];
-        for text in temp {
-            assert!(may_matter(text), "{}", String::from_utf8_lossy(text));
-            assert!(effects(text).temp, "{}", String::from_utf8_lossy(text));
-        }
+        seen(&temp, |e| e.temp);
     }
 
     #[test]
