@@ -498,6 +498,76 @@ async fn a_lone_begin_whose_server_dies_before_it_is_sent_runs_elsewhere() {
     second.simple_query("commit").await.expect("COMMIT");
 }
 
+/// On a database that routes reads, a read the router sends to the primary
+/// (no replica in rotation: here its port is closed) whose server dies
+/// before answering runs again on another server over the extended
+/// protocol too: a prepared statement's Bind/Execute/Sync, and a driver's
+/// one-off Parse/Bind/Describe/Execute/Sync. A write does not.
+#[tokio::test]
+async fn an_extended_read_on_the_primary_whose_server_dies_runs_again() {
+    let cluster = app_cluster(ServerAuth::Trust);
+    cluster
+        .psql(
+            "postgres",
+            &format!("create table marks (n int); grant all on marks to {APP_USER}"),
+        )
+        .expect("schema");
+    let closed = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free port")
+        .port();
+    let entry = format!(
+        "host={h},{h} port={p},{closed} dbname=postgres route_reads=1",
+        h = cluster.host(),
+        p = cluster.port()
+    );
+    let sluice = ConfigBuilder::new()
+        .database("postgres", &entry)
+        .set("pool_mode", "transaction")
+        .set("default_pool_size", "1")
+        .start();
+    let admin = superuser_connect(&cluster, "postgres").await;
+    let client = connect_as(sluice.port(), APP_USER, "postgres").await;
+    let read = client
+        .prepare("select pg_backend_pid()")
+        .await
+        .expect("prepare the read");
+    let write = client
+        .prepare("insert into marks values (1)")
+        .await
+        .expect("prepare the write");
+
+    let pid = doom_backend_of(&client, &admin).await;
+    let woken = wake_later(pid);
+    let ran = client.query_one(&read, &[]).await;
+    woken.await.expect("SIGCONT");
+    let now: i32 = ran.expect("the prepared read, run again").get(0);
+    assert_ne!(now, pid, "answered by the dead server");
+
+    let pid = doom_backend_of(&client, &admin).await;
+    let woken = wake_later(pid);
+    let ran = client.query_typed("select pg_backend_pid()", &[]).await;
+    woken.await.expect("SIGCONT");
+    let rows = ran.expect("the one-off read, run again");
+    assert_ne!(rows.first().map(|r| r.get::<_, i32>(0)), Some(pid));
+
+    let pid = doom_backend_of(&client, &admin).await;
+    let woken = wake_later(pid);
+    let err = client
+        .execute(&write, &[])
+        .await
+        .expect_err("the server died under the insert");
+    woken.await.expect("SIGCONT");
+    assert!(matches!(sqlstate(&err), Some("57P01" | "08006")), "{err:?}");
+    let rows = scalar_text(&admin, "select count(*) from marks").await;
+    assert_eq!(rows, "0", "the write ran again");
+    assert!(
+        sluice.log().contains("the request runs on another server"),
+        "{}",
+        sluice.log_tail(20)
+    );
+}
+
 /// Stops (SIGSTOP) the backend `client`'s pooled server runs on (a pool of
 /// one server: the one its next request gets); returns its pid.
 async fn stop_backend_of(client: &Client) -> i32 {

@@ -52,6 +52,9 @@ pub(super) struct Cycle {
     /// been sent, and the rest waits for the next lease, routed afresh
     /// (lifted when the request leaves a READ ONLY transaction open).
     pub(super) cap: Option<u64>,
+    /// The cap is routing's (a replica, a read on the primary), not only
+    /// the lost-server net's: it stays once the request is answered.
+    pub(super) routed_cap: bool,
     /// The server is a replica's (a host pool's).
     pub(super) on_replica: bool,
     /// The read-on-a-replica safety net (see `Retry`).
@@ -108,6 +111,7 @@ impl Cycle {
         routed_primary: bool,
         primary_read: bool,
     ) -> Self {
+        let routed_cap = !session_mode && (host != 0 || primary_read);
         Cycle {
             req: Requests::default(),
             status: TransactionStatus::Idle,
@@ -126,9 +130,8 @@ impl Cycle {
             client_taken: 0,
             error_classes: Vec::new(),
             // (a session-mode session on a standby keeps it)
-            cap: ((host != 0 && !session_mode)
-                || (host == 0 && (retry_query || (primary_read && !session_mode))))
-                .then_some(1),
+            cap: (routed_cap || (host == 0 && retry_query)).then_some(1),
+            routed_cap,
             on_replica: host != 0,
             retry: match (host, retry_query) {
                 (_, false) => Retry::Off,

@@ -135,10 +135,17 @@ fn may_start_transaction(text: &[u8]) -> bool {
 /// open a transaction block. A named Parse or a Close would change the
 /// client's statements twice; an unnamed statement not parsed in the
 /// batch lived on the replica's server and is not on the primary's.
+/// `proven`: every text must also be a read by the built-in classifier
+/// alone (see [`lost_retry_safe`]), for a batch on the primary, whose
+/// server may die after a write committed; it runs again on another
+/// server of the primary (the client's named statements are parsed there
+/// as on any server that lacks them).
 pub fn retry_safe_batch(
     buf: &[u8],
     named: impl Fn(&[u8]) -> Option<Arc<Statement>>,
+    proven: bool,
 ) -> Option<usize> {
+    let safe = |text: &[u8]| !may_start_transaction(text) && (!proven || proven_read(text));
     let mut pos = 0;
     let mut binds = 0;
     let mut unnamed = false;
@@ -152,7 +159,7 @@ pub fn retry_safe_batch(
             f::PARSE => {
                 let (name, rest) = cstr(body)?;
                 let (text, _) = cstr(rest)?;
-                if !name.is_empty() || may_start_transaction(text) {
+                if !name.is_empty() || !safe(text) {
                     return None;
                 }
                 unnamed = true;
@@ -164,7 +171,7 @@ pub fn retry_safe_batch(
                     if !unnamed {
                         return None;
                     }
-                } else if may_start_transaction(named(statement)?.query()) {
+                } else if !safe(named(statement)?.query()) {
                     return None;
                 }
                 binds += 1;
@@ -195,9 +202,7 @@ pub fn lost_retry_safe(buf: &[u8], read: bool) -> Option<usize> {
     }
     let text = body.strip_suffix(b"\0").unwrap_or(body);
     if read {
-        let proven =
-            sluice_router::hint(text).is_none() && BUILT_IN.classify(text) == Route::Replica;
-        return proven.then_some(len);
+        return proven_read(text).then_some(len);
     }
     let text = text.trim_ascii_start();
     // The first word first: most queries are not a BEGIN, and this runs
@@ -228,6 +233,12 @@ pub fn lost_retry_safe(buf: &[u8], read: bool) -> Option<usize> {
                 .next()
                 .is_some_and(|w| w.eq_ignore_ascii_case(b"transaction")));
     (plain && starts).then_some(len)
+}
+
+/// The built-in classifier alone finds `text` a read, with no hint: a
+/// hint or a database's own function is a claim, not a proof.
+fn proven_read(text: &[u8]) -> bool {
+    sluice_router::hint(text).is_none() && BUILT_IN.classify(text) == Route::Replica
 }
 
 /// One whole message at the start of `buf`: (type, body).
@@ -342,10 +353,10 @@ mod tests {
         let sync = msg(f::SYNC, b"");
         let describe = msg(f::DESCRIBE, b"P\0");
         let ok = batch(&[bind("r"), describe.clone(), exec.clone(), sync.clone()]);
-        assert_eq!(retry_safe_batch(&ok, named), Some(ok.len()));
+        assert_eq!(retry_safe_batch(&ok, named, false), Some(ok.len()));
         // Only up to the first Sync.
         let two = batch(&[ok.clone(), bind("r"), exec.clone(), sync.clone()]);
-        assert_eq!(retry_safe_batch(&two, named), Some(ok.len()));
+        assert_eq!(retry_safe_batch(&two, named, false), Some(ok.len()));
         // A one-off query as drivers send it: the unnamed statement,
         // parsed in the batch.
         let one_off = batch(&[
@@ -355,13 +366,19 @@ mod tests {
             exec.clone(),
             sync.clone(),
         ]);
-        assert_eq!(retry_safe_batch(&one_off, named), Some(one_off.len()));
+        assert_eq!(
+            retry_safe_batch(&one_off, named, false),
+            Some(one_off.len())
+        );
         let described = batch(&[
             parse("", "select 1"),
             msg(f::DESCRIBE, b"S\0"),
             sync.clone(),
         ]);
-        assert_eq!(retry_safe_batch(&described, named), Some(described.len()));
+        assert_eq!(
+            retry_safe_batch(&described, named, false),
+            Some(described.len())
+        );
         for bad in [
             batch(&[bind("b"), exec.clone(), sync.clone()]),
             batch(&[bind("x"), exec.clone(), sync.clone()]),
@@ -388,7 +405,23 @@ mod tests {
             batch(&[bind("r"), exec.clone()]),
             sync.clone(),
         ] {
-            assert_eq!(retry_safe_batch(&bad, named), None);
+            assert_eq!(retry_safe_batch(&bad, named, false), None);
+        }
+        // On the primary, every text must be a read by the built-in
+        // classifier alone.
+        assert_eq!(retry_safe_batch(&ok, named, true), Some(ok.len()));
+        assert_eq!(retry_safe_batch(&one_off, named, true), Some(one_off.len()));
+        for claimed in [
+            "insert into t values (1)",
+            "select my_stable_fn()",
+            "/* sluice: replica */ delete from t",
+        ] {
+            let batch = batch(&[parse("", claimed), bind(""), exec.clone(), sync.clone()]);
+            assert!(
+                retry_safe_batch(&batch, named, false).is_some(),
+                "{claimed}"
+            );
+            assert_eq!(retry_safe_batch(&batch, named, true), None, "{claimed}");
         }
     }
 

@@ -546,18 +546,22 @@ impl Client {
         // lost); a read or a lone BEGIN on the primary, on another server
         // if its server turns out dead before it answers (a stale pooled
         // server after a restart or switchover), a few times in a row.
+        let named = |name: &[u8]| self.carried.as_ref()?.statements.get(name).cloned();
         let again = if lease.host() != 0 {
             // (a transaction sent to a standby because the entry asks for
             // one stays there)
-            let named = |name: &[u8]| self.carried.as_ref()?.statements.get(name).cloned();
             read.then(|| {
-                super::route::retry_safe(buf).or_else(|| super::route::retry_safe_batch(buf, named))
+                super::route::retry_safe(buf)
+                    .or_else(|| super::route::retry_safe_batch(buf, named, false))
             })
             .flatten()
         } else if lease.settings.mode != sluice_config::PoolMode::Session
             && self.lost_retries < LOST_RETRIES
         {
-            super::route::lost_retry_safe(buf, read)
+            super::route::lost_retry_safe(buf, read).or_else(|| {
+                read.then(|| super::route::retry_safe_batch(buf, named, true))
+                    .flatten()
+            })
         } else {
             None
         };

@@ -877,10 +877,14 @@ pub(super) fn scan_server(
                 }
                 Retry::Swallowing => Some(RetryStep::Swallow),
                 // Answered: the request ran here; the client's next
-                // messages may follow (see `Cycle::cap`).
+                // messages may follow (see `Cycle::cap`), unless routing
+                // wants them routed afresh (a read on the primary: a write
+                // pipelined behind it must count as one).
                 Retry::Lost => {
                     cycle.retry = Retry::Off;
-                    cycle.cap = None;
+                    if !cycle.routed_cap {
+                        cycle.cap = None;
+                    }
                     None
                 }
                 _ => None,
