@@ -58,16 +58,24 @@ async fn hosts(sluice: &SluiceProcess) -> Vec<Vec<Option<String>>> {
 /// leader, and every other host a replica with no lag.
 async fn wait_for_primary(sluice: &SluiceProcess, port: u16, within: Duration) {
     let deadline = Instant::now() + within;
+    // (the database's first login makes its topology)
+    let _login = connect(sluice.port(), "postgres", "postgres", "postgres")
+        .await
+        .expect("a login");
     loop {
         let rows = hosts(sluice).await;
-        let settled = rows.iter().all(|r| {
-            let col = |i: usize| r.get(i).cloned().flatten().unwrap_or_default();
-            if col(2) == port.to_string() {
-                col(3) == "primary" && col(4) == "up" && col(11) == "leader"
-            } else {
-                col(3) == "replica" && col(4) == "up" && col(5) == "0"
-            }
-        });
+        let listed = rows
+            .iter()
+            .any(|r| r.get(2).cloned().flatten() == Some(port.to_string()));
+        let settled = listed
+            && rows.iter().all(|r| {
+                let col = |i: usize| r.get(i).cloned().flatten().unwrap_or_default();
+                if col(2) == port.to_string() {
+                    col(3) == "primary" && col(4) == "up" && col(11) == "leader"
+                } else {
+                    col(3) == "replica" && col(4) == "up" && col(5) == "0"
+                }
+            });
         if settled {
             return;
         }
@@ -276,6 +284,34 @@ async fn an_entry_that_names_only_patroni_learns_its_hosts() {
     .await;
     assert_eq!(on_primary, pg_ports[leader].to_string());
     wait_for_primary(&routed, pg_ports[leader], Duration::from_secs(20)).await;
+    // An entry that names its hosts otherwise than Patroni does
+    // (`localhost` for Patroni's 127.0.0.1) is matched by address: SHOW
+    // HOSTS shows Patroni's leader (before, neither role nor leadership
+    // was matched, and Patroni's fencing was off).
+    let by_name = ConfigBuilder::new()
+        .database(
+            "postgres",
+            &format!(
+                "host=localhost,localhost port={},{} dbname=postgres route_reads=1 patroni={},{}",
+                pg_ports[0], pg_ports[1], rest[0], rest[1]
+            ),
+        )
+        .set("pool_mode", "transaction")
+        .set("admin_users", "postgres")
+        .userlist(&[("postgres", "postgres")])
+        .start();
+    let by_name_client = connect(by_name.port(), "postgres", "postgres", "postgres")
+        .await
+        .expect("a login");
+    let on_primary = scalar_text(
+        &by_name_client,
+        "/* sluice: primary */ select current_setting('port')",
+    )
+    .await;
+    assert_eq!(on_primary, pg_ports[leader].to_string());
+    wait_for_primary(&by_name, pg_ports[leader], Duration::from_secs(20)).await;
+    drop(by_name_client);
+    drop(by_name);
     let rows = hosts(&routed).await;
     let mut listed: Vec<String> = rows.iter().filter_map(|r| r[2].clone()).collect();
     listed.sort();

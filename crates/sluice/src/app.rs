@@ -1106,6 +1106,10 @@ impl App {
 }
 
 impl crate::backend::monitor::MonitorHost for App {
+    fn dns_ttl(&self) -> crate::backend::dns::DnsTtl {
+        crate::backend::dns::DnsTtl::from_settings(&self.config().settings)
+    }
+
     fn check_settings(&self) -> (std::time::Duration, std::time::Duration, u32) {
         let config = self.config();
         let s = &config.settings;

@@ -40,6 +40,8 @@ const FUNCTIONS_EVERY: Duration = Duration::from_secs(60);
 pub trait MonitorHost: Send + Sync + 'static {
     /// (period, timeout, threshold) as configured now.
     fn check_settings(&self) -> (Duration, Duration, u32);
+    /// How long host name lookups are kept, as configured now.
+    fn dns_ttl(&self) -> super::dns::DnsTtl;
     /// Whether the daemon is shutting down.
     fn stopping(&self) -> bool;
     /// Whether `topology` is still its database's (a RELOAD may have

@@ -6,15 +6,20 @@
 //! has rewound it) gets none, and while Patroni names no leader (a
 //! switchover between two holders) writes wait. An entry that names no
 //! hosts takes Patroni's members as its hosts, following them as they
-//! join and leave. The JSON answer is read
+//! join and leave. A member Patroni names otherwise than the entry names
+//! the same server (`127.0.0.1` for `localhost`, an address for a DNS
+//! name) is matched by address. The JSON answer is read
 //! with serde_json; the HTTP/1.0 request is small enough to write here.
 
+use std::net::IpAddr;
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
+use super::dns::{self, DnsTtl};
 use super::monitor::MonitorHost;
+use super::target::ServerAddr;
 use super::topology::{Member, Topology};
 
 /// Largest answer read from Patroni.
@@ -49,8 +54,9 @@ async fn watch(host: Arc<dyn MonitorHost>, topology: Weak<Topology>) {
         for k in 0..urls.len() {
             let i = (first + k) % urls.len();
             match tokio::time::timeout(timeout, cluster(&urls[i])).await {
-                Ok(Ok(members)) => {
+                Ok(Ok(mut members)) => {
                     first = i;
+                    name_as_hosts(&mut members, topo.configured(), host.dns_ttl()).await;
                     answer = Ok(members);
                     break;
                 }
@@ -82,6 +88,70 @@ async fn watch(host: Arc<dyn MonitorHost>, topology: Weak<Topology>) {
                 .max(Duration::from_millis(10)),
         )
         .await;
+    }
+}
+
+/// Patroni names a member by its connect address; the entry may name the
+/// same server otherwise (`localhost` for `127.0.0.1`, a DNS name for an
+/// address, or the reverse), and then neither its role nor its leadership
+/// was matched: Patroni's fencing was lost without a word but the log's.
+/// A host of the entry that no member is named as takes the member on its
+/// port that shares an address with it, if exactly one does (a
+/// round-robin name that covers several members matches none). Lookups go
+/// through the DNS cache, and only when some host is unmatched.
+async fn name_as_hosts(members: &mut [Member], configured: &[ServerAddr], ttl: DnsTtl) {
+    let hosts: Vec<(&str, u16)> = configured
+        .iter()
+        .filter_map(|a| match a {
+            ServerAddr::Tcp { host, port } => Some((host.as_str(), *port)),
+            ServerAddr::Unix(_) => None,
+        })
+        .collect();
+    let named = |m: &Member, (h, p): (&str, u16)| m.host == h && m.port == p;
+    if hosts.iter().all(|&h| members.iter().any(|m| named(m, h))) {
+        return;
+    }
+    let ips = |host: String, port: u16| async move {
+        dns::resolve(&host, port, ttl)
+            .await
+            .map(|addrs| addrs.iter().map(std::net::SocketAddr::ip).collect())
+            .unwrap_or_default()
+    };
+    let mut host_ips = Vec::with_capacity(hosts.len());
+    for &(h, p) in &hosts {
+        host_ips.push(ips(h.to_owned(), p).await);
+    }
+    let mut member_ips = Vec::with_capacity(members.len());
+    for m in members.iter() {
+        member_ips.push(ips(m.host.clone(), m.port).await);
+    }
+    alias_members(members, &hosts, &host_ips, &member_ips);
+}
+
+/// The matching of [`name_as_hosts`], its addresses looked up: `host_ips[j]`
+/// are `hosts[j]`'s, `member_ips[i]` `members[i]`'s.
+fn alias_members(
+    members: &mut [Member],
+    hosts: &[(&str, u16)],
+    host_ips: &[Vec<IpAddr>],
+    member_ips: &[Vec<IpAddr>],
+) {
+    let named = |m: &Member, (h, p): (&str, u16)| m.host == h && m.port == p;
+    for (j, &(host, port)) in hosts.iter().enumerate() {
+        if members.iter().any(|m| named(m, (host, port))) {
+            continue;
+        }
+        let mut sharing = (0..members.len()).filter(|&i| {
+            members[i].port == port
+                && member_ips
+                    .get(i)
+                    .is_some_and(|ips| ips.iter().any(|ip| host_ips[j].contains(ip)))
+        });
+        if let (Some(i), None) = (sharing.next(), sharing.next())
+            && !hosts.iter().any(|&h| named(&members[i], h))
+        {
+            members[i].host = host.to_owned();
+        }
     }
 }
 
@@ -148,6 +218,52 @@ fn members(answer: &[u8]) -> Result<Vec<Member>, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn members_named_otherwise_are_matched_by_address() {
+        let member = |host: &str, port: u16| Member {
+            name: format!("{host}:{port}"),
+            role: "replica".into(),
+            state: "streaming".into(),
+            host: host.into(),
+            port,
+        };
+        let ip = |s: &str| s.parse::<IpAddr>().expect("an address");
+        let loopback = vec![ip("127.0.0.1"), ip("::1")];
+        // `localhost` in the entry, Patroni's 127.0.0.1: matched, port by
+        // port.
+        let mut members = vec![member("127.0.0.1", 5432), member("127.0.0.1", 5433)];
+        let hosts = [("localhost", 5432), ("localhost", 5433)];
+        let ips = vec![vec![ip("127.0.0.1")], vec![ip("127.0.0.1")]];
+        alias_members(
+            &mut members,
+            &hosts,
+            &[loopback.clone(), loopback.clone()],
+            &ips,
+        );
+        assert_eq!(members[0].host, "localhost");
+        assert_eq!(members[1].host, "localhost");
+        // Named alike already: nothing to do; another port: no match.
+        let mut members = vec![member("127.0.0.1", 5432), member("127.0.0.1", 6000)];
+        let hosts = [("127.0.0.1", 5432), ("localhost", 5433)];
+        alias_members(&mut members, &hosts, &[loopback.clone(), loopback], &ips);
+        assert_eq!(members[0].host, "127.0.0.1");
+        assert_eq!(members[1].host, "127.0.0.1");
+        // A round-robin name covering two members matches neither.
+        let mut members = vec![member("10.0.0.1", 5432), member("10.0.0.2", 5432)];
+        let hosts = [("pg.example", 5432)];
+        let both = vec![ip("10.0.0.1"), ip("10.0.0.2")];
+        let ips = vec![vec![ip("10.0.0.1")], vec![ip("10.0.0.2")]];
+        alias_members(&mut members, &hosts, &[both], &ips);
+        assert_eq!(members[0].host, "10.0.0.1");
+        assert_eq!(members[1].host, "10.0.0.2");
+        // Two names of one server: the first takes it, once.
+        let mut members = vec![member("10.0.0.1", 5432)];
+        let hosts = [("a.example", 5432), ("b.example", 5432)];
+        let one = vec![ip("10.0.0.1")];
+        alias_members(&mut members, &hosts, &[one.clone(), one.clone()], &[one]);
+        assert_eq!(members[0].host, "a.example");
+    }
 
     #[test]
     fn reads_the_members_of_a_cluster_answer() {

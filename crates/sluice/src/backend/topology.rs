@@ -561,8 +561,8 @@ impl Topology {
             Leader::None => "no leader: writes wait".to_owned(),
             Leader::Unknown => match leaders.first() {
                 Some(m) => format!(
-                    "leader is {} ({}:{}), which is not among this database's hosts (name them \
-                     as Patroni does): roles from the hosts' checks alone",
+                    "leader is {} ({}:{}), which is not among this database's hosts (by name or \
+                     address): roles from the hosts' checks alone",
                     m.name, m.host, m.port
                 ),
                 None => "unknown".to_owned(),
