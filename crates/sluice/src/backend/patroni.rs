@@ -56,7 +56,9 @@ async fn watch(host: Arc<dyn MonitorHost>, topology: Weak<Topology>) {
             match tokio::time::timeout(timeout, cluster(&urls[i])).await {
                 Ok(Ok(mut members)) => {
                     first = i;
-                    name_as_hosts(&mut members, topo.configured(), host.dns_ttl()).await;
+                    // (a lookup that hangs leaves the names as they are)
+                    let naming = name_as_hosts(&mut members, topo.configured(), host.dns_ttl());
+                    let _ = tokio::time::timeout(timeout, naming).await;
                     answer = Ok(members);
                     break;
                 }
