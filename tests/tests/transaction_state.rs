@@ -852,6 +852,157 @@ async fn stale_plan_after_ddl_is_prepared_again() {
     );
 }
 
+/// A statement keeps the meaning the settings gave it at Parse
+/// (transform_null_equals turns `a = null` into `a is null`; array_nulls
+/// reads NULL in an array literal), so one prepared after its client
+/// changed a setting in the same transaction (SET, SET LOCAL), which sluice
+/// reads back only when the transaction ends, is that client's alone
+/// (found by a review: a client with the defaults shared it, and counted
+/// one row where PostgreSQL counts none).
+#[tokio::test]
+async fn a_statement_prepared_after_a_set_in_its_transaction_is_not_shared() {
+    let cluster = app_cluster(ServerAuth::Trust);
+    let sluice = one_server(&cluster);
+    let (mut alice, bob) = two_clients(&sluice).await;
+    const NULLS: &str =
+        "select (select count(*) from (values (1), (null)) v(a) where a = null)::int";
+    const ARRAY: &str = "select ('{a,NULL}'::text[])[2] is null";
+    let tx = alice.transaction().await.unwrap();
+    tx.batch_execute("set transform_null_equals = on")
+        .await
+        .unwrap();
+    let nulls = tx.prepare(NULLS).await.unwrap();
+    assert_eq!(tx.query_one(&nulls, &[]).await.unwrap().get::<_, i32>(0), 1);
+    tx.commit().await.unwrap();
+    let tx = alice.transaction().await.unwrap();
+    tx.batch_execute("set local array_nulls = off")
+        .await
+        .unwrap();
+    let array = tx.prepare(ARRAY).await.unwrap();
+    assert!(!tx.query_one(&array, &[]).await.unwrap().get::<_, bool>(0));
+    tx.commit().await.unwrap();
+
+    let nulls = bob.prepare(NULLS).await.unwrap();
+    assert_eq!(
+        bob.query_one(&nulls, &[]).await.unwrap().get::<_, i32>(0),
+        0,
+        "bob's statement means what his settings say"
+    );
+    let array = bob.prepare(ARRAY).await.unwrap();
+    assert!(bob.query_one(&array, &[]).await.unwrap().get::<_, bool>(0));
+}
+
+/// A client whose settings changed since its Parse, bound on a server that
+/// lacks the statement (evicted here), gets it prepared there under its
+/// present settings: that copy is not shared with clients whose settings
+/// are the old ones (found by a review: it was, and a client with the
+/// defaults counted one row where PostgreSQL counts none).
+#[tokio::test]
+async fn a_statement_prepared_again_under_new_settings_is_not_shared() {
+    let cluster = app_cluster(ServerAuth::Trust);
+    let sluice = ConfigBuilder::for_cluster(&cluster)
+        .set("pool_mode", "transaction")
+        .set("default_pool_size", "1")
+        .set("max_prepared_statements", "2")
+        .start();
+    let (alice, bob) = two_clients(&sluice).await;
+    const NULLS: &str =
+        "select (select count(*) from (values (1), (null)) v(a) where a = null)::int";
+    let nulls = bob.prepare(NULLS).await.unwrap();
+    assert_eq!(
+        bob.query_one(&nulls, &[]).await.unwrap().get::<_, i32>(0),
+        0
+    );
+    bob.batch_execute("set transform_null_equals = on")
+        .await
+        .unwrap();
+    // Two other statements push bob's out of the server (2 at most).
+    for n in 0..2 {
+        let other = alice.prepare(&format!("select {n}")).await.unwrap();
+        alice.query(&other, &[]).await.unwrap();
+    }
+    bob.query_one(&nulls, &[]).await.expect("prepared again");
+    let carol = connect_as(sluice.port(), APP_USER, "postgres").await;
+    let hers = carol.prepare(NULLS).await.unwrap();
+    assert_eq!(
+        carol.query_one(&hers, &[]).await.unwrap().get::<_, i32>(0),
+        0,
+        "carol's statement means what her settings say"
+    );
+}
+
+/// DISCARD ALL drops every prepared statement of the session, sluice's
+/// shared ones too; sent through the extended protocol (as JDBC sends
+/// everything) it used to leave sluice thinking they were there, and every
+/// other client's next Bind on that server failed (26000; a review).
+#[tokio::test]
+async fn discard_all_in_a_parse_leaves_other_clients_statements_working() {
+    let cluster = app_cluster(ServerAuth::Trust);
+    let sluice = one_server(&cluster);
+    let (alice, bob) = two_clients(&sluice).await;
+    let eleven = bob.prepare("select 11").await.unwrap();
+    assert_eq!(
+        bob.query_one(&eleven, &[]).await.unwrap().get::<_, i32>(0),
+        11
+    );
+    alice
+        .execute("discard all", &[])
+        .await
+        .expect("DISCARD ALL, named");
+    assert_eq!(
+        bob.query_one(&eleven, &[]).await.unwrap().get::<_, i32>(0),
+        11
+    );
+    alice
+        .query_typed("DISCARD ALL", &[])
+        .await
+        .expect("DISCARD ALL, unnamed");
+    assert_eq!(
+        bob.query_one(&eleven, &[]).await.unwrap().get::<_, i32>(0),
+        11
+    );
+}
+
+/// After a table changes shape, PostgreSQL tells every session that
+/// prepared a statement of it "cached plan must not change result type"
+/// (0A000), and its driver describes it again. Through sluice the first
+/// client was told and the shared statement prepared again, so the others
+/// got rows of the new shape with no word (a review: (2, 99) read as the
+/// old columns a, b). Every client is told; a new Parse gets the new
+/// shape.
+#[tokio::test]
+async fn after_a_result_type_change_every_client_is_told() {
+    let cluster = app_cluster(ServerAuth::Trust);
+    grant_create(&cluster);
+    let sluice = one_server(&cluster);
+    let (alice, bob) = two_clients(&sluice).await;
+    alice
+        .batch_execute("create table reshaped (a int, b int); insert into reshaped values (1, 2)")
+        .await
+        .unwrap();
+    let hers = alice.prepare("select * from reshaped").await.unwrap();
+    let his = bob.prepare("select * from reshaped").await.unwrap();
+    assert_eq!(alice.query(&hers, &[]).await.unwrap()[0].len(), 2);
+    assert_eq!(bob.query(&his, &[]).await.unwrap()[0].len(), 2);
+    alice
+        .batch_execute(
+            "alter table reshaped drop column a; alter table reshaped add column c int; \
+             update reshaped set c = 99",
+        )
+        .await
+        .unwrap();
+    expect_sqlstate(alice.query(&hers, &[]).await, "0A000");
+    expect_sqlstate(bob.query(&his, &[]).await, "0A000");
+    expect_sqlstate(bob.query(&his, &[]).await, "0A000");
+    let fresh = bob.prepare("select * from reshaped").await.unwrap();
+    let row = bob.query_one(&fresh, &[]).await.unwrap();
+    assert_eq!((row.get::<_, i32>(0), row.get::<_, i32>(1)), (2, 99));
+    assert_eq!(
+        scalar_text(&alice, "select 'connection fine'").await,
+        "connection fine"
+    );
+}
+
 #[tokio::test]
 async fn listen_keeps_delivering_after_the_transaction_ends() {
     let cluster = app_cluster(ServerAuth::Trust);

@@ -356,12 +356,16 @@ fn handle_message(
     t.in_batch |= tag != f::QUERY;
     let capacity = st.capacity;
     let names = &mut *st.names;
+    // (SET, set_config or opaque code earlier in the link: the settings
+    // the server parses under are not known until the transaction ends)
+    let unsure = t.effects.settings || t.effects.opaque;
     let mut rewriter = Rewriter {
         names,
         context: crate::prepared::registry::ParseContext {
             session: st.session,
             params: st.params,
         },
+        unsure,
         server: st.server,
         registry: st.registry,
         capacity: st.capacity,

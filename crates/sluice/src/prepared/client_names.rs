@@ -53,6 +53,15 @@ impl ClientNames {
         true
     }
 
+    /// Points `name` at `statement`, another statement of the same text
+    /// (re-keyed for the client's present settings).
+    pub fn replace(&mut self, name: &[u8], statement: Arc<Statement>) {
+        if let Some(slot) = self.names.get_mut(name) {
+            debug_assert_eq!(slot.text, statement.text);
+            *slot = statement;
+        }
+    }
+
     pub fn remove(&mut self, name: &[u8]) -> Option<Arc<Statement>> {
         let removed = self.names.remove(name);
         if let Some(old) = &removed {

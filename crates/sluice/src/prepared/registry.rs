@@ -38,6 +38,13 @@ pub struct Statement {
     /// without a server (see `idle_batch`), the server getting it when a
     /// Bind needs it. A server refusing it clears that scope's proof.
     pub proven: [AtomicU64; PROOF_SLOTS],
+    /// A server said its result type changed under it (a table altered:
+    /// PostgreSQL's "cached plan must not change result type"). As on
+    /// PostgreSQL, every client that prepared it keeps getting that error
+    /// (it is never prepared again: a fresh copy would hand rows of the new
+    /// shape to clients that described the old one, with no error; a
+    /// review), and a Parse of its text makes a new statement.
+    pub stale: std::sync::atomic::AtomicBool,
 }
 
 /// One statement per id.
@@ -80,6 +87,11 @@ impl Statement {
         }
     }
 
+    /// See `stale`.
+    pub fn is_stale(&self) -> bool {
+        self.stale.load(Ordering::Relaxed)
+    }
+
     /// The query text, without the parameter types.
     pub fn query(&self) -> &[u8] {
         self.text.split(|&b| b == 0).next().unwrap_or(&[])
@@ -114,7 +126,7 @@ impl Interned {
             .get(&hash)?
             .iter()
             .filter_map(Weak::upgrade)
-            .find(|s| s.text == text && s.context.as_deref() == context)
+            .find(|s| s.text == text && s.context.as_deref() == context && !s.is_stale())
     }
 }
 
@@ -154,6 +166,7 @@ impl Registry {
             effects,
             read_only: std::sync::OnceLock::new(),
             proven: Default::default(),
+            stale: Default::default(),
         });
         map.by_text
             .entry(hash)
@@ -192,7 +205,24 @@ pub struct ParseContext<'a> {
     pub params: &'a crate::params::ParamSet,
 }
 
+/// Keys made by [`ParseContext::private_key`].
+static PRIVATE_KEYS: AtomicU64 = AtomicU64::new(0);
+
 impl ParseContext<'_> {
+    /// A key no other Parse gets: for a Parse sent after the client may
+    /// have changed its settings in the same transaction (SET, SET LOCAL,
+    /// set_config, opaque code), which sluice reads back only when the
+    /// transaction ends: the server parses it under settings sluice does
+    /// not know yet, so nobody may share it (a review: a statement
+    /// prepared right after `SET transform_null_equals = on` was shared
+    /// with clients that never set it).
+    pub fn private_key(&self) -> String {
+        let n = PRIVATE_KEYS.fetch_add(1, Ordering::Relaxed);
+        let mut key = self.key();
+        key.push_str(&format!("\u{1}private {n}"));
+        key
+    }
+
     /// The registry's key for it (made only where a named Parse needs it).
     pub fn key(&self) -> String {
         let mut key = String::with_capacity(96);

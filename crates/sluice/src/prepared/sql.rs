@@ -1066,6 +1066,12 @@ pub fn effects(text: &[u8]) -> Effects {
         } else if is(b"discard") {
             e.settings = true;
             e.removes = true;
+            // DISCARD ALL deallocates every statement, sluice's shared
+            // ones too: also when it comes in a Parse, which the simple
+            // query's path does not see (a review: every client's next
+            // Bind on that server failed, 26000).
+            let (second, _) = word(word(s).1);
+            e.statements |= second.eq_ignore_ascii_case(b"all");
         } else if is(b"prepare") || is(b"deallocate") {
             e.statements = true;
         } else if is(b"listen") || is(b"unlisten") {
