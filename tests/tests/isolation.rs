@@ -1611,7 +1611,8 @@ async fn a_shadowing_count_does_not_hide_a_temporary_table() {
 }
 
 /// setseed makes random()'s next values known; RESET and DISCARD leave
-/// the generator as it is.
+/// the generator as it is: in transaction mode, and in session mode after
+/// server_reset_query (a review predicted the next session's random()).
 #[tokio::test]
 async fn setseed_does_not_reach_the_next_client() {
     let cluster = app_cluster(ServerAuth::Trust);
@@ -1623,17 +1624,22 @@ async fn setseed_does_not_reach_the_next_client() {
         .expect("a value")
         .trim()
         .to_owned();
-    let sluice = one_server(&cluster);
-    for seed in ["select setseed(0.42)", "set seed = 0.42"] {
-        let owner = app_client(&sluice).await;
-        owner.batch_execute(seed).await.expect("seed");
-        drop(owner);
-        let next = app_client(&sluice).await;
-        let drawn = bounded_scalar(&next, "select random()::text", "next client").await;
-        assert_ne!(
-            drawn, predicted,
-            "{seed}: the next client's random() was predicted"
-        );
+    let session = ConfigBuilder::for_cluster(&cluster)
+        .set("pool_mode", "session")
+        .set("default_pool_size", "1")
+        .start();
+    for sluice in [one_server(&cluster), session] {
+        for seed in ["select setseed(0.42)", "set seed = 0.42"] {
+            let owner = app_client(&sluice).await;
+            owner.batch_execute(seed).await.expect("seed");
+            drop(owner);
+            let next = app_client(&sluice).await;
+            let drawn = bounded_scalar(&next, "select random()::text", "next client").await;
+            assert_ne!(
+                drawn, predicted,
+                "{seed}: the next client's random() was predicted"
+            );
+        }
     }
 }
 

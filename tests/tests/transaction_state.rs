@@ -963,44 +963,107 @@ async fn discard_all_in_a_parse_leaves_other_clients_statements_working() {
     );
 }
 
-/// After a table changes shape, PostgreSQL tells every session that
-/// prepared a statement of it "cached plan must not change result type"
-/// (0A000), and its driver describes it again. Through sluice the first
-/// client was told and the shared statement prepared again, so the others
-/// got rows of the new shape with no word (a review: (2, 99) read as the
-/// old columns a, b). Every client is told; a new Parse gets the new
-/// shape.
+/// A Bind in a transaction that changed a setting (SET LOCAL), on a server
+/// that lacks the statement, gets a copy of its own; the client's name
+/// keeps the statement of its session's settings (a review: the SET
+/// LOCAL's meaning stayed with the name after the transaction).
 #[tokio::test]
-async fn after_a_result_type_change_every_client_is_told() {
+async fn a_set_local_does_not_outlive_its_transaction_in_a_statement() {
     let cluster = app_cluster(ServerAuth::Trust);
-    grant_create(&cluster);
-    let sluice = one_server(&cluster);
-    let (alice, bob) = two_clients(&sluice).await;
-    alice
-        .batch_execute("create table reshaped (a int, b int); insert into reshaped values (1, 2)")
+    let sluice = ConfigBuilder::for_cluster(&cluster)
+        .set("pool_mode", "transaction")
+        .set("default_pool_size", "1")
+        .set("max_prepared_statements", "2")
+        .start();
+    let (alice, mut bob) = two_clients(&sluice).await;
+    const NULLS: &str =
+        "select (select count(*) from (values (1), (null)) v(a) where a = null)::int";
+    let nulls = bob.prepare(NULLS).await.unwrap();
+    let evict = |n: i32| {
+        let alice = &alice;
+        async move {
+            for k in 0..2 {
+                let other = alice.prepare(&format!("select {n} + {k}")).await.unwrap();
+                alice.query(&other, &[]).await.unwrap();
+            }
+        }
+    };
+    evict(0).await;
+    let tx = bob.transaction().await.unwrap();
+    tx.batch_execute("set local transform_null_equals = on")
         .await
         .unwrap();
-    let hers = alice.prepare("select * from reshaped").await.unwrap();
-    let his = bob.prepare("select * from reshaped").await.unwrap();
-    assert_eq!(alice.query(&hers, &[]).await.unwrap()[0].len(), 2);
-    assert_eq!(bob.query(&his, &[]).await.unwrap()[0].len(), 2);
-    alice
-        .batch_execute(
-            "alter table reshaped drop column a; alter table reshaped add column c int; \
-             update reshaped set c = 99",
+    tx.query_one(&nulls, &[]).await.expect("in the transaction");
+    tx.commit().await.unwrap();
+    assert_eq!(
+        bob.query_one(&nulls, &[]).await.unwrap().get::<_, i32>(0),
+        0
+    );
+    evict(1).await;
+    assert_eq!(
+        bob.query_one(&nulls, &[]).await.unwrap().get::<_, i32>(0),
+        0
+    );
+}
+
+/// DEALLOCATE ALL sent in a Parse inside a transaction (pgjdbc with
+/// autocommit off): the server holds no statement from then on, and
+/// statements parsed later in the transaction are sent to it (a review:
+/// they were answered here, and their Binds failed with 26000); the
+/// client's own names are gone, as on PostgreSQL.
+#[tokio::test]
+async fn deallocate_all_in_a_parse_inside_a_transaction() {
+    let cluster = app_cluster(ServerAuth::Trust);
+    let sluice = one_server(&cluster);
+    let (alice, mut bob) = two_clients(&sluice).await;
+    let seven = alice.prepare("select 7").await.unwrap();
+    assert_eq!(
+        alice.query_one(&seven, &[]).await.unwrap().get::<_, i32>(0),
+        7
+    );
+    let old = bob.prepare("select 8").await.unwrap();
+    let tx = bob.transaction().await.unwrap();
+    tx.execute("deallocate all", &[])
+        .await
+        .expect("DEALLOCATE ALL");
+    let mine = tx.prepare("select 7").await.expect("parsed again");
+    assert_eq!(tx.query_one(&mine, &[]).await.unwrap().get::<_, i32>(0), 7);
+    tx.commit().await.unwrap();
+    expect_sqlstate(bob.query(&old, &[]).await, "26000");
+    assert_eq!(
+        alice.query_one(&seven, &[]).await.unwrap().get::<_, i32>(0),
+        7
+    );
+}
+
+/// Settings PostgreSQL reads only when a statement runs (custom ones, as
+/// PostgREST sets per request; statement_timeout) leave the statements
+/// parsed after them in their transaction shared.
+#[tokio::test]
+async fn run_time_settings_leave_statements_shared() {
+    let cluster = app_cluster(ServerAuth::Trust);
+    let sluice = one_server(&cluster);
+    let (alice, mut bob) = two_clients(&sluice).await;
+    let hers = alice.prepare("select 42").await.unwrap();
+    alice.query(&hers, &[]).await.unwrap();
+    let tx = bob.transaction().await.unwrap();
+    tx.batch_execute(
+        "select set_config('request.jwt.claims', '{}', true); set local statement_timeout = '5s'",
+    )
+    .await
+    .unwrap();
+    let his = tx.prepare("select 42").await.unwrap();
+    tx.query(&his, &[]).await.unwrap();
+    let copies = tx
+        .query_one(
+            "select count(*)::int from pg_prepared_statements where statement = 'select 42'",
+            &[],
         )
         .await
-        .unwrap();
-    expect_sqlstate(alice.query(&hers, &[]).await, "0A000");
-    expect_sqlstate(bob.query(&his, &[]).await, "0A000");
-    expect_sqlstate(bob.query(&his, &[]).await, "0A000");
-    let fresh = bob.prepare("select * from reshaped").await.unwrap();
-    let row = bob.query_one(&fresh, &[]).await.unwrap();
-    assert_eq!((row.get::<_, i32>(0), row.get::<_, i32>(1)), (2, 99));
-    assert_eq!(
-        scalar_text(&alice, "select 'connection fine'").await,
-        "connection fine"
-    );
+        .unwrap()
+        .get::<_, i32>(0);
+    assert_eq!(copies, 1, "one shared copy on the server");
+    tx.commit().await.unwrap();
 }
 
 #[tokio::test]

@@ -62,6 +62,9 @@ pub(super) struct Tracking {
     /// and no batch open. Good while nothing from there has been written
     /// (see `discard_sequences`).
     pub(super) discard_at: Option<u64>,
+    /// The unnamed statement parsed last is a DISCARD ALL or DEALLOCATE
+    /// ALL (see `drops_statements`).
+    pub(super) unnamed_drops: bool,
 }
 
 impl Default for Tracking {
@@ -80,6 +83,7 @@ impl Default for Tracking {
             in_batch: false,
             discard_sent: false,
             discard_at: None,
+            unnamed_drops: false,
         }
     }
 }
@@ -286,6 +290,7 @@ pub(super) fn rewrite_client(
             t.effects.merge(crate::prepared::sql::Effects {
                 opaque: true,
                 settings: true,
+                parsing: true,
                 ..Default::default()
             });
         }
@@ -356,9 +361,9 @@ fn handle_message(
     t.in_batch |= tag != f::QUERY;
     let capacity = st.capacity;
     let names = &mut *st.names;
-    // (SET, set_config or opaque code earlier in the link: the settings
-    // the server parses under are not known until the transaction ends)
-    let unsure = t.effects.settings || t.effects.opaque;
+    // (SET, set_config or opaque code earlier in the transaction: the
+    // settings the server parses under are not known until it ends)
+    let unsure = t.effects.parsing;
     let mut rewriter = Rewriter {
         names,
         context: crate::prepared::registry::ParseContext {
@@ -383,6 +388,10 @@ fn handle_message(
             rewriter.parse(message, aborted)?;
             cycle.req.other_sent();
             let text = parse_query(message);
+            let unnamed = capacity == 0 || parse_name(message).is_some_and(<[u8]>::is_empty);
+            if unnamed {
+                t.unnamed_drops = false;
+            }
             if let Some(text) = text.filter(|text| sql::may_matter(text)) {
                 // A LISTEN takes effect when it runs: an unnamed statement
                 // (or one sluice does not track) at the Bind to come, in
@@ -396,11 +405,28 @@ fn handle_message(
                 let effects = sql::effects(text);
                 reads_sequences = effects.sequences;
                 note_effects(t, effects, text);
+                t.unnamed_drops = unnamed && effects.statements && drops_statements(text);
             }
         }
         f::BIND => {
             let bound = rewriter.bind(message)?;
             cycle.req.other_sent();
+            // A DISCARD ALL or DEALLOCATE ALL sent in a Parse, bound to
+            // run: the server will hold no statement, sluice's shared ones
+            // included, and the client none of its own, as for a simple
+            // Query (a review: later Parses in its transaction were
+            // answered here and their Binds failed, 26000).
+            let drops = match &bound {
+                Some(statement) => {
+                    statement.effects.statements && drops_statements(statement.query())
+                }
+                // (a Bind's second string is its statement's name)
+                None => t.unnamed_drops && parse_query(message).is_some_and(<[u8]>::is_empty),
+            };
+            if drops && capacity != 0 {
+                rewriter.server.clear();
+                rewriter.names.clear();
+            }
             // Running a statement whose text may leave something counts
             // like sending that text again.
             if let Some(statement) = bound
@@ -554,6 +580,14 @@ fn parse_name(message: &[u8]) -> Option<&[u8]> {
     sluice_wire::Reader::new(&message[sluice_wire::HEADER_LEN..])
         .cstr_bytes()
         .ok()
+}
+
+/// Whether `text` deallocates every prepared statement (DISCARD ALL,
+/// DEALLOCATE ALL).
+fn drops_statements(text: &[u8]) -> bool {
+    sql::specials(text)
+        .iter()
+        .any(|s| matches!(s, Special::DeallocateAll | Special::DiscardAll))
 }
 
 /// The query text of a Parse message.
@@ -1290,13 +1324,7 @@ pub(super) async fn after_transaction(
         }
     }
     if effects.opaque {
-        // setseed (called, or by the code) made random()'s next values the
-        // caller's to predict, and RESET and DISCARD leave them (a review
-        // predicted the next client's): the server draws from a new seed.
-        let mut bytes = [0u8; 4];
-        crate::auth::scram::fill_random(&mut bytes);
-        let seed = f64::from(u32::from_le_bytes(bytes)) / f64::from(u32::MAX) * 2.0 - 1.0;
-        cleanup.push_str(&format!("SELECT pg_catalog.setseed({seed:.9});"));
+        cleanup.push_str(&reseed_sql());
     }
     if !cleanup.is_empty() && !reset(lease, &cleanup).await {
         return AfterTx::Close;
@@ -1324,6 +1352,17 @@ pub(super) async fn after_transaction(
         None if !idle_timeout_reset(lease).await => AfterTx::Close,
         None => AfterTx::Release,
     }
+}
+
+/// setseed (called, or by opaque code) makes random()'s next values the
+/// caller's to predict, and RESET and DISCARD ALL leave them (a review
+/// predicted the next client's, in transaction mode, then in session
+/// mode): the server draws from a new seed before another client gets it.
+pub(super) fn reseed_sql() -> String {
+    let mut bytes = [0u8; 4];
+    crate::auth::scram::fill_random(&mut bytes);
+    let seed = f64::from(u32::from_le_bytes(bytes)) / f64::from(u32::MAX) * 2.0 - 1.0;
+    format!("SELECT pg_catalog.setseed({seed:.9});")
 }
 
 /// Reads the session's settings back into the client's view. With

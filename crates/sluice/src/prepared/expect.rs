@@ -82,10 +82,8 @@ pub enum Expect {
     /// A client Parse sluice does not keep (past the client's limits): a
     /// Parse sent in its place fails on the server, which then skips the
     /// rest of the batch as PostgreSQL would, and its error is told to the
-    /// client as this one (this SQLSTATE, this message). Also a Bind or
-    /// Describe of a statement whose result type changed, on a server that
-    /// lacks it (0A000: see `Statement::stale`).
-    Refused(Box<(&'static str, Box<str>)>),
+    /// client as this one (SQLSTATE 54000, this message).
+    Refused(Box<str>),
 }
 
 impl Expect {
@@ -138,26 +136,7 @@ pub enum NameUndo {
 }
 
 /// SQLSTATE of "cached plan must not change result type".
-pub const STALE_PLAN: &str = "0A000";
-/// Where PostgreSQL raises it (the routine field, which is never
-/// translated, unlike the message; 0A000 alone is any unsupported feature).
-const STALE_PLAN_ROUTINE: &[u8] = b"RevalidateCachedQuery";
-/// Field `kind` of an ErrorResponse body.
-fn error_field(body: &[u8], kind: u8) -> Option<&[u8]> {
-    let mut rest = body;
-    while let [k, tail @ ..] = rest {
-        if *k == 0 {
-            return None;
-        }
-        let end = memchr::memchr(0, tail)?;
-        if *k == kind {
-            return Some(&tail[..end]);
-        }
-        rest = &tail[end + 1..];
-    }
-    None
-}
-
+const STALE_PLAN: &str = "0A000";
 /// SQLSTATE of "prepared statement … does not exist".
 const NO_STATEMENT: &str = "26000";
 
@@ -374,12 +353,7 @@ impl Expected {
                 statement: Some(id),
                 ..
             } => {
-                if code == STALE_PLAN && error_field(body, b'R') == Some(STALE_PLAN_ROUTINE) {
-                    // The server keeps its copy, which tells every client
-                    // that binds it the same (as PostgreSQL tells each
-                    // session); no server gets it again.
-                    server.stale(id);
-                } else if code == STALE_PLAN {
+                if code == STALE_PLAN {
                     server.retire(id);
                 } else if code == NO_STATEMENT {
                     server.forget(id);
@@ -402,10 +376,9 @@ impl Expected {
     /// message then passes as it is). Errors are rare: the search costs
     /// nothing on the path of rows.
     pub fn renamed_error(&self, body: &[u8]) -> Option<BytesMut> {
-        if let Some(Expect::Refused(refusal)) = self.queue.front() {
-            let (code, why) = &**refusal;
+        if let Some(Expect::Refused(why)) = self.queue.front() {
             let mut out = BytesMut::new();
-            ErrorFields::new(Severity::Error, code, why).encode(&mut out);
+            ErrorFields::new(Severity::Error, "54000", why).encode(&mut out);
             return Some(out);
         }
         let Some(Expect::Pass {
@@ -700,46 +673,6 @@ mod tests {
         assert_eq!(e.verdict_for_test(b::PARSE_COMPLETE), Verdict::Drop);
         e.consume(b::PARSE_COMPLETE, &[], &mut server);
         assert!(e.is_empty());
-    }
-
-    /// PostgreSQL's "cached plan must not change result type" (told by
-    /// its routine, not its translated message) leaves the copy on the
-    /// server and marks the statement stale everywhere: a Parse of its text
-    /// makes a new one; any other 0A000 closes the copy to prepare it again.
-    #[test]
-    fn a_result_type_change_makes_the_statement_stale() {
-        let registry = super::super::registry::Registry::default();
-        let one = registry.intern(b"select 1\0\0\0", None);
-        let mut server = ServerStatements::default();
-        server.insert(&one, 0);
-        let mut e = Expected::default();
-        e.push(Expect::Pass {
-            reply: Reply::Bind,
-            statement: Some(one.id),
-            name: None,
-        });
-        e.push(Expect::pass(Reply::Sync));
-        let mut body = BytesMut::new();
-        for (kind, value) in [
-            (b'S', "ERROR"),
-            (b'C', STALE_PLAN),
-            (
-                b'M',
-                "le plan en cache ne doit pas modifier le type de résultat",
-            ),
-            (b'R', "RevalidateCachedQuery"),
-        ] {
-            body.extend_from_slice(&[kind]);
-            body.extend_from_slice(value.as_bytes());
-            body.extend_from_slice(b"\0");
-        }
-        body.extend_from_slice(b"\0");
-        e.consume(b::ERROR_RESPONSE, &body, &mut server);
-        assert!(one.is_stale());
-        assert!(server.to_close.is_empty(), "the server's copy stays");
-        assert!(server.touch(one.id));
-        let again = registry.intern(b"select 1\0\0\0", None);
-        assert_ne!(again.id, one.id, "a Parse of its text makes a new one");
     }
 
     #[test]

@@ -38,13 +38,6 @@ pub struct Statement {
     /// without a server (see `idle_batch`), the server getting it when a
     /// Bind needs it. A server refusing it clears that scope's proof.
     pub proven: [AtomicU64; PROOF_SLOTS],
-    /// A server said its result type changed under it (a table altered:
-    /// PostgreSQL's "cached plan must not change result type"). As on
-    /// PostgreSQL, every client that prepared it keeps getting that error
-    /// (it is never prepared again: a fresh copy would hand rows of the new
-    /// shape to clients that described the old one, with no error; a
-    /// review), and a Parse of its text makes a new statement.
-    pub stale: std::sync::atomic::AtomicBool,
 }
 
 /// One statement per id.
@@ -87,11 +80,6 @@ impl Statement {
         }
     }
 
-    /// See `stale`.
-    pub fn is_stale(&self) -> bool {
-        self.stale.load(Ordering::Relaxed)
-    }
-
     /// The query text, without the parameter types.
     pub fn query(&self) -> &[u8] {
         self.text.split(|&b| b == 0).next().unwrap_or(&[])
@@ -126,7 +114,7 @@ impl Interned {
             .get(&hash)?
             .iter()
             .filter_map(Weak::upgrade)
-            .find(|s| s.text == text && s.context.as_deref() == context && !s.is_stale())
+            .find(|s| s.text == text && s.context.as_deref() == context)
     }
 }
 
@@ -166,7 +154,6 @@ impl Registry {
             effects,
             read_only: std::sync::OnceLock::new(),
             proven: Default::default(),
-            stale: Default::default(),
         });
         map.by_text
             .entry(hash)

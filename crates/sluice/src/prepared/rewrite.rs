@@ -34,19 +34,6 @@ pub struct Rewriter<'a> {
     pub out: &'a mut BytesMut,
 }
 
-/// What a client's statement name stands for on this server.
-enum Looked {
-    /// The shared statement (its name as the client's names keep it), on
-    /// the server or prepared there now.
-    Found(Arc<[u8]>, Arc<Statement>),
-    /// No statement of the client's: the message goes on unchanged, for
-    /// PostgreSQL to report.
-    Unknown,
-    /// Refused here (see `Statement::stale`): a failing Parse went in the
-    /// message's place, whose error the client gets.
-    Refused,
-}
-
 /// What became of a simple query.
 #[derive(Debug, PartialEq, Eq)]
 pub enum QueryFate {
@@ -90,7 +77,7 @@ impl Rewriter<'_> {
             // existing statement again under its shared name. Its own text,
             // never the client's: were the server to lack it after all,
             // the shared name would still mean what every client expects.
-            if let Looked::Found(name, existing) = self.lookup(name) {
+            if let Some((name, existing)) = self.lookup(name) {
                 MessageBuilder::new(self.out, tags::frontend::PARSE)
                     .cstr(&existing.name)
                     .bytes(&existing.text)
@@ -111,17 +98,14 @@ impl Rewriter<'_> {
             // skips the batch too, and nothing is made there (running it
             // unnamed replaced the client's own unnamed statement; found
             // by a review).
-            self.refuse(
-                "54000",
-                format!(
-                    "prepared statement \"{}\" not kept: this connection's prepared \
+            self.refuse(format!(
+                "prepared statement \"{}\" not kept: this connection's prepared \
                      statements are at sluice's limit ({} statements, {} MiB of text); \
                      close some first",
-                    String::from_utf8_lossy(name),
-                    super::client_names::MAX_CLIENT_STATEMENTS,
-                    super::client_names::MAX_CLIENT_STATEMENT_BYTES >> 20
-                ),
-            );
+                String::from_utf8_lossy(name),
+                super::client_names::MAX_CLIENT_STATEMENTS,
+                super::client_names::MAX_CLIENT_STATEMENT_BYTES >> 20
+            ));
             return Ok(());
         }
         if self.server.touch(statement.id) && statement.proven_in(self.server.scope) {
@@ -146,14 +130,10 @@ impl Rewriter<'_> {
         let portal = r.cstr_bytes()?;
         let name = r.cstr_bytes()?;
         let rest = r.rest();
-        let (name, statement) = match self.lookup(name) {
-            Looked::Found(name, statement) => (name, statement),
-            Looked::Refused => return Ok(None),
-            Looked::Unknown => {
-                self.out.extend_from_slice(message);
-                self.expected.push(Expect::pass(Reply::Bind));
-                return Ok(None);
-            }
+        let Some((name, statement)) = self.lookup(name) else {
+            self.out.extend_from_slice(message);
+            self.expected.push(Expect::pass(Reply::Bind));
+            return Ok(None);
         };
         MessageBuilder::new(self.out, tags::frontend::BIND)
             .bytes(portal)
@@ -174,15 +154,9 @@ impl Rewriter<'_> {
         let mut r = Reader::new(body(message));
         let kind = r.u8()?;
         let name = r.cstr_bytes()?;
-        let looked = if kind == b'S' {
-            self.lookup(name)
-        } else {
-            Looked::Unknown
-        };
-        if let Looked::Refused = looked {
-            return Ok(());
-        }
-        if let Looked::Found(name, statement) = looked {
+        if kind == b'S'
+            && let Some((name, statement)) = self.lookup(name)
+        {
             MessageBuilder::new(self.out, tags::frontend::DESCRIBE)
                 .u8(b'S')
                 .cstr(&statement.name)
@@ -306,58 +280,53 @@ impl Rewriter<'_> {
     }
 
     /// A failing Parse in place of a client message, whose error reaches
-    /// the client as `code`, `message`; the server skips the rest of the
+    /// the client as 54000, `message`; the server skips the rest of the
     /// batch as after any error.
-    fn refuse(&mut self, code: &'static str, message: String) {
+    fn refuse(&mut self, message: String) {
         MessageBuilder::new(self.out, tags::frontend::PARSE)
             .cstr("sluice_refused")
             .cstr("sluice refused this statement")
             .i16(0)
             .finish();
-        self.expected
-            .push(Expect::Refused(Box::new((code, message.into()))));
+        self.expected.push(Expect::Refused(message.into()));
     }
 
     /// The shared statement the client calls `name` (with the name as the
     /// client's names keep it), prepared on the server (injected Parse) if
     /// it is not there yet.
-    fn lookup(&mut self, name: &[u8]) -> Looked {
+    fn lookup(&mut self, name: &[u8]) -> Option<(Arc<[u8]>, Arc<Statement>)> {
         if name.is_empty() || self.capacity == 0 {
-            return Looked::Unknown;
+            return None;
         }
-        let Some((name, statement)) = self.names.get_named(name) else {
-            return Looked::Unknown;
-        };
+        let (name, statement) = self.names.get_named(name)?;
         let (name, mut statement) = (name.clone(), statement.clone());
         if self.server.touch(statement.id) {
-            return Looked::Found(name, statement);
-        }
-        if statement.is_stale() {
-            self.refuse(
-                super::expect::STALE_PLAN,
-                "cached plan must not change result type".to_owned(),
-            );
-            return Looked::Refused;
+            return Some((name, statement));
         }
         // The server parses it under the client's settings as they are
         // now. Shared under other settings, it is re-keyed to these (the
         // client's name follows), so that the copy made here means to
         // every client sharing it what it meant to the first (a review: a
         // client that had set transform_null_equals since its Parse got
-        // it prepared so under the old key, for everyone). The client's
-        // own statement then means what its text means under its present
+        // it prepared so under the old key, for everyone). With settings
+        // changed in this transaction (not known yet), the copy is this
+        // one Bind's own, and the name stays (a SET LOCAL's meaning stayed
+        // with the name after the transaction; a review). The client's own
+        // statement then means what its text means under its present
         // settings, not those of its Parse (PostgreSQL keeps the latter):
         // see docs/architecture.md.
         let key = self.key();
         if statement.context.as_deref() != Some(key.as_str()) {
             statement = self.registry.intern(&statement.text, Some(&key));
-            self.names.replace(&name, statement.clone());
+            if !self.unsure {
+                self.names.replace(&name, statement.clone());
+            }
             if self.server.touch(statement.id) {
-                return Looked::Found(name, statement);
+                return Some((name, statement));
             }
         }
         self.prepare(&statement, None);
-        Looked::Found(name, statement)
+        Some((name, statement))
     }
 
     /// Sends Parse of `statement` under its shared name, closing first

@@ -90,16 +90,6 @@ impl ServerStatements {
         self.used.remove(&id);
     }
 
-    /// The server said `id`'s result type changed (see `Statement::stale`):
-    /// its copy stays, to say so again to every client that binds it.
-    pub fn stale(&mut self, id: u64) {
-        if let Some((_, statement)) = self.used.get(&id) {
-            statement
-                .stale
-                .store(true, std::sync::atomic::Ordering::Relaxed);
-        }
-    }
-
     /// The server has `id` but it must be closed and prepared again.
     pub fn retire(&mut self, id: u64) {
         if self.used.remove(&id).is_some() {

@@ -1026,6 +1026,11 @@ pub struct Effects {
     /// currval or lastval: reads the session's sequence state, which the
     /// server's previous client may have left (`tracked::handle_message`).
     pub sequences: bool,
+    /// A setting it may change may change what a Parse means (anything
+    /// but custom, dotted settings and those read only at run time), or
+    /// opaque code: statements parsed after it in its transaction are not
+    /// shared (`ParseContext::private_key`).
+    pub parsing: bool,
 }
 
 impl Effects {
@@ -1048,6 +1053,7 @@ impl Effects {
         self.opaque |= other.opaque;
         self.removes |= other.removes;
         self.sequences |= other.sequences;
+        self.parsing |= other.parsing;
     }
 }
 
@@ -1117,6 +1123,11 @@ pub fn effects(text: &[u8]) -> Effects {
     {
         e.opaque = true;
     }
+    // (code that may change a setting sluice cannot name; set_config's
+    // names are looked at below)
+    let hidden = e.opaque
+        || memchr::memchr_iter(b'(', text)
+            .any(|at| unknown_call_at(text, at) && !is_set_config_call(text, at));
     if calls_unknown_function(text) {
         e.opaque = true;
     }
@@ -1137,7 +1148,137 @@ pub fn effects(text: &[u8]) -> Effects {
         // checked on the server (see `tracked::after_transaction`).
         e.settings = true;
     }
+    e.parsing = hidden || (e.settings && changes_parsing(text));
     e
+}
+
+/// Whether the `(` at `at` opens a call of pg_catalog's set_config (not
+/// qualified, or qualified so), whose setting's name `changes_parsing`
+/// reads.
+fn is_set_config_call(text: &[u8], at: usize) -> bool {
+    let Some(end) = skip_space_back(text, at) else {
+        return false;
+    };
+    let (start, word) = word_before(text, end);
+    if !word.eq_ignore_ascii_case(b"set_config") {
+        return false;
+    }
+    // (a comment may hide a qualifying schema: not looked into)
+    if memchr::memmem::find(text, b"--").is_some() || memchr::memmem::find(text, b"/*").is_some() {
+        return false;
+    }
+    let before = text[..start].trim_ascii_end();
+    match before.strip_suffix(b".") {
+        None => true,
+        Some(schema) => {
+            let schema = schema.trim_ascii_end();
+            word_before(schema, schema.len())
+                .1
+                .eq_ignore_ascii_case(b"pg_catalog")
+        }
+    }
+}
+
+/// Settings PostgreSQL reads only when a statement runs, never while it
+/// parses one: changing them leaves statements shared (PostgREST's
+/// per-request `set_config('request.…', …, true)` and a `SET LOCAL
+/// statement_timeout` are the common cases; custom, dotted names too).
+const RUN_TIME_ONLY: &[&str] = &[
+    "application_name",
+    "statement_timeout",
+    "lock_timeout",
+    "idle_in_transaction_session_timeout",
+    "idle_session_timeout",
+    "work_mem",
+    "maintenance_work_mem",
+    "temp_buffers",
+    "synchronous_commit",
+    "jit",
+    "plan_cache_mode",
+    "random_page_cost",
+    "seq_page_cost",
+    "effective_cache_size",
+    "transaction",
+    "characteristics",
+    "transaction_isolation",
+    "transaction_read_only",
+    "transaction_deferrable",
+    "default_transaction_isolation",
+    "default_transaction_read_only",
+    "default_transaction_deferrable",
+];
+
+fn run_time_only(name: &str) -> bool {
+    name.contains('.')
+        || name.starts_with("enable_")
+        || name.starts_with("log_")
+        || RUN_TIME_ONLY.contains(&name)
+}
+
+/// Whether a setting `text` may change (SET, RESET, set_config, DISCARD)
+/// may change what a Parse means: yes unless every one is named, and
+/// named among [`run_time_only`].
+fn changes_parsing(text: &[u8]) -> bool {
+    for s in statements(text) {
+        let (first, rest) = word(s);
+        if first.eq_ignore_ascii_case(b"set") || first.eq_ignore_ascii_case(b"reset") {
+            if !set_variable(rest).is_some_and(|n| run_time_only(&n)) {
+                return true;
+            }
+        } else if first.eq_ignore_ascii_case(b"discard") {
+            return true;
+        }
+    }
+    set_config_names(text)
+        .iter()
+        .any(|n| !n.as_deref().is_some_and(run_time_only))
+}
+
+/// The variable a SET or RESET names (what follows the keyword), lower
+/// case, parts joined by dots, with white space or comments around them as
+/// PostgreSQL's grammar allows (`app . tenant` was read as `app` and never
+/// reset; a review); each part cut to 63 bytes, as PostgreSQL cuts
+/// identifiers; a quoted part may hold the dot itself (`"app.tenant"`).
+fn set_variable(mut rest: &[u8]) -> Option<String> {
+    let (next, after) = word(rest);
+    if next.eq_ignore_ascii_case(b"session") || next.eq_ignore_ascii_case(b"local") {
+        rest = after;
+    }
+    let mut parts = Vec::new();
+    while let Some((part, after)) = identifier(rest) {
+        let part = String::from_utf8_lossy(&part).into_owned();
+        parts.push(cut_identifier(part));
+        match skip_space(after).strip_prefix(b".") {
+            Some(next) => rest = next,
+            None => break,
+        }
+    }
+    (!parts.is_empty()).then(|| parts.join(".").to_ascii_lowercase())
+}
+
+/// The first argument of each set_config(…) in `text`, lower case, when
+/// it is a plain string literal (None otherwise: any name).
+fn set_config_names(text: &[u8]) -> Vec<Option<String>> {
+    let mut names = Vec::new();
+    let lower = text.to_ascii_lowercase();
+    let mut from = 0;
+    while let Some(at) = lower[from..].windows(10).position(|w| w == b"set_config") {
+        let after = &text[from + at + 10..];
+        from += at + 10;
+        let after = skip_space(after);
+        let Some(after) = after.strip_prefix(b"(") else {
+            continue;
+        };
+        let after = skip_space(after);
+        let name = after.strip_prefix(b"'").and_then(|after| {
+            let end = after.iter().position(|&c| c == b'\'')?;
+            // (a doubled quote or an escape: not a plain literal)
+            (after.get(end + 1) != Some(&b'\''))
+                .then(|| String::from_utf8_lossy(&after[..end]).to_ascii_lowercase())
+        });
+        names.push(name);
+    }
+    names
 }
 
 /// Whether `text` is a lone BEGIN or START TRANSACTION (with its modes).
@@ -1247,54 +1388,17 @@ fn channel(name: &[u8]) -> Option<String> {
 /// placeholders are missing from pg_settings, so sluice reads them back by
 /// name.
 pub fn custom_names(text: &[u8]) -> Vec<String> {
-    let mut names = Vec::new();
-    for s in statements(text) {
-        let (first, mut rest) = word(s);
-        if first.eq_ignore_ascii_case(b"set") || first.eq_ignore_ascii_case(b"reset") {
-            let (next, after) = word(rest);
-            if next.eq_ignore_ascii_case(b"session") || next.eq_ignore_ascii_case(b"local") {
-                rest = after;
-            }
-            // Names joined by dots, with white space or comments around
-            // them as PostgreSQL's grammar allows (`app . tenant` was
-            // read as `app` and never reset; a review).
-            // Each part cut to 63 bytes, as PostgreSQL cuts identifiers;
-            // a quoted part may hold the dot itself (`"app.tenant"`).
-            let mut parts = Vec::new();
-            while let Some((part, after)) = identifier(rest) {
-                let part = String::from_utf8_lossy(&part).into_owned();
-                parts.push(cut_identifier(part));
-                match skip_space(after).strip_prefix(b".") {
-                    Some(next) => rest = next,
-                    None => break,
-                }
-            }
-            let name = parts.join(".");
-            if name.contains('.') {
-                names.push(name.to_ascii_lowercase());
-            }
-        }
-    }
-    let lower = text.to_ascii_lowercase();
-    let mut from = 0;
-    while let Some(at) = lower[from..].windows(10).position(|w| w == b"set_config") {
-        let after = &text[from + at + 10..];
-        from += at + 10;
-        let after = skip_space(after);
-        let Some(after) = after.strip_prefix(b"(") else {
-            continue;
-        };
-        let after = skip_space(after);
-        let Some(after) = after.strip_prefix(b"'") else {
-            continue;
-        };
-        if let Some(end) = after.iter().position(|&c| c == b'\'') {
-            let name = String::from_utf8_lossy(&after[..end]).to_ascii_lowercase();
-            if name.contains('.') {
-                names.push(name);
-            }
-        }
-    }
+    let mut names: Vec<String> = statements(text)
+        .into_iter()
+        .filter_map(|s| {
+            let (first, rest) = word(s);
+            (first.eq_ignore_ascii_case(b"set") || first.eq_ignore_ascii_case(b"reset"))
+                .then(|| set_variable(rest))
+                .flatten()
+        })
+        .collect();
+    names.extend(set_config_names(text).into_iter().flatten());
+    names.retain(|n| n.contains('.'));
     names
 }
 
@@ -1327,6 +1431,52 @@ fn contains_ignore_case(haystack: &[u8], needle: &[u8]) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Which texts make statements parsed after them private: settings
+    /// read while parsing, and code that may set anything; not custom or
+    /// run-time-only settings (PostgREST's per-request set_config).
+    #[test]
+    fn settings_that_change_parsing() {
+        let parsing = |text: &str| {
+            let e = if may_matter(text.as_bytes()) {
+                effects(text.as_bytes())
+            } else {
+                Effects::default()
+            };
+            e.parsing
+        };
+        for text in [
+            "set transform_null_equals = on",
+            "SET LOCAL search_path = a, b",
+            "set time zone 'UTC'",
+            "reset all",
+            "set role app",
+            "discard all",
+            "select set_config('search_path', 'x', true)",
+            "select set_config(name, '1', true) from t",
+            "select set_config('a''b.c', '1', true)",
+            "select evil.set_config('request.x', '1', true)",
+            "select evil./**/set_config('request.x', '1', true)",
+            "select my_func()",
+            "do $$ begin end $$",
+        ] {
+            assert!(parsing(text), "{text}");
+        }
+        for text in [
+            "set local statement_timeout = '5s'",
+            "SET application_name = 'x'",
+            "set transaction isolation level serializable",
+            "set session characteristics as transaction read only",
+            "set app.tenant = 7",
+            "select set_config('request.jwt.claims', '{}', true)",
+            "select pg_catalog.set_config('request.x', '1', true), now()",
+            "select 1",
+        ] {
+            assert!(!parsing(text), "{text}");
+        }
+        assert!(effects(b"discard all").statements);
+        assert!(!effects(b"discard temp").statements);
+    }
 
     #[test]
     fn a_lone_begin_is_seen() {

@@ -335,7 +335,9 @@ async fn finish_abandoned(
     }
     let reset_query = &settings.server_reset_query;
     if settings.mode == PoolMode::Session && !reset_query.is_empty() {
-        if !reset(&mut lease, reset_query).await {
+        // (and random() reseeded: see `tracked::reseed_sql`)
+        if !reset(&mut lease, reset_query).await || !reset(&mut lease, &tracked::reseed_sql()).await
+        {
             lease.close();
             return;
         }
