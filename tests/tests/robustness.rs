@@ -352,13 +352,7 @@ async fn postgres_outage_gives_errors_not_hangs() {
 /// else may have committed and gets the error.
 #[tokio::test]
 async fn a_request_whose_server_dies_before_answering_runs_again_only_if_safe() {
-    let cluster = app_cluster(ServerAuth::Trust);
-    cluster
-        .psql(
-            "postgres",
-            &format!("create table marks (n int); grant all on marks to {APP_USER}"),
-        )
-        .expect("schema");
+    let cluster = cluster_with_marks();
     let sluice = ConfigBuilder::for_cluster(&cluster)
         .set("pool_mode", "transaction")
         .set("default_pool_size", "1")
@@ -505,13 +499,7 @@ async fn a_lone_begin_whose_server_dies_before_it_is_sent_runs_elsewhere() {
 /// one-off Parse/Bind/Describe/Execute/Sync. A write does not.
 #[tokio::test]
 async fn an_extended_read_on_the_primary_whose_server_dies_runs_again() {
-    let cluster = app_cluster(ServerAuth::Trust);
-    cluster
-        .psql(
-            "postgres",
-            &format!("create table marks (n int); grant all on marks to {APP_USER}"),
-        )
-        .expect("schema");
+    let cluster = cluster_with_marks();
     let closed = std::net::TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())
         .expect("a free port")
@@ -566,6 +554,18 @@ async fn an_extended_read_on_the_primary_whose_server_dies_runs_again() {
         "{}",
         sluice.log_tail(20)
     );
+}
+
+/// A cluster with a table `marks` the application may write.
+fn cluster_with_marks() -> Cluster {
+    let cluster = app_cluster(ServerAuth::Trust);
+    cluster
+        .psql(
+            "postgres",
+            &format!("create table marks (n int); grant all on marks to {APP_USER}"),
+        )
+        .expect("schema");
+    cluster
 }
 
 /// Stops (SIGSTOP) the backend `client`'s pooled server runs on (a pool of

@@ -17,6 +17,27 @@ fn one_server(cluster: &Cluster) -> SluiceProcess {
         .start()
 }
 
+/// The one int a statement answers (no parameters).
+async fn int_of(
+    client: &impl tokio_postgres::GenericClient,
+    statement: &tokio_postgres::Statement,
+) -> i32 {
+    client
+        .query_one(statement, &[])
+        .await
+        .expect("one row")
+        .get(0)
+}
+
+/// A pool of one server that keeps at most two prepared statements.
+fn one_server_two_statements(cluster: &Cluster) -> SluiceProcess {
+    ConfigBuilder::for_cluster(cluster)
+        .set("pool_mode", "transaction")
+        .set("default_pool_size", "1")
+        .set("max_prepared_statements", "2")
+        .start()
+}
+
 async fn pid(client: &Client) -> String {
     scalar_text(client, "select pg_backend_pid()").await
 }
@@ -611,13 +632,13 @@ async fn discard_all_and_deallocate_all_are_honoured_in_the_clients_view() {
     alice.batch_execute("DEALLOCATE ALL").await.unwrap();
     expect_sqlstate(alice.query_one(&a, &[]).await, "26000");
     // Bob's statement with the same text is untouched.
-    assert_eq!(bob.query_one(&b, &[]).await.unwrap().get::<_, i32>(0), 1);
+    assert_eq!(int_of(&bob, &b).await, 1);
     let b2 = bob.prepare("select 2").await.unwrap();
     bob.batch_execute("DISCARD ALL").await.unwrap();
     expect_sqlstate(bob.query_one(&b2, &[]).await, "26000");
     // Closing a statement (drop) is the client's own business too.
     let c = alice.prepare("select 3").await.unwrap();
-    assert_eq!(alice.query_one(&c, &[]).await.unwrap().get::<_, i32>(0), 3);
+    assert_eq!(int_of(&alice, &c).await, 3);
     drop(c);
     assert_eq!(
         scalar_text(&alice, "select 'still fine'").await,
@@ -872,7 +893,7 @@ async fn a_statement_prepared_after_a_set_in_its_transaction_is_not_shared() {
         .await
         .unwrap();
     let nulls = tx.prepare(NULLS).await.unwrap();
-    assert_eq!(tx.query_one(&nulls, &[]).await.unwrap().get::<_, i32>(0), 1);
+    assert_eq!(int_of(&tx, &nulls).await, 1);
     tx.commit().await.unwrap();
     let tx = alice.transaction().await.unwrap();
     tx.batch_execute("set local array_nulls = off")
@@ -884,7 +905,7 @@ async fn a_statement_prepared_after_a_set_in_its_transaction_is_not_shared() {
 
     let nulls = bob.prepare(NULLS).await.unwrap();
     assert_eq!(
-        bob.query_one(&nulls, &[]).await.unwrap().get::<_, i32>(0),
+        int_of(&bob, &nulls).await,
         0,
         "bob's statement means what his settings say"
     );
@@ -900,19 +921,12 @@ async fn a_statement_prepared_after_a_set_in_its_transaction_is_not_shared() {
 #[tokio::test]
 async fn a_statement_prepared_again_under_new_settings_is_not_shared() {
     let cluster = app_cluster(ServerAuth::Trust);
-    let sluice = ConfigBuilder::for_cluster(&cluster)
-        .set("pool_mode", "transaction")
-        .set("default_pool_size", "1")
-        .set("max_prepared_statements", "2")
-        .start();
+    let sluice = one_server_two_statements(&cluster);
     let (alice, bob) = two_clients(&sluice).await;
     const NULLS: &str =
         "select (select count(*) from (values (1), (null)) v(a) where a = null)::int";
     let nulls = bob.prepare(NULLS).await.unwrap();
-    assert_eq!(
-        bob.query_one(&nulls, &[]).await.unwrap().get::<_, i32>(0),
-        0
-    );
+    assert_eq!(int_of(&bob, &nulls).await, 0);
     bob.batch_execute("set transform_null_equals = on")
         .await
         .unwrap();
@@ -925,7 +939,7 @@ async fn a_statement_prepared_again_under_new_settings_is_not_shared() {
     let carol = connect_as(sluice.port(), APP_USER, "postgres").await;
     let hers = carol.prepare(NULLS).await.unwrap();
     assert_eq!(
-        carol.query_one(&hers, &[]).await.unwrap().get::<_, i32>(0),
+        int_of(&carol, &hers).await,
         0,
         "carol's statement means what her settings say"
     );
@@ -941,26 +955,17 @@ async fn discard_all_in_a_parse_leaves_other_clients_statements_working() {
     let sluice = one_server(&cluster);
     let (alice, bob) = two_clients(&sluice).await;
     let eleven = bob.prepare("select 11").await.unwrap();
-    assert_eq!(
-        bob.query_one(&eleven, &[]).await.unwrap().get::<_, i32>(0),
-        11
-    );
+    assert_eq!(int_of(&bob, &eleven).await, 11);
     alice
         .execute("discard all", &[])
         .await
         .expect("DISCARD ALL, named");
-    assert_eq!(
-        bob.query_one(&eleven, &[]).await.unwrap().get::<_, i32>(0),
-        11
-    );
+    assert_eq!(int_of(&bob, &eleven).await, 11);
     alice
         .query_typed("DISCARD ALL", &[])
         .await
         .expect("DISCARD ALL, unnamed");
-    assert_eq!(
-        bob.query_one(&eleven, &[]).await.unwrap().get::<_, i32>(0),
-        11
-    );
+    assert_eq!(int_of(&bob, &eleven).await, 11);
 }
 
 /// A Bind in a transaction that changed a setting (SET LOCAL), on a server
@@ -970,11 +975,7 @@ async fn discard_all_in_a_parse_leaves_other_clients_statements_working() {
 #[tokio::test]
 async fn a_set_local_does_not_outlive_its_transaction_in_a_statement() {
     let cluster = app_cluster(ServerAuth::Trust);
-    let sluice = ConfigBuilder::for_cluster(&cluster)
-        .set("pool_mode", "transaction")
-        .set("default_pool_size", "1")
-        .set("max_prepared_statements", "2")
-        .start();
+    let sluice = one_server_two_statements(&cluster);
     let (alice, mut bob) = two_clients(&sluice).await;
     const NULLS: &str =
         "select (select count(*) from (values (1), (null)) v(a) where a = null)::int";
@@ -995,15 +996,9 @@ async fn a_set_local_does_not_outlive_its_transaction_in_a_statement() {
         .unwrap();
     tx.query_one(&nulls, &[]).await.expect("in the transaction");
     tx.commit().await.unwrap();
-    assert_eq!(
-        bob.query_one(&nulls, &[]).await.unwrap().get::<_, i32>(0),
-        0
-    );
+    assert_eq!(int_of(&bob, &nulls).await, 0);
     evict(1).await;
-    assert_eq!(
-        bob.query_one(&nulls, &[]).await.unwrap().get::<_, i32>(0),
-        0
-    );
+    assert_eq!(int_of(&bob, &nulls).await, 0);
 }
 
 /// DEALLOCATE ALL sent in a Parse inside a transaction (pgjdbc with
@@ -1017,23 +1012,17 @@ async fn deallocate_all_in_a_parse_inside_a_transaction() {
     let sluice = one_server(&cluster);
     let (alice, mut bob) = two_clients(&sluice).await;
     let seven = alice.prepare("select 7").await.unwrap();
-    assert_eq!(
-        alice.query_one(&seven, &[]).await.unwrap().get::<_, i32>(0),
-        7
-    );
+    assert_eq!(int_of(&alice, &seven).await, 7);
     let old = bob.prepare("select 8").await.unwrap();
     let tx = bob.transaction().await.unwrap();
     tx.execute("deallocate all", &[])
         .await
         .expect("DEALLOCATE ALL");
     let mine = tx.prepare("select 7").await.expect("parsed again");
-    assert_eq!(tx.query_one(&mine, &[]).await.unwrap().get::<_, i32>(0), 7);
+    assert_eq!(int_of(&tx, &mine).await, 7);
     tx.commit().await.unwrap();
     expect_sqlstate(bob.query(&old, &[]).await, "26000");
-    assert_eq!(
-        alice.query_one(&seven, &[]).await.unwrap().get::<_, i32>(0),
-        7
-    );
+    assert_eq!(int_of(&alice, &seven).await, 7);
 }
 
 /// Settings PostgreSQL reads only when a statement runs (custom ones, as
@@ -1241,11 +1230,7 @@ async fn the_listening_connection_closes_when_the_last_listener_leaves() {
 #[tokio::test]
 async fn each_server_keeps_at_most_max_prepared_statements() {
     let cluster = app_cluster(ServerAuth::Trust);
-    let sluice = ConfigBuilder::for_cluster(&cluster)
-        .set("pool_mode", "transaction")
-        .set("default_pool_size", "1")
-        .set("max_prepared_statements", "2")
-        .start();
+    let sluice = one_server_two_statements(&cluster);
     let client = connect_as(sluice.port(), APP_USER, "postgres").await;
     let statements = [
         client.prepare("select 1").await.unwrap(),
