@@ -1629,7 +1629,12 @@ async fn setseed_does_not_reach_the_next_client() {
         .set("default_pool_size", "1")
         .start();
     for sluice in [one_server(&cluster), session] {
-        for seed in ["select setseed(0.42)", "set seed = 0.42"] {
+        // (the last leaves in the middle of its transaction)
+        for seed in [
+            "select setseed(0.42)",
+            "set seed = 0.42",
+            "begin; select setseed(0.42)",
+        ] {
             let owner = app_client(&sluice).await;
             owner.batch_execute(seed).await.expect("seed");
             drop(owner);

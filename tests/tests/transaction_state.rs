@@ -1001,33 +1001,9 @@ async fn a_set_local_does_not_outlive_its_transaction_in_a_statement() {
     assert_eq!(int_of(&bob, &nulls).await, 0);
 }
 
-/// DEALLOCATE ALL sent in a Parse inside a transaction (pgjdbc with
-/// autocommit off): the server holds no statement from then on, and
-/// statements parsed later in the transaction are sent to it (a review:
-/// they were answered here, and their Binds failed with 26000); the
-/// client's own names are gone, as on PostgreSQL.
-#[tokio::test]
-async fn deallocate_all_in_a_parse_inside_a_transaction() {
-    let cluster = app_cluster(ServerAuth::Trust);
-    let sluice = one_server(&cluster);
-    let (alice, mut bob) = two_clients(&sluice).await;
-    let seven = alice.prepare("select 7").await.unwrap();
-    assert_eq!(int_of(&alice, &seven).await, 7);
-    let old = bob.prepare("select 8").await.unwrap();
-    let tx = bob.transaction().await.unwrap();
-    tx.execute("deallocate all", &[])
-        .await
-        .expect("DEALLOCATE ALL");
-    let mine = tx.prepare("select 7").await.expect("parsed again");
-    assert_eq!(int_of(&tx, &mine).await, 7);
-    tx.commit().await.unwrap();
-    expect_sqlstate(bob.query(&old, &[]).await, "26000");
-    assert_eq!(int_of(&alice, &seven).await, 7);
-}
-
-/// Settings PostgreSQL reads only when a statement runs (custom ones, as
-/// PostgREST sets per request; statement_timeout) leave the statements
-/// parsed after them in their transaction shared.
+/// Settings PostgreSQL reads only when a statement runs (custom ones, set
+/// per request for row-level security; statement_timeout) leave the
+/// statements parsed after them in their transaction shared.
 #[tokio::test]
 async fn run_time_settings_leave_statements_shared() {
     let cluster = app_cluster(ServerAuth::Trust);
@@ -1037,7 +1013,8 @@ async fn run_time_settings_leave_statements_shared() {
     alice.query(&hers, &[]).await.unwrap();
     let tx = bob.transaction().await.unwrap();
     tx.batch_execute(
-        "select set_config('request.jwt.claims', '{}', true); set local statement_timeout = '5s'",
+        "select pg_catalog.set_config('request.jwt.claims', '{}', true); \
+         set local app.tenant = 7; set local statement_timeout = '5s'",
     )
     .await
     .unwrap();

@@ -62,9 +62,9 @@ pub(super) struct Tracking {
     /// and no batch open. Good while nothing from there has been written
     /// (see `discard_sequences`).
     pub(super) discard_at: Option<u64>,
-    /// The unnamed statement parsed last is a DISCARD ALL or DEALLOCATE
-    /// ALL (see `drops_statements`).
-    pub(super) unnamed_drops: bool,
+    /// Private copies made for Binds in this transaction, by the shared
+    /// statement they stand in for (see `Rewriter::lookup`).
+    pub(super) one_off: Vec<(u64, std::sync::Arc<crate::prepared::registry::Statement>)>,
 }
 
 impl Default for Tracking {
@@ -83,7 +83,7 @@ impl Default for Tracking {
             in_batch: false,
             discard_sent: false,
             discard_at: None,
-            unnamed_drops: false,
+            one_off: Vec::new(),
         }
     }
 }
@@ -371,6 +371,7 @@ fn handle_message(
             params: st.params,
         },
         unsure,
+        one_off: &mut t.one_off,
         server: st.server,
         registry: st.registry,
         capacity: st.capacity,
@@ -388,10 +389,6 @@ fn handle_message(
             rewriter.parse(message, aborted)?;
             cycle.req.other_sent();
             let text = parse_query(message);
-            let unnamed = capacity == 0 || parse_name(message).is_some_and(<[u8]>::is_empty);
-            if unnamed {
-                t.unnamed_drops = false;
-            }
             if let Some(text) = text.filter(|text| sql::may_matter(text)) {
                 // A LISTEN takes effect when it runs: an unnamed statement
                 // (or one sluice does not track) at the Bind to come, in
@@ -405,28 +402,11 @@ fn handle_message(
                 let effects = sql::effects(text);
                 reads_sequences = effects.sequences;
                 note_effects(t, effects, text);
-                t.unnamed_drops = unnamed && effects.statements && drops_statements(text);
             }
         }
         f::BIND => {
             let bound = rewriter.bind(message)?;
             cycle.req.other_sent();
-            // A DISCARD ALL or DEALLOCATE ALL sent in a Parse, bound to
-            // run: the server will hold no statement, sluice's shared ones
-            // included, and the client none of its own, as for a simple
-            // Query (a review: later Parses in its transaction were
-            // answered here and their Binds failed, 26000).
-            let drops = match &bound {
-                Some(statement) => {
-                    statement.effects.statements && drops_statements(statement.query())
-                }
-                // (a Bind's second string is its statement's name)
-                None => t.unnamed_drops && parse_query(message).is_some_and(<[u8]>::is_empty),
-            };
-            if drops && capacity != 0 {
-                rewriter.server.clear();
-                rewriter.names.clear();
-            }
             // Running a statement whose text may leave something counts
             // like sending that text again.
             if let Some(statement) = bound
@@ -580,14 +560,6 @@ fn parse_name(message: &[u8]) -> Option<&[u8]> {
     sluice_wire::Reader::new(&message[sluice_wire::HEADER_LEN..])
         .cstr_bytes()
         .ok()
-}
-
-/// Whether `text` deallocates every prepared statement (DISCARD ALL,
-/// DEALLOCATE ALL).
-fn drops_statements(text: &[u8]) -> bool {
-    sql::specials(text)
-        .iter()
-        .any(|s| matches!(s, Special::DeallocateAll | Special::DiscardAll))
 }
 
 /// The query text of a Parse message.
@@ -1286,6 +1258,7 @@ pub(super) async fn after_transaction(
 ) -> AfterTx {
     let pin = lease.settings.session_objects == sluice_config::SessionObjects::Pin;
     let effects = std::mem::take(&mut t.effects);
+    t.one_off.clear();
     let known = Tracking {
         effects,
         ..Default::default()

@@ -24,6 +24,9 @@ pub struct Rewriter<'a> {
     /// given them (earlier in this transaction): statements parsed now
     /// are its own (`ParseContext::private_key`).
     pub unsure: bool,
+    /// Private copies made for Binds while `unsure`, by the statement they
+    /// stand in for: one each per transaction.
+    pub one_off: &'a mut Vec<(u64, Arc<Statement>)>,
     pub server: &'a mut ServerStatements,
     pub registry: &'a Registry,
     /// `max_prepared_statements` per server; 0 turns tracking off (names
@@ -315,15 +318,26 @@ impl Rewriter<'_> {
         // statement then means what its text means under its present
         // settings, not those of its Parse (PostgreSQL keeps the latter):
         // see docs/architecture.md.
-        let key = self.key();
-        if statement.context.as_deref() != Some(key.as_str()) {
-            statement = self.registry.intern(&statement.text, Some(&key));
-            if !self.unsure {
+        if self.unsure {
+            let id = statement.id;
+            statement = match self.one_off.iter().find(|(of, _)| *of == id) {
+                Some((_, copy)) => copy.clone(),
+                None => {
+                    let key = self.context.private_key();
+                    let copy = self.registry.intern(&statement.text, Some(&key));
+                    self.one_off.push((id, copy.clone()));
+                    copy
+                }
+            };
+        } else {
+            let key = self.context.key();
+            if statement.context.as_deref() != Some(key.as_str()) {
+                statement = self.registry.intern(&statement.text, Some(&key));
                 self.names.replace(&name, statement.clone());
             }
-            if self.server.touch(statement.id) {
-                return Some((name, statement));
-            }
+        }
+        if self.server.touch(statement.id) {
+            return Some((name, statement));
         }
         self.prepare(&statement, None);
         Some((name, statement))

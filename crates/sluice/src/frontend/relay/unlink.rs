@@ -111,7 +111,10 @@ pub(super) async fn abandon(
     }
     let cleanup = tracking.and_then(Tracking::abandon_sql);
     let owed = tracking.is_some_and(|t| !t.expected.is_empty());
-    finish_abandoned(lease, cycle, settings, cleanup, owed).await;
+    // (ROLLBACK leaves a setseed: a review predicted the next client's
+    // random() after one that left mid-transaction)
+    let reseed = tracking.is_some_and(|t| t.effects.opaque);
+    finish_abandoned(lease, cycle, settings, cleanup, owed, reseed).await;
 }
 
 /// Whether a clean period's server runs queries of sluice's before it goes
@@ -302,6 +305,7 @@ async fn finish_abandoned(
     settings: &PoolSettings,
     cleanup: Option<&'static str>,
     owed: bool,
+    reseed: bool,
 ) {
     let at_rest = cycle.req.at_rest()
         && !cycle.req.unsure()
@@ -327,7 +331,9 @@ async fn finish_abandoned(
         return;
     }
     if let Some(sql) = cleanup {
-        if !reset(&mut lease, sql).await {
+        if !reset(&mut lease, sql).await
+            || (reseed && !reset(&mut lease, &tracked::reseed_sql()).await)
+        {
             lease.close();
             return;
         }
