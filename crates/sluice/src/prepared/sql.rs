@@ -1217,6 +1217,13 @@ fn run_time_only(name: &str) -> bool {
 /// may change what a Parse means: yes unless every one is named, and
 /// named among [`run_time_only`].
 fn changes_parsing(text: &[u8]) -> bool {
+    // A backslash reads as an escape or not as standard_conforming_strings
+    // says, which the client may have turned off: a literal's end is then
+    // not where these looks see it (a review hid transform_null_equals
+    // in a set_config name that read as a custom one).
+    if memchr::memchr(b'\\', text).is_some() {
+        return true;
+    }
     for s in statements(text) {
         let (first, rest) = word(s);
         if first.eq_ignore_ascii_case(b"set") || first.eq_ignore_ascii_case(b"reset") {
@@ -1460,6 +1467,7 @@ mod tests {
             "select pg_catalog.set_config('{\"x.\": \"transform_null_equals\"}'::json->>'x.', 'on', true)",
             "select evil.set_config('request.x', '1', true)",
             "select evil./**/set_config('request.x', '1', true)",
+            r#"select pg_catalog.set_config('{"x.\\\"\',":"transform_null_equals"}'::json->>'x.\"\',', 'on', true)"#,
             "select my_func()",
             "do $$ begin end $$",
         ] {
