@@ -997,6 +997,16 @@ async fn a_set_local_does_not_outlive_its_transaction_in_a_statement() {
     tx.query_one(&nulls, &[]).await.expect("in the transaction");
     tx.commit().await.unwrap();
     assert_eq!(int_of(&bob, &nulls).await, 0);
+    // (the transaction's own copy was closed: one copy of the text)
+    let copies = scalar_text(
+        &bob,
+        &format!(
+            "select count(*)::text from pg_prepared_statements where statement = '{}'",
+            NULLS.replace('\'', "''")
+        ),
+    )
+    .await;
+    assert_eq!(copies, "1");
     evict(1).await;
     assert_eq!(int_of(&bob, &nulls).await, 0);
 }

@@ -1258,7 +1258,11 @@ pub(super) async fn after_transaction(
 ) -> AfterTx {
     let pin = lease.settings.session_objects == sluice_config::SessionObjects::Pin;
     let effects = std::mem::take(&mut t.effects);
-    t.one_off.clear();
+    // (a one-off copy serves nobody after its transaction: closed before
+    // the server's next Parse, it does not push shared ones out)
+    for (_, copy) in t.one_off.drain(..) {
+        lease.server().statements.retire(copy.id);
+    }
     let known = Tracking {
         effects,
         ..Default::default()
