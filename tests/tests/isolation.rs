@@ -967,6 +967,10 @@ async fn small_binds_do_not_inflate_memory() {
 /// disconnected; its server may also simply not be taken before its
 /// message is whole).
 async fn trickled_query_does_not_hold_the_server(announced: i32) {
+    trickled_message_does_not_hold_the_server(b'Q', announced).await;
+}
+
+async fn trickled_message_does_not_hold_the_server(tag: u8, announced: i32) {
     const SERVED_WITHIN: Duration = Duration::from_secs(40);
     let cluster = app_cluster(ServerAuth::Trust);
     let sluice = ConfigBuilder::for_cluster(&cluster)
@@ -976,7 +980,7 @@ async fn trickled_query_does_not_hold_the_server(announced: i32) {
         .start();
     let other = app_client(&sluice).await;
     let mut trickler = raw_login(&sluice, APP_USER).await;
-    let mut header = vec![b'Q'];
+    let mut header = vec![tag];
     header.extend_from_slice(&announced.to_be_bytes());
     header.extend_from_slice(b"select '");
     trickler.send(&header).await.expect("send the header");
@@ -998,9 +1002,10 @@ async fn trickled_query_does_not_hold_the_server(announced: i32) {
     let cpu = cpu_ticks(sluice.pid()) - cpu_before;
     let served = served.unwrap_or_else(|_| {
         panic!(
-            "a client trickling a Query announced as {announced} bytes held the only server: \
+            "a client trickling a {} announced as {announced} bytes held the only server: \
              another client was not served within {SERVED_WITHIN:?} (sluice used {cpu} \
-             CPU ticks meanwhile)"
+             CPU ticks meanwhile)",
+            char::from(tag)
         )
     });
     assert_eq!(served, "other");
@@ -1018,6 +1023,71 @@ async fn trickled_100_mib_query_does_not_hold_the_server() {
 #[tokio::test]
 async fn trickled_4_kib_query_does_not_hold_the_server() {
     trickled_query_does_not_hold_the_server(4 << 10).await;
+}
+
+/// A FunctionCall, or COPY's data outside a COPY (which PostgreSQL
+/// ignores), trickled as the first message of a request: no server is
+/// lent until it is whole (a review held the only server with both).
+#[tokio::test]
+async fn trickled_function_calls_and_copy_data_do_not_hold_the_server() {
+    trickled_message_does_not_hold_the_server(b'F', 10 << 20).await;
+    trickled_message_does_not_hold_the_server(b'd', 10 << 20).await;
+}
+
+/// In SJIS (or BIG5, GBK, UHC, GB18030, JOHAB) the second byte of a
+/// character may be an ASCII byte: `ソ` is 0x83 0x5C, a backslash to a
+/// reader of bytes. PostgreSQL converts the text before it reads it, so
+/// its string ends after the character; sluice cannot tell, and must not
+/// take what follows for part of the string (a review hid SETs, a custom
+/// setting, a temporary table and a LISTEN from sluice this way, and every
+/// later client of the server had them).
+#[tokio::test]
+async fn a_text_in_sjis_cannot_hide_session_state_from_sluice() {
+    let cluster = app_cluster(ServerAuth::Trust);
+    let sluice = one_server(&cluster);
+    let mut hostile = RawClient::connect(sluice.port()).await;
+    hostile
+        .send(&startup_packet(&[
+            ("user", APP_USER),
+            ("database", "postgres"),
+            ("client_encoding", "SJIS"),
+        ]))
+        .await
+        .expect("send startup packet");
+    hostile.read_until_ready(WAIT).await;
+    // (0x83 0x5C: `ソ`; what follows the quote is outside the string for
+    // PostgreSQL, inside it for a reader of bytes)
+    let sql = b"select E'\x83\x5c' as c; set statement_timeout = 4321; \
+        set app.tenant = 'evil'; select 1 -- '";
+    let rows = hostile.simple_query_bytes(sql, WAIT).await;
+    assert_eq!(
+        rows.len(),
+        2,
+        "PostgreSQL ran the hidden statements: {rows:?}"
+    );
+    check_clean(&app_client(&sluice).await, "hostile still connected").await;
+    drop(hostile);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    check_clean(&app_client(&sluice).await, "hostile gone").await;
+
+    async fn check_clean(next: &Client, step: &str) {
+        assert_fresh_session(next, step).await;
+        assert_ne!(
+            bounded_scalar(next, "show statement_timeout", step).await,
+            "4321ms",
+            "{step}: another client's hidden SET reached this client"
+        );
+        assert_eq!(
+            bounded_scalar(
+                next,
+                "select coalesce(current_setting('app.tenant', true), '')",
+                step
+            )
+            .await,
+            "",
+            "{step}: another client's hidden custom setting reached this client"
+        );
+    }
 }
 
 // ---------------------------------------------------------------------------

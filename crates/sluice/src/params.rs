@@ -168,6 +168,53 @@ fn push_escaped(sql: &mut String, v: &str, escape: impl Fn(&mut String, char)) {
     sql.push('\'');
 }
 
+/// The session's client_encoding is one whose multibyte characters may
+/// hold bytes below 0x80 (SJIS, BIG5, GBK, UHC, GB18030, JOHAB, client-side
+/// only in PostgreSQL): in `ソ`, SJIS 0x83 0x5C, the second byte is a
+/// backslash to a reader of bytes. PostgreSQL converts a text to the
+/// server's encoding before it reads it, sluice reads bytes: in such a text
+/// with a byte of 0x80 or more, sluice cannot tell where its strings end
+/// (a review hid `SET`s, a temporary table and a LISTEN behind `E'ソ'`).
+/// Names as PostgreSQL matches them: letters and digits, in any case.
+pub fn ascii_in_multibyte(set: &ParamSet) -> bool {
+    const NAMES: &[&[u8]] = &[
+        b"sjis",
+        b"shiftjis",
+        b"mskanji",
+        b"win932",
+        b"windows932",
+        b"cp932",
+        b"shiftjis2004",
+        b"big5",
+        b"win950",
+        b"windows950",
+        b"cp950",
+        b"gbk",
+        b"win936",
+        b"windows936",
+        b"cp936",
+        b"uhc",
+        b"win949",
+        b"windows949",
+        b"cp949",
+        b"gb18030",
+        b"johab",
+    ];
+    let Some(name) = set.get("client_encoding") else {
+        return false;
+    };
+    let mut clean = [0u8; 16];
+    let mut n = 0;
+    for b in name.bytes().filter(u8::is_ascii_alphanumeric) {
+        let Some(slot) = clean.get_mut(n) else {
+            return false;
+        };
+        *slot = b.to_ascii_lowercase();
+        n += 1;
+    }
+    NAMES.contains(&&clean[..n])
+}
+
 /// How setting values travel between sluice, which keeps text in UTF-8,
 /// and a session (`session_vars`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -232,6 +279,38 @@ pub fn update_shared(set: &mut Arc<ParamSet>, name: &'static str, value: &str) -
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn encodings_whose_characters_may_hold_ascii_bytes() {
+        let with = |name: &str| {
+            let mut set = ParamSet::default();
+            set.set("client_encoding", name);
+            ascii_in_multibyte(&set)
+        };
+        for name in [
+            "SJIS",
+            "Shift_JIS",
+            "win932",
+            "BIG5",
+            "GBK",
+            "UHC",
+            "GB18030",
+            "JOHAB",
+        ] {
+            assert!(with(name), "{name}");
+        }
+        for name in [
+            "UTF8",
+            "LATIN1",
+            "EUC_JP",
+            "WIN1252",
+            "SQL_ASCII",
+            "a-very-long-unknown-name",
+        ] {
+            assert!(!with(name), "{name}");
+        }
+        assert!(!ascii_in_multibyte(&ParamSet::default()));
+    }
 
     #[test]
     fn byte_literals_escape_the_bytes() {

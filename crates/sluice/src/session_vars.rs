@@ -14,10 +14,20 @@ use std::sync::Arc;
 use crate::params::{TRACKED, TextMode};
 
 /// Session-level settings, sorted by name.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default)]
 pub struct SessionVars {
     vars: Vec<(Box<str>, Box<str>)>,
+    /// `digest`'s, made once: the set never changes once built.
+    digest: std::sync::OnceLock<[u8; 32]>,
 }
+
+impl PartialEq for SessionVars {
+    fn eq(&self, other: &Self) -> bool {
+        self.vars == other.vars
+    }
+}
+
+impl Eq for SessionVars {}
 
 /// Reads back the settings a session changed: pg_settings with source
 /// 'session' (minus the tracked six, kept by `params`), plus the role,
@@ -118,7 +128,10 @@ impl SessionVars {
             }
         }
         vars.sort();
-        Self { vars }
+        Self {
+            vars,
+            digest: Default::default(),
+        }
     }
 
     pub fn is_empty(&self) -> bool {
@@ -133,7 +146,32 @@ impl SessionVars {
             .filter(|(n, _)| !n.eq_ignore_ascii_case(name))
             .cloned()
             .collect();
-        (!vars.is_empty()).then(|| Arc::new(SessionVars { vars }))
+        (!vars.is_empty()).then(|| {
+            Arc::new(SessionVars {
+                vars,
+                digest: Default::default(),
+            })
+        })
+    }
+
+    /// SHA-256 of every name and value: what a statement's sharing key
+    /// keeps of them (`ParseContext::key`). The values themselves may be
+    /// large (a client's `SET app.x` of 200 KB), and a key is kept with
+    /// each statement and made at each named Parse (a review: 200 KB of
+    /// memory a statement, and the whole set copied at each Parse).
+    pub fn digest(&self) -> &[u8; 32] {
+        use sha2::{Digest, Sha256};
+        self.digest.get_or_init(|| {
+            let mut hash = Sha256::new();
+            for (name, value) in &self.vars {
+                // (names hold no `=`, neither holds a NUL: unambiguous)
+                hash.update(name.as_bytes());
+                hash.update(b"=");
+                hash.update(value.as_bytes());
+                hash.update(b"\0");
+            }
+            hash.finalize().into()
+        })
     }
 
     /// Names of custom (dotted) settings, which pg_settings does not list.
@@ -153,11 +191,6 @@ impl SessionVars {
             || self
                 .get("default_transaction_isolation")
                 .is_some_and(|v| v.eq_ignore_ascii_case("serializable"))
-    }
-
-    /// Every setting, as kept.
-    pub fn iter(&self) -> impl Iterator<Item = (&str, &str)> {
-        self.vars.iter().map(|(n, v)| (&**n, &**v))
     }
 
     pub fn get(&self, name: &str) -> Option<&str> {

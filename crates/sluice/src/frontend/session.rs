@@ -165,6 +165,11 @@ impl Client {
             // go to replicas again, the next one must see them)
             return primary(true);
         }
+        if crate::params::ascii_in_multibyte(&self.params) {
+            // (sluice cannot tell where its strings end: a write may hide
+            // in what reads as a SELECT)
+            return primary(true);
+        }
         let carried = self.carried.as_deref();
         let named = |name: &[u8]| carried?.statements.get(name).cloned();
         let own = topology.classifier();
@@ -1008,8 +1013,11 @@ fn watch_closed(
 
 /// Transaction and statement mode lend a server only once the client's
 /// next message is whole when it is one that sluice holds whole (Parse,
-/// Bind, Describe, Close, Query): a client that trickles one holds no
-/// server meanwhile. Err: it announces more than sluice holds.
+/// Bind, Describe, Close, Query), or a FunctionCall, or COPY's messages
+/// outside a COPY (PostgreSQL ignores those): a client that trickles one
+/// holds no server meanwhile (a review held the pool's only server with a
+/// FunctionCall of 10 MiB sent a byte every 2 s). Err: it announces more
+/// than sluice holds.
 fn first_message_incomplete(buf: &[u8], tracked: bool) -> Result<bool, ClientError> {
     use sluice_wire::tags::frontend as f;
     if !tracked {
@@ -1018,7 +1026,18 @@ fn first_message_incomplete(buf: &[u8], tracked: bool) -> Result<bool, ClientErr
     let Some(&[tag, a, b, c, d]) = buf.first_chunk::<5>() else {
         return Ok(true);
     };
-    if !matches!(tag, f::PARSE | f::BIND | f::DESCRIBE | f::CLOSE | f::QUERY) {
+    if !matches!(
+        tag,
+        f::PARSE
+            | f::BIND
+            | f::DESCRIBE
+            | f::CLOSE
+            | f::QUERY
+            | f::FUNCTION_CALL
+            | f::COPY_DATA
+            | f::COPY_DONE
+            | f::COPY_FAIL
+    ) {
         return Ok(false);
     }
     let Ok(len) = usize::try_from(i32::from_be_bytes([a, b, c, d])) else {

@@ -63,8 +63,13 @@ pub(super) struct Tracking {
     /// (see `discard_sequences`).
     pub(super) discard_at: Option<u64>,
     /// Private copies made for Binds in this transaction, by the shared
-    /// statement they stand in for (see `Rewriter::lookup`).
-    pub(super) one_off: Vec<(u64, std::sync::Arc<crate::prepared::registry::Statement>)>,
+    /// statement they stand in for (see `Rewriter::lookup`), until the
+    /// settings may change again (`retire_one_offs`).
+    pub(super) one_off:
+        std::collections::HashMap<u64, std::sync::Arc<crate::prepared::registry::Statement>>,
+    /// A Parse or Bind of a text that may change settings went to the
+    /// server: its Execute retires the copies (`retire_one_offs`).
+    pub(super) settings_pending: bool,
 }
 
 impl Default for Tracking {
@@ -83,7 +88,25 @@ impl Default for Tracking {
             in_batch: false,
             discard_sent: false,
             discard_at: None,
-            one_off: Vec::new(),
+            one_off: Default::default(),
+            settings_pending: false,
+        }
+    }
+}
+
+impl Tracking {
+    /// A private copy is parsed under the settings of its place in the
+    /// stream and serves the client's Binds only while they hold: up to
+    /// the next message that may change them (the Execute of a text that
+    /// sets, a simple query, a FunctionCall) or end the transaction (a
+    /// Sync: a `SET LOCAL` or `set_config(…, true)` ends with it). Retired
+    /// there (closed before the server's next Parse), so that a later
+    /// Bind gets a copy of its own (a review: Binds pipelined after the
+    /// COMMIT of a `SET LOCAL` used the copy made under it).
+    pub(super) fn retire_one_offs(&mut self, server: &mut ServerStatements) {
+        self.settings_pending = false;
+        for (_, copy) in self.one_off.drain() {
+            server.retire(copy.id);
         }
     }
 }
@@ -235,6 +258,9 @@ pub(super) fn rewrite_client(
         let mut function_called = false;
         let in_batch = &mut t.in_batch;
         let mut executed = false;
+        // (a place past which a private copy no longer serves)
+        let mut copies_end = false;
+        let settings_pending = t.settings_pending;
         let cap = cycle.cap;
         let expected = &mut t.expected;
         let end = cycle
@@ -259,16 +285,19 @@ pub(super) fn rewrite_client(
                 match cycle.req.client(tag) {
                     Counted::Sync => {
                         *in_batch = false;
+                        copies_end = true;
                         expected.push(pass(Reply::Sync))
                     }
                     // FunctionCall (Query is rewritten, so never here):
                     // code sluice cannot read, as a call in a query.
                     Counted::Request => {
                         function_called = true;
+                        copies_end = true;
                         expected.push(pass(Reply::Query))
                     }
                     Counted::Execute => {
                         (*in_batch, executed) = (true, true);
+                        copies_end |= settings_pending;
                         expected.push(pass(Reply::Execute))
                     }
                     Counted::CopyEnded { ignored_syncs } => {
@@ -287,12 +316,10 @@ pub(super) fn rewrite_client(
             t.sequences_mine = true;
         }
         if function_called {
-            t.effects.merge(crate::prepared::sql::Effects {
-                opaque: true,
-                settings: true,
-                parsing: true,
-                ..Default::default()
-            });
+            t.effects.merge(Effects::unreadable());
+        }
+        if copies_end && (settings_pending || !t.one_off.is_empty()) {
+            t.retire_one_offs(st.server);
         }
         t.out.extend_from_slice(&cbuf[..end.forward_to]);
         cbuf.advance(end.forward_to);
@@ -360,6 +387,7 @@ fn handle_message(
     let (batch_open, outstanding) = (t.in_batch, cycle.req.outstanding);
     t.in_batch |= tag != f::QUERY;
     let capacity = st.capacity;
+    let params = st.params;
     let names = &mut *st.names;
     // (SET, set_config or opaque code earlier in the transaction: the
     // settings the server parses under are not known until it ends)
@@ -401,7 +429,15 @@ fn handle_message(
                 }
                 let effects = sql::effects(text);
                 reads_sequences = effects.sequences;
+                t.settings_pending |= effects.parsing;
                 note_effects(t, effects, text);
+            }
+            if let Some(text) = text
+                && !text.is_ascii()
+                && crate::params::ascii_in_multibyte(params)
+            {
+                t.settings_pending = true;
+                note_effects(t, Effects::unreadable(), text);
             }
         }
         f::BIND => {
@@ -409,7 +445,7 @@ fn handle_message(
             cycle.req.other_sent();
             // Running a statement whose text may leave something counts
             // like sending that text again.
-            if let Some(statement) = bound
+            if let Some(statement) = &bound
                 && statement.effects != Effects::default()
             {
                 if statement.effects.listen || statement.effects.settings {
@@ -417,7 +453,15 @@ fn handle_message(
                     follow_listens(t, specials, cycle.req.sent() + 1);
                 }
                 reads_sequences = statement.effects.sequences;
+                t.settings_pending |= statement.effects.parsing;
                 note_effects(t, statement.effects, statement.query());
+            }
+            if let Some(statement) = &bound
+                && !statement.ascii
+                && crate::params::ascii_in_multibyte(params)
+            {
+                t.settings_pending = true;
+                note_effects(t, Effects::unreadable(), statement.query());
             }
         }
         f::DESCRIBE => {
@@ -435,12 +479,19 @@ fn handle_message(
             {
                 cycle.req.request_sent();
                 follow_listens(t, specials, cycle.req.sent());
+                let text = &message[sluice_wire::HEADER_LEN..];
                 if matters {
-                    let text = &message[sluice_wire::HEADER_LEN..];
                     let effects = sql::effects(text);
                     reads_sequences = effects.sequences;
                     note_effects(t, effects, text);
                 }
+                if !text.is_ascii() && crate::params::ascii_in_multibyte(params) {
+                    note_effects(t, Effects::unreadable(), text);
+                }
+            }
+            // (it may set, or end the transaction: see `retire_one_offs`)
+            if !t.one_off.is_empty() || t.settings_pending {
+                t.retire_one_offs(st.server);
             }
         }
     }
@@ -1260,9 +1311,7 @@ pub(super) async fn after_transaction(
     let effects = std::mem::take(&mut t.effects);
     // (a one-off copy serves nobody after its transaction: closed before
     // the server's next Parse, it does not push shared ones out)
-    for (_, copy) in t.one_off.drain(..) {
-        lease.server().statements.retire(copy.id);
-    }
+    t.retire_one_offs(&mut lease.server().statements);
     let known = Tracking {
         effects,
         ..Default::default()

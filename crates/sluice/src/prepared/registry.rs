@@ -26,6 +26,9 @@ pub struct Statement {
     /// when it parses (one client's DateStyle decided another's dates; a
     /// review).
     pub context: Option<Box<str>>,
+    /// Its query is all ASCII (a text with other bytes is unreadable to
+    /// sluice in some client encodings: `params::ascii_in_multibyte`).
+    pub ascii: bool,
     /// What running it may leave on a server (see `sql::effects`): a Bind
     /// of it counts as sending its text again.
     pub effects: super::sql::Effects,
@@ -151,6 +154,7 @@ impl Registry {
             name: super::server_name(id).into_boxed_str(),
             text: text.clone(),
             context: context.map(Box::from),
+            ascii: query.is_ascii(),
             effects,
             read_only: std::sync::OnceLock::new(),
             proven: Default::default(),
@@ -210,28 +214,85 @@ impl ParseContext<'_> {
         key
     }
 
-    /// The registry's key for it (made only where a named Parse needs it).
+    /// The registry's key for it (made only where a named Parse needs it):
+    /// the tracked parameters' values, each ended by a NUL (their SHA-256
+    /// when longer than `PLAIN_KEY_MAX`), then the session settings'
+    /// SHA-256 (`SessionVars::digest`, made once a set), so that a key is
+    /// small and quick to make whatever the client set (a review: a
+    /// `SET app.big` of 200 KB was copied into the key of every statement
+    /// the client prepared after it).
     pub fn key(&self) -> String {
-        let mut key = String::with_capacity(96);
+        let mut key = String::with_capacity(PLAIN_KEY_MAX + 72);
         for name in crate::params::TRACKED {
             if *name != "application_name" {
                 key.push_str(self.params.get(name).unwrap_or_default());
                 key.push('\0');
             }
         }
-        for (name, value) in self.session.into_iter().flat_map(|s| s.iter()) {
-            key.push_str(name);
-            key.push('=');
-            key.push_str(value);
-            key.push('\0');
+        if key.len() > PLAIN_KEY_MAX {
+            // (no NUL in it: it cannot equal a plain one)
+            let digest = {
+                use sha2::{Digest, Sha256};
+                Sha256::digest(key.as_bytes())
+            };
+            key.clear();
+            key.push('#');
+            push_hex(&mut key, &digest);
+        }
+        if let Some(session) = self.session.filter(|s| !s.is_empty()) {
+            key.push('\u{2}');
+            push_hex(&mut key, session.digest());
         }
         key
+    }
+}
+
+/// The longest tracked parameters' part of a key kept as it is.
+const PLAIN_KEY_MAX: usize = 256;
+
+fn push_hex(out: &mut String, bytes: &[u8]) {
+    const HEX: &[u8; 16] = b"0123456789abcdef";
+    for b in bytes {
+        out.push(char::from(HEX[usize::from(b >> 4)]));
+        out.push(char::from(HEX[usize::from(b & 15)]));
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_key_is_small_whatever_the_client_set() {
+        let params = crate::params::ParamSet::default();
+        let big = "x".repeat(200_000);
+        let vars = |value: &str| {
+            crate::session_vars::SessionVars::from_pairs([("app.big", value), ("search_path", "a")])
+        };
+        let key = |session: Option<&crate::session_vars::SessionVars>| {
+            ParseContext {
+                session,
+                params: &params,
+            }
+            .key()
+        };
+        let (one, same, other) = (vars(&big), vars(&big), vars(&big[1..]));
+        assert!(key(Some(&one)).len() < 400, "{}", key(Some(&one)).len());
+        assert_eq!(key(Some(&one)), key(Some(&same)));
+        assert_ne!(key(Some(&one)), key(Some(&other)));
+        assert_ne!(key(Some(&one)), key(None));
+        let empty = crate::session_vars::SessionVars::default();
+        assert_eq!(key(Some(&empty)), key(None), "nothing set is nothing set");
+        let mut long = crate::params::ParamSet::default();
+        long.set("TimeZone", &"y".repeat(5000));
+        let long_key = ParseContext {
+            session: None,
+            params: &long,
+        }
+        .key();
+        assert!(long_key.len() < 100, "{}", long_key.len());
+        assert_ne!(long_key, key(None));
+    }
 
     #[test]
     fn same_text_same_statement_until_nobody_uses_it() {

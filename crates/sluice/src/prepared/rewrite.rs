@@ -4,6 +4,7 @@
 //! answered here when the server need not see them. Every message sent or
 //! answered gets its entry in the owed-responses queue.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 
 use bytes::BytesMut;
@@ -25,8 +26,9 @@ pub struct Rewriter<'a> {
     /// are its own (`ParseContext::private_key`).
     pub unsure: bool,
     /// Private copies made for Binds while `unsure`, by the statement they
-    /// stand in for: one each per transaction.
-    pub one_off: &'a mut Vec<(u64, Arc<Statement>)>,
+    /// stand in for: one each until the settings may change again
+    /// (`Tracking::retire_one_offs`).
+    pub one_off: &'a mut HashMap<u64, Arc<Statement>>,
     pub server: &'a mut ServerStatements,
     pub registry: &'a Registry,
     /// `max_prepared_statements` per server; 0 turns tracking off (names
@@ -320,12 +322,12 @@ impl Rewriter<'_> {
         // see docs/architecture.md.
         if self.unsure {
             let id = statement.id;
-            statement = match self.one_off.iter().find(|(of, _)| *of == id) {
-                Some((_, copy)) => copy.clone(),
+            statement = match self.one_off.get(&id) {
+                Some(copy) => copy.clone(),
                 None => {
                     let key = self.context.private_key();
                     let copy = self.registry.intern(&statement.text, Some(&key));
-                    self.one_off.push((id, copy.clone()));
+                    self.one_off.insert(id, copy.clone());
                     copy
                 }
             };

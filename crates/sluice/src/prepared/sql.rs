@@ -1034,6 +1034,18 @@ pub struct Effects {
 }
 
 impl Effects {
+    /// What code sluice cannot read may have done (a FunctionCall; a text
+    /// in an encoding whose characters may hold ASCII bytes): anything, so
+    /// settings are read back and the server is checked afterwards.
+    pub fn unreadable() -> Self {
+        Effects {
+            opaque: true,
+            settings: true,
+            parsing: true,
+            ..Default::default()
+        }
+    }
+
     /// Session objects that may pin a client or need removing.
     pub fn objects(&self) -> bool {
         self.temp || self.locks || self.cursors || self.opaque

@@ -347,7 +347,7 @@ pub(super) fn held_too_large(size: usize) -> ClientError {
         "54000",
         format!(
             "message of {size} bytes is larger than the {} MiB a transaction-pooling \
-             connection holds whole (Parse, Bind, Describe, Close, Query)",
+             connection holds whole (Parse, Bind, Describe, Close, Query, FunctionCall)",
             CLIENT_HELD_LIMIT >> 20
         ),
     )

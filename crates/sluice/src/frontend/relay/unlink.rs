@@ -98,7 +98,7 @@ pub(super) fn unlink(
 /// boundary): the server is made clean or closed (`finish_abandoned`).
 pub(super) async fn abandon(
     client: &Client,
-    lease: Lease,
+    mut lease: Lease,
     cycle: &Cycle,
     tracking: Option<&Tracking>,
     settings: &PoolSettings,
@@ -114,6 +114,11 @@ pub(super) async fn abandon(
     // (ROLLBACK leaves a setseed: a review predicted the next client's
     // random() after one that left mid-transaction)
     let reseed = tracking.is_some_and(|t| t.effects.opaque);
+    // (its private copies serve nobody now: closed before the server's
+    // next Parse, as at a transaction's end)
+    for copy in tracking.iter().flat_map(|t| t.one_off.values()) {
+        lease.server().statements.retire(copy.id);
+    }
     finish_abandoned(lease, cycle, settings, cleanup, owed, reseed).await;
 }
 
