@@ -1392,6 +1392,50 @@ async fn a_failing_copy_with_a_sync_inside_never_shifts_replies() {
     }
 }
 
+/// The same with a Query pipelined behind the COPY's end: PostgreSQL
+/// answers the Syncs or not, depending on when it read them, so the
+/// server is not shared; the Query must still be answered (a review: it
+/// went to the server before the count was known, and was lost with it in
+/// half the runs, its client waiting for good).
+#[tokio::test]
+async fn a_query_pipelined_behind_a_failing_copy_with_syncs_is_answered() {
+    let cluster = app_cluster(ServerAuth::Trust);
+    cluster
+        .psql(
+            "postgres",
+            &format!("create table copyq (x int); grant all on copyq to {APP_USER}"),
+        )
+        .expect("create table");
+    let sluice = one_server(&cluster);
+    let mut copier = raw_login(&sluice, APP_USER).await;
+    for round in 0..12 {
+        copier
+            .send(&query("copy copyq from stdin"))
+            .await
+            .expect("send COPY");
+        read_until_kind(&mut copier, b'G', "CopyInResponse").await;
+        let token = format!("after-copy-{round}");
+        let mut bytes = copy_data(b"not-an-int\n");
+        bytes.extend(sync());
+        bytes.extend(sync());
+        bytes.extend(copy_done());
+        bytes.extend(query(&format!("select '{token}'")));
+        copier.send(&bytes).await.expect("send the batch");
+        let mut seen = String::new();
+        let answered = loop {
+            match copier.read_message(WAIT).await {
+                RawReply::Message(b'D', body) => break first_column(&body),
+                RawReply::Message(kind, _) => seen.push(char::from(kind)),
+                other => {
+                    panic!("round {round}: the Query got no answer ({other:?} after {seen:?})")
+                }
+            }
+        };
+        assert_eq!(answered, Some(token), "round {round}");
+        read_until_kind(&mut copier, b'Z', "the Query's ReadyForQuery").await;
+    }
+}
+
 /// tokio-postgres' COPY in a transaction, failing on its data: Bind,
 /// Execute, Sync (read in COPY, so never answered), bad data, the server's
 /// error, then CopyFail, Sync and the Close of the statement, which sluice

@@ -86,6 +86,9 @@ pub(super) struct Requests {
     /// may have left COPY before reading some of them and answered those,
     /// so the count cannot be trusted and the server must not be shared.
     unsure: bool,
+    /// The client ended a COPY with Syncs sent inside it, and the server
+    /// has not said yet how the COPY ended (`holding_client`).
+    copy_end_pending: bool,
 }
 
 /// A client's CopyDone or CopyFail awaiting the server's word.
@@ -130,6 +133,24 @@ impl Requests {
     /// The reply count may be wrong (see `unsure`): close, do not share.
     pub(super) fn unsure(&self) -> bool {
         self.unsure
+    }
+
+    /// Nothing more of the client's goes to the server for now: it ended
+    /// a simple-protocol COPY with Syncs sent inside it, and until the
+    /// server says how the COPY ended (and, when that leaves the count
+    /// unsure, until the server goes), what PostgreSQL answers to those
+    /// Syncs is not known. A request sent behind them would be answered
+    /// after replies sluice cannot count, and lost with the server (a
+    /// review: a Query pipelined there was never answered). Held, it goes
+    /// to the next server. Not once nothing is surely owed while the
+    /// period cannot end there (`idle` false: a transaction block is open,
+    /// whose end the client must send; or a batch is open), nor for a COPY
+    /// started by an Execute, whose end PostgreSQL sends only at the
+    /// client's Sync or Flush.
+    pub(super) fn holding_client(&self, idle: bool) -> bool {
+        !self.start_extended
+            && (self.copy_end_pending
+                || (self.unsure && (self.outstanding > 0 || (idle && !self.unsynced))))
     }
 
     /// Accounts for one client message sent on to the server.
@@ -216,6 +237,7 @@ impl Requests {
         if syncs == 0 {
             return 0;
         }
+        self.copy_end_pending = true;
         let claim = Claim {
             start: self.start,
             syncs,
@@ -267,6 +289,7 @@ impl Requests {
 
     /// The server sent ReadyForQuery.
     pub(super) fn server_ready(&mut self) {
+        self.copy_end_pending = false;
         self.executed = false;
         self.outstanding = self.outstanding.saturating_sub(1);
         self.seen += 1;
@@ -279,6 +302,7 @@ impl Requests {
     /// a COPY FROM STDIN it was in has ended. Returns the Syncs now known
     /// to be ignored (a COPY that failed before the client ended it).
     pub(super) fn server_done(&mut self, failed: bool) -> u32 {
+        self.copy_end_pending = false;
         let Some(discounted) = self.copy_active.take() else {
             return 0;
         };
@@ -362,6 +386,42 @@ mod tests {
         send(&mut r, &[f::SYNC]);
         r.server_ready();
         assert!(r.at_rest());
+    }
+
+    #[test]
+    fn requests_behind_a_copy_with_syncs_inside_wait_for_its_end() {
+        // Query COPY; CopyInResponse; data, Sync, Sync, CopyDone: what the
+        // client sends next waits until the server ends the COPY.
+        let mut r = Requests::default();
+        send(&mut r, &[f::QUERY]);
+        assert_eq!(r.server_copy_in(), 0);
+        send(&mut r, &[f::COPY_DATA, f::SYNC, f::SYNC]);
+        assert!(!r.holding_client(true));
+        send(&mut r, &[f::COPY_DONE]);
+        assert!(r.holding_client(true), "until the COPY's end");
+        // It failed: PostgreSQL may answer the Syncs or not; held until
+        // the server goes (at rest by the count, outside a block).
+        r.server_done(true);
+        assert!(r.unsure());
+        assert!(r.holding_client(false), "ReadyForQuery still owed");
+        r.server_ready();
+        assert!(r.at_rest());
+        assert!(r.holding_client(true));
+        assert!(!r.holding_client(false), "in a block the client must go on");
+        // Ended well: nothing in doubt.
+        let mut r = Requests::default();
+        send(&mut r, &[f::QUERY]);
+        r.server_copy_in();
+        send(&mut r, &[f::SYNC, f::COPY_DATA, f::COPY_DONE]);
+        assert!(r.holding_client(true));
+        r.server_done(false);
+        assert!(!r.holding_client(true));
+        // An Execute's COPY: its end comes only at the client's Sync.
+        let mut r = Requests::default();
+        send(&mut r, &[f::BIND, f::EXECUTE]);
+        r.server_copy_in();
+        send(&mut r, &[f::SYNC, f::COPY_DATA, f::COPY_DONE]);
+        assert!(!r.holding_client(true));
     }
 
     #[test]

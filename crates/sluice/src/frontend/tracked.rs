@@ -266,7 +266,11 @@ pub(super) fn rewrite_client(
         let end = cycle
             .client_scan
             .scan(cbuf, 0, limit, needs_body, |tag, body| {
-                if cap.is_some_and(|c| cycle.req.sent() >= c) {
+                if cap.is_some_and(|c| cycle.req.sent() >= c)
+                    || cycle
+                        .req
+                        .holding_client(cycle.status == TransactionStatus::Idle)
+                {
                     return Visit::StopBefore;
                 }
                 if let Some(why) = bad_message(tag, body) {
@@ -330,7 +334,14 @@ pub(super) fn rewrite_client(
         if terminated {
             cycle.client_terminated = true;
         }
-        if !end.stopped || terminated || cycle.pqexec_seen || cycle.bad_message.is_some() {
+        if !end.stopped
+            || terminated
+            || cycle.pqexec_seen
+            || cycle.bad_message.is_some()
+            || cycle
+                .req
+                .holding_client(cycle.status == TransactionStatus::Idle)
+        {
             break;
         }
         // What the server or the client has not taken yet bounds what is
