@@ -1034,6 +1034,50 @@ async fn trickled_function_calls_and_copy_data_do_not_hold_the_server() {
     trickled_message_does_not_hold_the_server(b'd', 10 << 20).await;
 }
 
+/// A message trickled in the middle of a request (an Execute sent with no
+/// Sync, so the server is lent): a byte now and then restarts the 30 s of
+/// silence allowed, never the message's whole time (30 s, and 1 s for
+/// each 128 KiB it announces). The trickler is ended and the other client
+/// served (a review held the only server with a FunctionCall of 10 MiB
+/// sent a byte every 3 s).
+#[tokio::test]
+async fn a_message_trickled_mid_request_ends_within_its_time() {
+    const SERVED_WITHIN: Duration = Duration::from_secs(50);
+    let cluster = app_cluster(ServerAuth::Trust);
+    let sluice = ConfigBuilder::for_cluster(&cluster)
+        .set("pool_mode", "transaction")
+        .set("default_pool_size", "1")
+        .set("query_wait_timeout", "120")
+        .start();
+    let other = app_client(&sluice).await;
+    let mut trickler = raw_login(&sluice, APP_USER).await;
+    let mut bytes = parse("", "select 1");
+    bytes.extend(bind(""));
+    bytes.extend(execute());
+    bytes.push(b'F');
+    bytes.extend_from_slice(&(256i32 << 10).to_be_bytes());
+    trickler.send(&bytes).await.expect("send the request");
+    let trickle = tokio::spawn(async move {
+        for _ in 0..60 {
+            tokio::time::sleep(Duration::from_secs(2)).await;
+            if trickler.send(b"x").await.is_err() {
+                return;
+            }
+        }
+    });
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let started = Instant::now();
+    let served = tokio::time::timeout(SERVED_WITHIN, scalar_text(&other, "select 'other'")).await;
+    trickle.abort();
+    assert_eq!(
+        served.unwrap_or_else(|_| panic!(
+            "a client trickling a message mid-request held the only server past {SERVED_WITHIN:?}"
+        )),
+        "other"
+    );
+    eprintln!("the other client was served after {:?}", started.elapsed());
+}
+
 /// In SJIS (or BIG5, GBK, UHC, GB18030, JOHAB) the second byte of a
 /// character may be an ASCII byte: `ソ` is 0x83 0x5C, a backslash to a
 /// reader of bytes. PostgreSQL converts the text before it reads it, so

@@ -41,6 +41,11 @@ impl Scanner {
         self.pending == 0
     }
 
+    /// Bytes of a message passed on as they come that have not arrived.
+    pub fn pending(&self) -> usize {
+        self.pending
+    }
+
     /// Buffer length at which the incomplete whole message the last scan
     /// stopped at is complete (0: none).
     pub fn wanted(&self) -> usize {

@@ -52,6 +52,13 @@ pub(super) const FAST_CLOSE_POLL: Duration = Duration::from_secs(1);
 /// while it holds a server (other clients may be waiting for it).
 pub(super) const MESSAGE_STALL_TIMEOUT: Duration = Duration::from_secs(30);
 
+/// The slowest a message may come in all, past `MESSAGE_STALL_TIMEOUT`
+/// (bytes a second): a client that sends a byte now and then is never
+/// silent for long, and held its server for good (a review trickled a
+/// 10 MiB message a byte every 3 s). 64 MiB, the most sluice holds whole,
+/// may take 30 s plus 8.5 minutes.
+pub(super) const MESSAGE_MIN_RATE: u64 = 128 << 10;
+
 /// The settings the clocks follow (zero: that clock never runs).
 #[derive(Debug, Clone, Copy, Default)]
 pub(super) struct Limits {
@@ -87,6 +94,10 @@ pub(super) struct Standing {
     pub replica_owes: bool,
     /// The client is halfway through a message sluice is ready to read.
     pub mid_message: bool,
+    /// That message's end, as a position in the client's stream (which
+    /// message it is), and the bytes of it still to come.
+    pub message_end: u64,
+    pub message_left: u64,
     /// A pinned client between transactions.
     pub pinned_idle: bool,
     /// A session-mode session between transactions.
@@ -141,6 +152,9 @@ pub(super) struct Clocks {
     xact_mark: u64,
     /// What a replica had answered at the last `Replica` look.
     replica_mark: Option<u64>,
+    /// The message the `Message` clock runs for (its end in the client's
+    /// stream), and when it must be whole whatever comes meanwhile.
+    message: Option<(u64, tokio::time::Instant)>,
 }
 
 impl Clocks {
@@ -155,6 +169,7 @@ impl Clocks {
             query_deadline: None,
             xact_mark: 0,
             replica_mark: None,
+            message: None,
         }
     }
 
@@ -183,6 +198,23 @@ impl Clocks {
                         (IdleKind::Query, Some(at)) => tokio::time::sleep_until(at),
                         (IdleKind::Replica, Some(at)) => {
                             tokio::time::sleep_until(at.min(tokio::time::Instant::now() + after))
+                        }
+                        (IdleKind::Message, _) => {
+                            // Silence ends it (the client's bytes start
+                            // that clock again), and so does the message's
+                            // whole time, which they do not.
+                            let now = tokio::time::Instant::now();
+                            let whole = match self.message {
+                                Some((end, at)) if end == s.message_end => at,
+                                _ => {
+                                    let at = now
+                                        + after
+                                        + Duration::from_secs(s.message_left / MESSAGE_MIN_RATE);
+                                    self.message = Some((s.message_end, at));
+                                    at
+                                }
+                            };
+                            tokio::time::sleep_until(whole.min(now + after))
                         }
                         _ => tokio::time::sleep(after),
                     };
@@ -273,6 +305,7 @@ mod tests {
             transaction: None,
             xact_mark: 0,
             replica_mark: None,
+            message: None,
         }
     }
 
@@ -477,5 +510,41 @@ mod tests {
         // Between transactions: none.
         clocks.arm(&Standing::default(), 3, 2);
         assert!(clocks.transaction.is_none());
+    }
+
+    #[tokio::test]
+    async fn a_message_must_be_whole_within_its_time_however_it_trickles() {
+        let mut clocks = clocks();
+        let message = |end: u64, left: u64| Standing {
+            mid_message: true,
+            message_end: end,
+            message_left: left,
+            ..Default::default()
+        };
+        let start = tokio::time::Instant::now();
+        // 1 MiB to come: 30 s of silence ends it, or 38 s in all.
+        clocks.arm(&message(5000, 1 << 20), 0, 0);
+        let (end, whole) = clocks.message.expect("the message's time");
+        assert_eq!(end, 5000);
+        let allowed = whole - start;
+        assert!(
+            allowed >= Duration::from_secs(38) && allowed < Duration::from_millis(38_500),
+            "{allowed:?}"
+        );
+        // Its bytes restart the silence, never the whole time.
+        std::thread::sleep(Duration::from_millis(2));
+        clocks.client_active();
+        clocks.arm(&message(5000, (1 << 20) - 1), 0, 0);
+        assert_eq!(clocks.message, Some((5000, whole)));
+        let deadline = clocks.idle.as_ref().map(|(_, t)| t.deadline());
+        assert!(deadline.is_some_and(|d| d <= whole && d > start + MESSAGE_STALL_TIMEOUT));
+        // The next message has a time of its own.
+        clocks.client_active();
+        clocks.arm(&message(9000, 10), 0, 0);
+        assert!(
+            clocks
+                .message
+                .is_some_and(|(end, at)| end == 9000 && at > whole - Duration::from_secs(8))
+        );
     }
 }

@@ -19,7 +19,7 @@
 use bytes::BytesMut;
 use sluice_wire::{TransactionStatus, WireError};
 
-use super::clocks::{Clocks, IdleKind, MESSAGE_STALL_TIMEOUT, Standing};
+use super::clocks::{Clocks, IdleKind, MESSAGE_MIN_RATE, MESSAGE_STALL_TIMEOUT, Standing};
 use super::unlink::own_queries_uncancelled;
 use super::{CLIENT_HELD_LIMIT, End, Outcome, held_too_large, pqexec_disallowed};
 use crate::backend::pool::Lease;
@@ -370,12 +370,20 @@ pub(super) fn standing(
     // ReadyForQuery, as PgBouncer times a request)
     let owed = cycle.req.outstanding > 0
         || (cycle.req.executed() && tracking.is_none_or(|t| t.expected.awaits_execute()));
+    // (`client_taken` is where `cbuf` starts in the client's stream)
+    let (pending, wanted) = (cycle.client_scan.pending(), cycle.client_scan.wanted());
+    let (message_end, message_left) = match (pending, wanted) {
+        (0, 0) => (0, 0),
+        (0, wanted) => (wanted, wanted.saturating_sub(cbuf.len())),
+        (pending, _) => (pending, pending),
+    };
     Standing {
         owed,
         replica_owes: owed && cycle.on_replica,
         unread_client: owed && (cbuf.len() >= BUFFER_LIMIT || tracking.is_some_and(full)),
-        mid_message: tracking.is_some_and(|t| !full(t))
-            && (cycle.client_scan.wanted() > 0 || !cycle.client_scan.at_boundary()),
+        mid_message: tracking.is_some_and(|t| !full(t)) && (wanted > 0 || pending > 0),
+        message_end: cycle.client_taken + message_end as u64,
+        message_left: message_left as u64,
         pinned_idle: at_end && tracking.is_some_and(|t| t.pinned.is_some()),
         session_at_rest: !pooled && cycle.req.at_rest() && cycle.status == TransactionStatus::Idle,
         in_transaction: cycle.status != TransactionStatus::Idle || cycle.req.unsynced,
@@ -490,8 +498,11 @@ pub(super) fn on_event(
             Some(IdleKind::Message) => Err(End::Client(ClientError::new(
                 "08P01",
                 format!(
-                    "incomplete message: no data for {} s while holding a server",
-                    MESSAGE_STALL_TIMEOUT.as_secs()
+                    "incomplete message: no data for {} s, or not whole within {} s and 1 s \
+                     for each {} KiB, while holding a server",
+                    MESSAGE_STALL_TIMEOUT.as_secs(),
+                    MESSAGE_STALL_TIMEOUT.as_secs(),
+                    MESSAGE_MIN_RATE >> 10
                 ),
             ))),
             Some(IdleKind::Transaction) | None => Err(End::Client(ClientError::new(
