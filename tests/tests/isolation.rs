@@ -967,10 +967,11 @@ async fn small_binds_do_not_inflate_memory() {
 /// disconnected; its server may also simply not be taken before its
 /// message is whole).
 async fn trickled_query_does_not_hold_the_server(announced: i32) {
-    trickled_message_does_not_hold_the_server(b'Q', announced).await;
+    trickled_message_does_not_hold_the_server(&[], b'Q', announced).await;
 }
 
-async fn trickled_message_does_not_hold_the_server(tag: u8, announced: i32) {
+/// `prefix`: whole messages sent first, in the same write.
+async fn trickled_message_does_not_hold_the_server(prefix: &[u8], tag: u8, announced: i32) {
     const SERVED_WITHIN: Duration = Duration::from_secs(40);
     let cluster = app_cluster(ServerAuth::Trust);
     let sluice = ConfigBuilder::for_cluster(&cluster)
@@ -980,7 +981,8 @@ async fn trickled_message_does_not_hold_the_server(tag: u8, announced: i32) {
         .start();
     let other = app_client(&sluice).await;
     let mut trickler = raw_login(&sluice, APP_USER).await;
-    let mut header = vec![tag];
+    let mut header = prefix.to_vec();
+    header.push(tag);
     header.extend_from_slice(&announced.to_be_bytes());
     header.extend_from_slice(b"select '");
     trickler.send(&header).await.expect("send the header");
@@ -1027,11 +1029,15 @@ async fn trickled_4_kib_query_does_not_hold_the_server() {
 
 /// A FunctionCall, or COPY's data outside a COPY (which PostgreSQL
 /// ignores), trickled as the first message of a request: no server is
-/// lent until it is whole (a review held the only server with both).
+/// lent until it is whole (a review held the only server with both); a
+/// FunctionCall behind a Flush is held whole too.
 #[tokio::test]
 async fn trickled_function_calls_and_copy_data_do_not_hold_the_server() {
-    trickled_message_does_not_hold_the_server(b'F', 10 << 20).await;
-    trickled_message_does_not_hold_the_server(b'd', 10 << 20).await;
+    trickled_message_does_not_hold_the_server(&[], b'F', 10 << 20).await;
+    trickled_message_does_not_hold_the_server(&[], b'd', 10 << 20).await;
+    // Behind a Flush, which takes a server, the FunctionCall waits in
+    // sluice, the server back in the pool (a review of the first fix).
+    trickled_message_does_not_hold_the_server(&flush(), b'F', 10 << 20).await;
 }
 
 /// A message trickled in the middle of a request (an Execute sent with no
@@ -1478,6 +1484,59 @@ async fn a_query_pipelined_behind_a_failing_copy_with_syncs_is_answered() {
         assert_eq!(answered, Some(token), "round {round}");
         read_until_kind(&mut copier, b'Z', "the Query's ReadyForQuery").await;
     }
+}
+
+/// The same for a client that holds a session advisory lock: its server
+/// cannot stay (its reply count is unsure) and the lock cannot go with
+/// the client, which must be told, not moved on without it (a review: the
+/// client went on, on a new server, its lock silently gone).
+#[tokio::test]
+async fn a_client_whose_locks_cannot_follow_it_is_told() {
+    let cluster = app_cluster(ServerAuth::Trust);
+    cluster
+        .psql(
+            "postgres",
+            &format!("create table copyl (x int); grant all on copyl to {APP_USER}"),
+        )
+        .expect("create table");
+    let sluice = one_server(&cluster);
+    let mut copier = raw_login(&sluice, APP_USER).await;
+    let locked = exchange(&mut copier, &query("select pg_advisory_lock(7)"), "lock").await;
+    assert!(locked.errors.is_empty(), "{locked:?}");
+    copier
+        .send(&query("copy copyl from stdin"))
+        .await
+        .expect("send COPY");
+    read_until_kind(&mut copier, b'G', "CopyInResponse").await;
+    let mut bytes = copy_data(b"not-an-int\n");
+    bytes.extend(sync());
+    bytes.extend(copy_done());
+    copier.send(&bytes).await.expect("send the data");
+    let _ = read_reply(&mut copier, WAIT).await;
+    // (more ReadyForQuery may come first: PostgreSQL answers the Sync
+    // sent in COPY, or not)
+    let sent = copier
+        .send(&query(
+            "select 'locks ' || count(*) from pg_locks \
+             where locktype = 'advisory' and pid = pg_backend_pid()",
+        ))
+        .await;
+    let mut after = None;
+    while sent.is_ok() {
+        match copier.read_message(WAIT).await {
+            RawReply::Message(b'D', body) => {
+                after = first_column(&body);
+                break;
+            }
+            RawReply::Message(b'E', _) => break,
+            RawReply::Message(..) => {}
+            RawReply::TimedOut | RawReply::Closed => break,
+        }
+    }
+    assert!(
+        after.as_deref() != Some("locks 0"),
+        "the client went on without its lock, untold: {after:?}"
+    );
 }
 
 /// tokio-postgres' COPY in a transaction, failing on its data: Bind,

@@ -201,6 +201,27 @@ impl SessionVars {
     }
 }
 
+/// `current` with the settings of `startup` it lacks put back: a setting
+/// the client logged in with that is no longer the session's was reset
+/// (RESET, RESET ALL, DISCARD ALL, SET … TO DEFAULT), and PostgreSQL
+/// resets it to the value of the login, not the server's default (sluice
+/// gives the login's values with SET, which a reset undoes; a review
+/// found a client's `options=-c search_path=…` gone after a DISCARD ALL).
+/// `None`: nothing to put back.
+pub fn restored(
+    current: &Option<Arc<SessionVars>>,
+    startup: &SessionVars,
+) -> Option<Option<Arc<SessionVars>>> {
+    let lacks = |name: &str| current.as_deref().is_none_or(|c| c.get(name).is_none());
+    let missing: Vec<_> = startup.vars.iter().filter(|(n, _)| lacks(n)).collect();
+    if missing.is_empty() {
+        return None;
+    }
+    let kept = current.iter().flat_map(|c| c.vars.iter());
+    let vars = SessionVars::from_pairs(kept.chain(missing).cloned());
+    Some(Some(Arc::new(vars)))
+}
+
 /// Shared sets compare by pointer first; `None` is "nothing set".
 pub fn same(a: &Option<Arc<SessionVars>>, b: &Option<Arc<SessionVars>>) -> bool {
     match (a, b) {
@@ -311,6 +332,31 @@ fn quote_ident(s: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_reset_gives_back_the_settings_of_the_login() {
+        let startup = SessionVars::from_pairs([("search_path", "a"), ("work_mem", "8MB")]);
+        // Nothing was reset: nothing to put back.
+        let same = Some(Arc::new(SessionVars::from_pairs([
+            ("search_path", "b"),
+            ("work_mem", "8MB"),
+        ])));
+        assert_eq!(restored(&same, &startup), None);
+        // RESET search_path: the login's value, the rest as it is.
+        let reset = Some(Arc::new(SessionVars::from_pairs([
+            ("work_mem", "1MB"),
+            ("app.x", "1"),
+        ])));
+        let back = restored(&reset, &startup)
+            .expect("put back")
+            .expect("settings");
+        assert_eq!(back.get("search_path"), Some("a"));
+        assert_eq!(back.get("work_mem"), Some("1MB"));
+        assert_eq!(back.get("app.x"), Some("1"));
+        // RESET ALL: all of the login's.
+        let all = restored(&None, &startup).expect("put back");
+        assert_eq!(all.as_deref(), Some(&startup));
+    }
 
     #[test]
     fn values_of_another_encoding_travel_as_utf8_hex_and_escapes() {

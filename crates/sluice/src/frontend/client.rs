@@ -102,6 +102,9 @@ pub struct Carried {
     pub statements: crate::prepared::client_names::ClientNames,
     /// Session settings that follow the client.
     pub session: Option<Arc<crate::session_vars::SessionVars>>,
+    /// Those it logged in with (startup parameters, `options=-c`): what
+    /// RESET, RESET ALL and DISCARD ALL give back, as PostgreSQL's do.
+    pub startup: Option<Arc<crate::session_vars::SessionVars>>,
     /// Channels the client LISTENs to through the pool's hub.
     pub listen: Option<Box<Listening>>,
     /// Bytes the client sent with its login, after it (a request written

@@ -219,6 +219,9 @@ impl LoggedIn {
             self.cancel,
             self.user,
         );
+        if let Some(startup) = &self.session {
+            client.carried().startup = Some(startup.clone());
+        }
         client.set_session(self.session);
         if !self.early.is_empty() {
             client.carried().early = self.early;

@@ -67,9 +67,6 @@ pub(super) struct Tracking {
     /// settings may change again (`retire_one_offs`).
     pub(super) one_off:
         std::collections::HashMap<u64, std::sync::Arc<crate::prepared::registry::Statement>>,
-    /// A Parse or Bind of a text that may change settings went to the
-    /// server: its Execute retires the copies (`retire_one_offs`).
-    pub(super) settings_pending: bool,
 }
 
 impl Default for Tracking {
@@ -89,7 +86,6 @@ impl Default for Tracking {
             discard_sent: false,
             discard_at: None,
             one_off: Default::default(),
-            settings_pending: false,
         }
     }
 }
@@ -97,14 +93,15 @@ impl Default for Tracking {
 impl Tracking {
     /// A private copy is parsed under the settings of its place in the
     /// stream and serves the client's Binds only while they hold: up to
-    /// the next message that may change them (the Execute of a text that
-    /// sets, a simple query, a FunctionCall) or end the transaction (a
-    /// Sync: a `SET LOCAL` or `set_config(…, true)` ends with it). Retired
-    /// there (closed before the server's next Parse), so that a later
-    /// Bind gets a copy of its own (a review: Binds pipelined after the
-    /// COMMIT of a `SET LOCAL` used the copy made under it).
+    /// the next message that may change them (any Execute: of a portal or
+    /// an unnamed statement sluice does not follow, too; a simple query; a
+    /// FunctionCall) or end the transaction (a Sync: a `SET LOCAL` or
+    /// `set_config(…, true)` ends with it). Retired there (closed before
+    /// the server's next Parse), so that a later Bind gets a copy of its
+    /// own (reviews: Binds pipelined after the COMMIT of a `SET LOCAL` used
+    /// the copy made under it; so did Binds after the Execute of a `SET`
+    /// bound in an earlier batch).
     pub(super) fn retire_one_offs(&mut self, server: &mut ServerStatements) {
-        self.settings_pending = false;
         for (_, copy) in self.one_off.drain() {
             server.retire(copy.id);
         }
@@ -213,10 +210,14 @@ fn rewritten(tag: u8) -> bool {
     matches!(tag, f::PARSE | f::BIND | f::DESCRIBE | f::CLOSE | f::QUERY)
 }
 
-/// Messages the client scan needs whole: those it rewrites, and those
-/// whose body must be empty (five bytes, so at once).
+/// Messages the client scan needs whole: those it rewrites, those whose
+/// body must be empty (five bytes, so at once), and FunctionCall, so that
+/// one trickled behind a Flush or Sync waits in sluice, not on a server
+/// (a review held the only server so).
 fn needs_body(tag: u8) -> bool {
-    rewritten(tag) || tags::frontend::after_login(tag) == Some(true)
+    rewritten(tag)
+        || tag == tags::frontend::FUNCTION_CALL
+        || tags::frontend::after_login(tag) == Some(true)
 }
 
 /// Why PostgreSQL would refuse this client message in a way that leaves
@@ -260,7 +261,6 @@ pub(super) fn rewrite_client(
         let mut executed = false;
         // (a place past which a private copy no longer serves)
         let mut copies_end = false;
-        let settings_pending = t.settings_pending;
         let cap = cycle.cap;
         let expected = &mut t.expected;
         let end = cycle
@@ -301,7 +301,7 @@ pub(super) fn rewrite_client(
                     }
                     Counted::Execute => {
                         (*in_batch, executed) = (true, true);
-                        copies_end |= settings_pending;
+                        copies_end = true;
                         expected.push(pass(Reply::Execute))
                     }
                     Counted::CopyEnded { ignored_syncs } => {
@@ -322,7 +322,7 @@ pub(super) fn rewrite_client(
         if function_called {
             t.effects.merge(Effects::unreadable());
         }
-        if copies_end && (settings_pending || !t.one_off.is_empty()) {
+        if copies_end && !t.one_off.is_empty() {
             t.retire_one_offs(st.server);
         }
         t.out.extend_from_slice(&cbuf[..end.forward_to]);
@@ -440,14 +440,12 @@ fn handle_message(
                 }
                 let effects = sql::effects(text);
                 reads_sequences = effects.sequences;
-                t.settings_pending |= effects.parsing;
                 note_effects(t, effects, text);
             }
             if let Some(text) = text
                 && !text.is_ascii()
                 && crate::params::ascii_in_multibyte(params)
             {
-                t.settings_pending = true;
                 note_effects(t, Effects::unreadable(), text);
             }
         }
@@ -464,14 +462,12 @@ fn handle_message(
                     follow_listens(t, specials, cycle.req.sent() + 1);
                 }
                 reads_sequences = statement.effects.sequences;
-                t.settings_pending |= statement.effects.parsing;
                 note_effects(t, statement.effects, statement.query());
             }
             if let Some(statement) = &bound
                 && !statement.ascii
                 && crate::params::ascii_in_multibyte(params)
             {
-                t.settings_pending = true;
                 note_effects(t, Effects::unreadable(), statement.query());
             }
         }
@@ -501,7 +497,7 @@ fn handle_message(
                 }
             }
             // (it may set, or end the transaction: see `retire_one_offs`)
-            if !t.one_off.is_empty() || t.settings_pending {
+            if !t.one_off.is_empty() {
                 t.retire_one_offs(st.server);
             }
         }
@@ -1454,7 +1450,19 @@ async fn capture_settings(
             _ => None,
         }
     }));
-    let vars = (!vars.is_empty()).then(|| std::sync::Arc::new(vars));
+    let mut vars = (!vars.is_empty()).then(|| std::sync::Arc::new(vars));
+    let startup = client.carried.as_ref().and_then(|c| c.startup.clone());
+    if let Some(restored) = startup.and_then(|s| crate::session_vars::restored(&vars, &s)) {
+        // (with `reset_all`, put back with the rest below)
+        if !reset_all
+            && let Some(sql) =
+                crate::session_vars::apply_sql(vars.as_deref(), restored.as_deref(), mode)
+            && !reset(lease, &sql).await
+        {
+            return false;
+        }
+        vars = restored;
+    }
     if reset_all {
         lease.server().params = client.params.clone();
         // What the transaction itself changed is put back too (rare: a

@@ -231,6 +231,27 @@ pub(super) fn decide(
         ))));
     }
     if at_end && cycle.req.unsure() {
+        let keeps_state = |t: &Tracking| {
+            let e = t.effects;
+            t.pinned.is_some() || e.locks || e.listen || e.temp || e.cursors || e.statements
+        };
+        if tracking.is_some_and(keeps_state) {
+            // Session objects the client owns on that server (known, or
+            // named in what it sent since the last look) cannot be kept:
+            // the server cannot stay (sluice's own queries would take
+            // replies still coming for the client). The client is told,
+            // not left to find its locks or LISTENs gone (a review). Code
+            // sluice cannot read (a COPY's column list reads as a call) and
+            // settings go on as before: a failed COPY's transaction rolls
+            // them back (tokio-postgres' COPY in a transaction ends so).
+            return Decision::End(Err(End::Client(ClientError::new(
+                "08006",
+                "the server's replies could not be counted after a COPY the client sent \
+                 Syncs into, and the session holds objects there (locks, LISTEN, temporary \
+                 tables, cursors, prepared statements) that cannot be carried to another \
+                 server: the connection ends",
+            ))));
+        }
         // The reply count cannot be trusted: the client goes on, the
         // server is not shared.
         return Decision::End(Ok(Outcome::Close));
