@@ -782,6 +782,25 @@ async fn exchange(client: &mut RawClient, messages: &[Vec<u8>], count: usize) ->
     tags
 }
 
+/// The one column of each DataRow until `readies` ReadyForQuery have
+/// come; panics on an error or on silence.
+async fn values_until_ready(client: &mut RawClient, readies: usize) -> Vec<String> {
+    let mut values = Vec::new();
+    let mut ready = 0;
+    while ready < readies {
+        match client.read_message(Duration::from_secs(10)).await {
+            RawReply::Message(b'Z', _) => ready += 1,
+            RawReply::Message(b'D', body) => {
+                values.push(String::from_utf8_lossy(body.get(6..).unwrap_or_default()).into_owned())
+            }
+            RawReply::Message(b'E', body) => panic!("error: {:?}", error_fields(&body)),
+            RawReply::Message(..) => {}
+            other => panic!("no answer after {ready} ReadyForQuery: {other:?}"),
+        }
+    }
+    values
+}
+
 #[tokio::test]
 async fn extended_protocol_replies_stay_in_step() {
     let cluster = app_cluster(ServerAuth::Trust);
@@ -1112,19 +1131,7 @@ async fn binds_pipelined_after_a_set_local_commit_do_not_use_its_copy() {
         sync(),
     ];
     bob.send(&batch.concat()).await.expect("send");
-    let mut counts = Vec::new();
-    let mut ready = 0;
-    while ready < 6 {
-        match bob.read_message(Duration::from_secs(10)).await {
-            RawReply::Message(b'Z', _) => ready += 1,
-            RawReply::Message(b'D', body) => {
-                counts.push(String::from_utf8_lossy(body.get(6..).unwrap_or_default()).into_owned())
-            }
-            RawReply::Message(b'E', body) => panic!("error: {:?}", error_fields(&body)),
-            RawReply::Message(..) => {}
-            other => panic!("no answer after {ready} ReadyForQuery: {other:?}"),
-        }
-    }
+    let counts = values_until_ready(&mut bob, 6).await;
     // (the first, in the transaction, is a documented difference: the
     // copy is parsed under the SET LOCAL, PostgreSQL keeps the Parse's)
     assert_eq!(counts.len(), 3, "{counts:?}");
@@ -1192,18 +1199,7 @@ async fn a_private_copy_ends_at_the_next_execute() {
         sync(),
     ];
     client.send(&batch.concat()).await.expect("send");
-    let mut dates = Vec::new();
-    loop {
-        match client.read_message(Duration::from_secs(10)).await {
-            RawReply::Message(b'Z', _) => break,
-            RawReply::Message(b'D', body) => {
-                dates.push(String::from_utf8_lossy(body.get(6..).unwrap_or_default()).into_owned())
-            }
-            RawReply::Message(b'E', body) => panic!("error: {:?}", error_fields(&body)),
-            RawReply::Message(..) => {}
-            other => panic!("no answer: {other:?}"),
-        }
-    }
+    let dates = values_until_ready(&mut client, 1).await;
     // (the first is a documented difference: the copy is parsed under
     // the SET LOCAL, PostgreSQL keeps the Parse's month-first reading)
     assert_eq!(dates.len(), 2, "{dates:?}");
