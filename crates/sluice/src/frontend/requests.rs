@@ -76,8 +76,9 @@ pub(super) struct Requests {
     /// the client has not ended it yet.
     server_copy: Option<u64>,
     /// The server is in COPY FROM STDIN (CopyInResponse seen, no
-    /// CommandComplete or ErrorResponse yet); true once Syncs were
-    /// discounted for it.
+    /// CommandComplete or ErrorResponse yet); true once Syncs sent after
+    /// its data were discounted for it (PostgreSQL may leave COPY on an
+    /// error before it reads those).
     copy_active: Option<bool>,
     /// An Execute was sent since the last ReadyForQuery (it may end a
     /// failed transaction block: ROLLBACK through the extended protocol).
@@ -97,6 +98,10 @@ struct Claim {
     start: u64,
     syncs: u32,
     extended: bool,
+    /// Some of those Syncs followed data: PostgreSQL may have left COPY
+    /// before reading them, if it fails (those before any data it read in
+    /// COPY, whatever came after: tokio-postgres' Execute, Sync).
+    uncertain: bool,
     /// `sent` at the end: if still the same when confirmed, no Sync since
     /// has closed the batch.
     end: u64,
@@ -144,7 +149,8 @@ impl Requests {
     /// review: a Query pipelined there was never answered). Held, it goes
     /// to the next server. Not once nothing is surely owed while the
     /// period cannot end there (`idle` false: a transaction block is open,
-    /// whose end the client must send; or a batch is open), nor for a COPY
+    /// whose end the client must send, or the client is pinned; or a
+    /// batch is open), nor for a COPY
     /// started by an Execute, whose end PostgreSQL sends only at the
     /// client's Sync or Flush.
     pub(super) fn holding_client(&self, idle: bool) -> bool {
@@ -237,11 +243,16 @@ impl Requests {
         if syncs == 0 {
             return 0;
         }
-        self.copy_end_pending = true;
+        // (only while the COPY may still run: confirmed, or its request not
+        // answered yet; a COPY that failed before the Syncs were read is
+        // over, and a CopyDone after it gets no answer: holding would wait
+        // for good, a review)
+        self.copy_end_pending = confirmed || self.seen <= self.start;
         let claim = Claim {
             start: self.start,
             syncs,
             extended: self.start_extended,
+            uncertain: syncs > self.quiet_syncs,
             end: self.sent,
         };
         if confirmed {
@@ -263,7 +274,7 @@ impl Requests {
             self.unsynced = true;
         }
         if self.copy_active.is_some() {
-            self.copy_active = Some(true);
+            self.copy_active = Some(self.copy_active == Some(true) || claim.uncertain);
         }
     }
 
@@ -301,7 +312,16 @@ impl Requests {
     /// The server sent CommandComplete (`failed` false) or ErrorResponse:
     /// a COPY FROM STDIN it was in has ended. Returns the Syncs now known
     /// to be ignored (a COPY that failed before the client ended it).
+    #[cfg(test)]
     pub(super) fn server_done(&mut self, failed: bool) -> u32 {
+        self.server_done_by(failed, true)
+    }
+
+    /// `server_done`, told whether an ErrorResponse came from an interrupt
+    /// (class 57: a cancel, statement_timeout, a shutdown), which may come
+    /// before PostgreSQL reads Syncs sent ahead of the COPY's data; any
+    /// other error came from what it read, so after them.
+    pub(super) fn server_done_by(&mut self, failed: bool, interrupted: bool) -> u32 {
         self.copy_end_pending = false;
         let Some(discounted) = self.copy_active.take() else {
             return 0;
@@ -327,9 +347,10 @@ impl Requests {
             start: self.start,
             syncs,
             extended: self.start_extended,
+            uncertain: false,
             end: self.start + u64::from(syncs),
         });
-        self.unsure = true;
+        self.unsure = interrupted;
         syncs
     }
 
@@ -416,6 +437,27 @@ mod tests {
         assert!(r.holding_client(true));
         r.server_done(false);
         assert!(!r.holding_client(true));
+        // tokio-postgres: Execute, Sync (read in COPY), data, CopyDone,
+        // Sync, failing: PostgreSQL's answer is known, nothing is unsure.
+        let mut r = Requests::default();
+        send(&mut r, &[f::BIND, f::EXECUTE, f::SYNC]);
+        r.server_copy_in();
+        send(&mut r, &[f::COPY_DATA, f::COPY_DONE, f::SYNC]);
+        r.server_done(true);
+        assert!(!r.unsure());
+        // A COPY that failed on its data before the Syncs were read: it is
+        // over, the Sync answered; the CopyDone after it gets no answer.
+        let mut r = Requests::default();
+        send(&mut r, &[f::QUERY]);
+        r.server_copy_in();
+        send(&mut r, &[f::COPY_DATA]);
+        r.server_done_by(true, false);
+        r.server_ready();
+        send(&mut r, &[f::SYNC]);
+        r.server_ready();
+        send(&mut r, &[f::COPY_DONE]);
+        assert!(!r.unsure());
+        assert!(!r.holding_client(true), "nothing will answer the CopyDone");
         // An Execute's COPY: its end comes only at the client's Sync.
         let mut r = Requests::default();
         send(&mut r, &[f::BIND, f::EXECUTE]);

@@ -261,16 +261,14 @@ pub(super) fn rewrite_client(
         let mut executed = false;
         // (a place past which a private copy no longer serves)
         let mut copies_end = false;
+        // (where the period may end at rest: not for a pinned client)
+        let may_end = cycle.status == TransactionStatus::Idle && t.pinned.is_none();
         let cap = cycle.cap;
         let expected = &mut t.expected;
         let end = cycle
             .client_scan
             .scan(cbuf, 0, limit, needs_body, |tag, body| {
-                if cap.is_some_and(|c| cycle.req.sent() >= c)
-                    || cycle
-                        .req
-                        .holding_client(cycle.status == TransactionStatus::Idle)
-                {
+                if cap.is_some_and(|c| cycle.req.sent() >= c) || cycle.req.holding_client(may_end) {
                     return Visit::StopBefore;
                 }
                 if let Some(why) = bad_message(tag, body) {
@@ -338,9 +336,7 @@ pub(super) fn rewrite_client(
             || terminated
             || cycle.pqexec_seen
             || cycle.bad_message.is_some()
-            || cycle
-                .req
-                .holding_client(cycle.status == TransactionStatus::Idle)
+            || cycle.req.holding_client(may_end)
         {
             break;
         }
