@@ -207,21 +207,20 @@ impl SessionVars {
 /// resets it to the value of the login, not the server's default (sluice
 /// gives the login's values with SET, which a reset undoes; a review
 /// found a client's `options=-c search_path=…` gone after a DISCARD ALL).
-/// `None`: nothing to put back. Not for the role and session
-/// authorization, nor custom (dotted) settings: the read-back leaves out
-/// a role of `none` and an empty custom value, so a `SET ROLE NONE` or a
-/// `SET app.x = ''` would look reset (a review); those go back to the
-/// server's values, as before.
+/// `None`: nothing to put back. The role is put back even after a `SET
+/// ROLE NONE` (the read-back leaves out a role of `none`, so it looks
+/// reset): a client that logged in with a role then runs with that
+/// role's rights, never with more (the pool's login user's). Not the
+/// session authorization, nor custom (dotted) settings: the read-back
+/// leaves out an empty custom value, so a `SET app.x = ''` would look
+/// reset (a review); those go back to the server's values, as before.
 pub fn restored(
     current: &Option<Arc<SessionVars>>,
     startup: &SessionVars,
 ) -> Option<Option<Arc<SessionVars>>> {
     let lacks = |name: &str| current.as_deref().is_none_or(|c| c.get(name).is_none());
-    let kept_apart = |name: &str| {
-        name.contains('.')
-            || name.eq_ignore_ascii_case("role")
-            || name.eq_ignore_ascii_case("session_authorization")
-    };
+    let kept_apart =
+        |name: &str| name.contains('.') || name.eq_ignore_ascii_case("session_authorization");
     let missing: Vec<_> = startup
         .vars
         .iter()
@@ -369,10 +368,12 @@ mod tests {
         // RESET ALL: all of the login's.
         let all = restored(&None, &startup).expect("put back");
         assert_eq!(all.as_deref(), Some(&startup));
-        // Not a role or a custom setting: `SET ROLE NONE` and `SET app.x
-        // = ''` read back as absent, as a reset does.
-        let apart = SessionVars::from_pairs([("role", "bob"), ("app.x", "1")]);
+        // Not a custom setting (`SET app.x = ''` reads back as absent, as
+        // a reset does); the role, though, fails closed.
+        let apart = SessionVars::from_pairs([("app.x", "1")]);
         assert_eq!(restored(&None, &apart), None);
+        let role = SessionVars::from_pairs([("role", "bob")]);
+        assert!(restored(&None, &role).is_some());
     }
 
     #[test]

@@ -250,12 +250,10 @@ pub(super) fn on_server_message(
             Err(e) => seen.bad = Some(e),
         },
         b::COPY_IN_RESPONSE => seen.ignored_syncs += cycle.req.server_copy_in(),
-        b::COMMAND_COMPLETE => seen.ignored_syncs += cycle.req.server_done_by(false, false),
+        b::COMMAND_COMPLETE => seen.ignored_syncs += cycle.req.server_done(false),
         b::ERROR_RESPONSE => {
-            let fields = sluice_wire::ErrorFields::decode(body);
-            let interrupted = fields.as_ref().map_or(true, |f| f.code.starts_with("57"));
-            seen.ignored_syncs += cycle.req.server_done_by(true, interrupted);
-            if let Ok(f) = fields
+            seen.ignored_syncs += cycle.req.server_done(true);
+            if let Ok(f) = sluice_wire::ErrorFields::decode(body)
                 && let [a, b, ..] = f.code.as_bytes()
             {
                 let class = [*a, *b];

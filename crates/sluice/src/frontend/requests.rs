@@ -76,9 +76,11 @@ pub(super) struct Requests {
     /// the client has not ended it yet.
     server_copy: Option<u64>,
     /// The server is in COPY FROM STDIN (CopyInResponse seen, no
-    /// CommandComplete or ErrorResponse yet); true once Syncs sent after
-    /// its data were discounted for it (PostgreSQL may leave COPY on an
-    /// error before it reads those).
+    /// CommandComplete or ErrorResponse yet); true once Syncs were
+    /// discounted for it. (Even Syncs sent before any data are not sure on
+    /// an error: PostgreSQL may fail before it reads input, on a view, a
+    /// BEFORE STATEMENT trigger, a cancel; a review of a change that
+    /// trusted them.)
     copy_active: Option<bool>,
     /// An Execute was sent since the last ReadyForQuery (it may end a
     /// failed transaction block: ROLLBACK through the extended protocol).
@@ -98,10 +100,6 @@ struct Claim {
     start: u64,
     syncs: u32,
     extended: bool,
-    /// Some of those Syncs followed data: PostgreSQL may have left COPY
-    /// before reading them, if it fails (those before any data it read in
-    /// COPY, whatever came after: tokio-postgres' Execute, Sync).
-    uncertain: bool,
     /// `sent` at the end: if still the same when confirmed, no Sync since
     /// has closed the batch.
     end: u64,
@@ -252,7 +250,6 @@ impl Requests {
             start: self.start,
             syncs,
             extended: self.start_extended,
-            uncertain: syncs > self.quiet_syncs,
             end: self.sent,
         };
         if confirmed {
@@ -274,7 +271,7 @@ impl Requests {
             self.unsynced = true;
         }
         if self.copy_active.is_some() {
-            self.copy_active = Some(self.copy_active == Some(true) || claim.uncertain);
+            self.copy_active = Some(true);
         }
     }
 
@@ -312,16 +309,7 @@ impl Requests {
     /// The server sent CommandComplete (`failed` false) or ErrorResponse:
     /// a COPY FROM STDIN it was in has ended. Returns the Syncs now known
     /// to be ignored (a COPY that failed before the client ended it).
-    #[cfg(test)]
     pub(super) fn server_done(&mut self, failed: bool) -> u32 {
-        self.server_done_by(failed, true)
-    }
-
-    /// `server_done`, told whether an ErrorResponse came from an interrupt
-    /// (class 57: a cancel, statement_timeout, a shutdown), which may come
-    /// before PostgreSQL reads Syncs sent ahead of the COPY's data; any
-    /// other error came from what it read, so after them.
-    pub(super) fn server_done_by(&mut self, failed: bool, interrupted: bool) -> u32 {
         self.copy_end_pending = false;
         let Some(discounted) = self.copy_active.take() else {
             return 0;
@@ -347,10 +335,9 @@ impl Requests {
             start: self.start,
             syncs,
             extended: self.start_extended,
-            uncertain: false,
             end: self.start + u64::from(syncs),
         });
-        self.unsure = interrupted;
+        self.unsure = true;
         syncs
     }
 
@@ -437,26 +424,26 @@ mod tests {
         assert!(r.holding_client(true));
         r.server_done(false);
         assert!(!r.holding_client(true));
-        // tokio-postgres: Execute, Sync (read in COPY), data, CopyDone,
-        // Sync, failing: PostgreSQL's answer is known, nothing is unsure.
+        // tokio-postgres: Execute, Sync, data, CopyDone, Sync, failing:
+        // PostgreSQL may have failed before reading the first Sync (a view,
+        // a trigger, a cancel), so the count is unsure.
         let mut r = Requests::default();
         send(&mut r, &[f::BIND, f::EXECUTE, f::SYNC]);
         r.server_copy_in();
         send(&mut r, &[f::COPY_DATA, f::COPY_DONE, f::SYNC]);
         r.server_done(true);
-        assert!(!r.unsure());
+        assert!(r.unsure());
         // A COPY that failed on its data before the Syncs were read: it is
         // over, the Sync answered; the CopyDone after it gets no answer.
         let mut r = Requests::default();
         send(&mut r, &[f::QUERY]);
         r.server_copy_in();
         send(&mut r, &[f::COPY_DATA]);
-        r.server_done_by(true, false);
+        r.server_done(true);
         r.server_ready();
         send(&mut r, &[f::SYNC]);
         r.server_ready();
         send(&mut r, &[f::COPY_DONE]);
-        assert!(!r.unsure());
         assert!(!r.holding_client(true), "nothing will answer the CopyDone");
         // An Execute's COPY: its end comes only at the client's Sync.
         let mut r = Requests::default();
