@@ -259,3 +259,112 @@ async fn a_late_cancel_loses_no_committed_setting() {
         assert_eq!(value.as_deref(), Some(path.as_str()), "round {round}");
     }
 }
+
+/// Ctrl-C on a query still waiting for a server (the pool's only one is
+/// held by another client's open transaction) is answered at once with
+/// 57014, and the query never runs, not even once a server is free
+/// (PgBouncer drops such a cancel and runs the query later, unasked).
+/// Both shapes: a simple Query, and an extended-protocol batch.
+#[tokio::test]
+async fn a_query_cancelled_while_it_waits_for_a_server_never_runs() {
+    let cluster = app_cluster(ServerAuth::Trust);
+    let sluice = ConfigBuilder::for_cluster(&cluster)
+        .set("pool_mode", "transaction")
+        .set("default_pool_size", "1")
+        .set("query_wait_timeout", "60")
+        .start();
+    app_table(&cluster, "waited", "v int");
+    let holder = connect_as(sluice.port(), APP_USER, "postgres").await;
+    let waiter = std::sync::Arc::new(connect_as(sluice.port(), APP_USER, "postgres").await);
+    let token = waiter.cancel_token();
+    for (round, extended) in [(1, false), (2, true)] {
+        holder.batch_execute("begin").await.expect("begin");
+        holder
+            .batch_execute("select 1")
+            .await
+            .expect("in the transaction");
+        let started = Instant::now();
+        let insert = {
+            let waiter = waiter.clone();
+            tokio::spawn(async move {
+                if extended {
+                    waiter
+                        .execute("insert into waited values ($1)", &[&round])
+                        .await
+                        .map(|_| ())
+                } else {
+                    waiter
+                        .simple_query(&format!("insert into waited values ({round})"))
+                        .await
+                        .map(|_| ())
+                }
+            })
+        };
+        tokio::time::sleep(Duration::from_millis(1000)).await;
+        assert!(
+            !insert.is_finished(),
+            "round {round}: the insert waits for the server"
+        );
+        token.cancel_query(NoTls).await.expect("cancel sent");
+        let result = tokio::time::timeout(Duration::from_secs(5), insert)
+            .await
+            .unwrap_or_else(|_| {
+                panic!("round {round}: the cancel must answer while the server is still held")
+            })
+            .expect("task");
+        let error = expect_sqlstate(result, "57014");
+        assert!(
+            error
+                .as_db_error()
+                .is_some_and(|e| e.message().contains("cancel")),
+            "{error:?}"
+        );
+        assert!(started.elapsed() < Duration::from_secs(5));
+        holder.batch_execute("commit").await.expect("commit");
+        // The server is free now: the cancelled insert must not run late.
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        assert_eq!(
+            scalar_text(&holder, "select count(*)::text from waited").await,
+            "0",
+            "round {round}: the cancelled insert ran"
+        );
+        // The waiter goes on as usual.
+        assert_eq!(scalar_text(&waiter, "select 41 + 1").await, "42");
+    }
+}
+
+/// The same out a PAUSE: the request waiting for RESUME is answered 57014
+/// at once and never runs.
+#[tokio::test]
+async fn a_query_cancelled_while_paused_never_runs() {
+    let cluster = app_cluster(ServerAuth::Trust);
+    let sluice = ConfigBuilder::for_cluster(&cluster)
+        .set("pool_mode", "transaction")
+        .set("admin_users", "admin")
+        .set("query_wait_timeout", "60")
+        .start();
+    app_table(&cluster, "waited", "v int");
+    let admin = connect_as(sluice.port(), "admin", "pgbouncer").await;
+    let waiter = std::sync::Arc::new(connect_as(sluice.port(), APP_USER, "postgres").await);
+    assert_eq!(scalar_text(&waiter, "select 1").await, "1");
+    let token = waiter.cancel_token();
+    admin.simple_query("PAUSE postgres").await.expect("PAUSE");
+    let insert = {
+        let waiter = waiter.clone();
+        tokio::spawn(async move { waiter.simple_query("insert into waited values (1)").await })
+    };
+    tokio::time::sleep(Duration::from_millis(1000)).await;
+    assert!(!insert.is_finished(), "the insert waits out the pause");
+    token.cancel_query(NoTls).await.expect("cancel sent");
+    let result = tokio::time::timeout(Duration::from_secs(5), insert)
+        .await
+        .expect("the cancel must answer while the pause holds")
+        .expect("task");
+    expect_sqlstate(result, "57014");
+    admin.simple_query("RESUME postgres").await.expect("RESUME");
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(
+        scalar_text(&waiter, "select count(*)::text from waited").await,
+        "0"
+    );
+}

@@ -58,6 +58,12 @@ struct Slot {
     cancel_asked: AtomicBool,
     /// Waiting in line for a server.
     waiting: AtomicBool,
+    /// A cancel request came while the client waited for a server: its
+    /// request is answered 57014 and never runs (`take_wait_cancel`).
+    wait_cancelled: AtomicBool,
+    /// Wakes the client's own wait then (each its own: a cancel wakes no
+    /// other waiting client).
+    wait_cancel: tokio::sync::Notify,
     /// Why an operator disconnects the client (`Kill`), 0 when not.
     killed: AtomicU8,
     /// When its last request arrived, as `Mono::nanos` (0: none yet).
@@ -332,6 +338,7 @@ impl CancelRegistry {
         *slot.meta.lock().unwrap_or_else(|p| p.into_inner()) = Some(meta);
         slot.server.store(0, Ordering::Relaxed);
         slot.waiting.store(false, Ordering::Relaxed);
+        slot.wait_cancelled.store(false, Ordering::Relaxed);
         slot.killed.store(0, Ordering::Relaxed);
         slot.request_at.store(0, Ordering::Relaxed);
         slot.wait_since.store(0, Ordering::Relaxed);
@@ -484,6 +491,32 @@ impl CancelRegistry {
         slot.waiting.store(false, Ordering::Relaxed);
         slot.wait_since.store(0, Ordering::Relaxed);
         Kill::from_u8(slot.killed.load(Ordering::Acquire))
+    }
+
+    /// Whether a cancel request came while the client waited for a
+    /// server (its request is then not run); the mark is taken.
+    pub fn take_wait_cancel(&self, handle: CancelHandle) -> bool {
+        self.slot(handle.index).is_some_and(|s| {
+            s.wait_cancelled.load(Ordering::Relaxed)
+                && s.wait_cancelled.swap(false, Ordering::AcqRel)
+        })
+    }
+
+    /// Ready once a cancel request comes for the client while it waits for
+    /// a server (see `take_wait_cancel`).
+    pub async fn wait_cancelled(&self, handle: CancelHandle) {
+        let Some(slot) = self.slot(handle.index) else {
+            return std::future::pending().await;
+        };
+        loop {
+            let told = slot.wait_cancel.notified();
+            tokio::pin!(told);
+            told.as_mut().enable();
+            if slot.wait_cancelled.load(Ordering::Acquire) {
+                return;
+            }
+            told.await;
+        }
     }
 
     /// The client's wait began at `since` (told once it did not end at
@@ -669,6 +702,18 @@ impl CancelRegistry {
                 .map(|p| (p, host, unpack(server)))
         });
         let Some((pool, host, key)) = found else {
+            // Waiting for a server: its request is answered 57014 instead
+            // of running once it gets one (PgBouncer drops such a cancel,
+            // and the query runs later all the same).
+            if let Some(s) = slot
+                && s.server.load(Ordering::SeqCst) == 0
+                && s.waiting.load(Ordering::SeqCst)
+            {
+                if !s.wait_cancelled.swap(true, Ordering::AcqRel) {
+                    s.wait_cancel.notify_waiters();
+                }
+                return Ok(true);
+            }
             return Ok(false);
         };
         if let Some(s) = slot {
@@ -817,6 +862,52 @@ mod tests {
             (&newcomer_sock).write_all(b"x").is_err(),
             "shut for writing too"
         );
+    }
+
+    /// A cancel request for a client waiting for a server marks it and
+    /// wakes its wait (that client's only); one for a client neither
+    /// linked nor waiting does nothing; a newcomer on the slot starts clean.
+    #[tokio::test]
+    async fn a_cancel_for_a_waiting_client_ends_its_wait() {
+        use std::os::fd::AsRawFd;
+        use std::time::Duration;
+        let reg = CancelRegistry::new(0);
+        let pair = std::os::unix::net::UnixStream::pair().expect("pair");
+        let client = reg.register(meta(pair.0.as_raw_fd())).expect("slot");
+        let other = reg.register(meta(pair.1.as_raw_fd())).expect("slot");
+        let request = |h: CancelHandle| CancelRequest {
+            process_id: h.key.process_id,
+            secret_key: h.key.secret_key,
+        };
+        let no_host = |_: &Arc<Pool>, _: u32| None;
+        assert!(!reg.cancel(request(client), no_host).await.expect("idle"));
+        assert!(!reg.take_wait_cancel(client), "idle: nothing to cancel");
+        reg.set_waiting(client, true);
+        reg.set_waiting(other, true);
+        let wait = reg.wait_cancelled(client);
+        let cancel = async {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            reg.cancel(request(client), no_host).await.expect("waiting")
+        };
+        let ((), sent) =
+            tokio::time::timeout(Duration::from_secs(5), async { tokio::join!(wait, cancel) })
+                .await
+                .expect("the wait ends with the cancel");
+        assert!(sent);
+        assert!(
+            tokio::time::timeout(Duration::from_millis(50), reg.wait_cancelled(other))
+                .await
+                .is_err(),
+            "the other waiting client is not cancelled"
+        );
+        assert!(reg.take_wait_cancel(client));
+        assert!(!reg.take_wait_cancel(client), "taken once");
+        assert!(!reg.take_wait_cancel(other));
+        assert!(reg.cancel(request(client), no_host).await.expect("again"));
+        reg.unregister(client);
+        let newcomer = reg.register(meta(pair.0.as_raw_fd())).expect("slot");
+        assert_eq!(newcomer.index, client.index, "the slot is reused");
+        assert!(!reg.take_wait_cancel(newcomer), "a newcomer starts clean");
     }
 
     #[tokio::test]

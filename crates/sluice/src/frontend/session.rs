@@ -397,7 +397,8 @@ impl Client {
         // (Waiting, in SHOW CLIENTS, out a pause too, as on PgBouncer.)
         self.app.cancels.set_waiting(self.cancel, true);
         if self.app.control.anything_paused() {
-            match self.wait_while_paused(queued).await {
+            let cancellable = super::route::request_end(buf).is_some();
+            match self.wait_while_paused(queued, cancellable).await {
                 Ok(since) => queued = since,
                 Err(end) => return Some(end),
             }
@@ -449,10 +450,18 @@ impl Client {
                 let acquired = if gate.is_some_and(|t| !self.primary_settled(t)) {
                     self.hold_for_primary(None).await
                 } else {
-                    match self.acquire_notifying(&pool, queued).await {
+                    let cancellable = super::route::request_end(buf);
+                    match self
+                        .acquire_notifying(&pool, queued, cancellable.is_some())
+                        .await
+                    {
                         // Its request is never sent.
-                        None => Err(SessionEnd::ClientLeft),
-                        Some(Err(e)) if pool.host == 0 && unreachable(&e) => {
+                        Waited::Left => Err(SessionEnd::ClientLeft),
+                        Waited::Cancelled => {
+                            self.app.cancels.set_waiting(self.cancel, false);
+                            return self.answer_cancelled_wait(buf).await;
+                        }
+                        Waited::Got(Err(e)) if pool.host == 0 && unreachable(&e) => {
                             self.hold_for_primary(Some(e)).await
                         }
                         // A replica that cannot be reached or refuses the
@@ -462,7 +471,7 @@ impl Client {
                         // replica down already.
                         // (the request, untouched, goes round again, to
                         // the primary)
-                        Some(Err(e))
+                        Waited::Got(Err(e))
                             if read
                                 && pool.host != 0
                                 && matches!(
@@ -478,7 +487,7 @@ impl Client {
                             self.force_primary = true;
                             return None;
                         }
-                        Some(other) => other.map_err(|e| {
+                        Waited::Got(other) => other.map_err(|e| {
                             SessionEnd::Error(ClientError::new(e.sqlstate(), e.to_string()))
                         }),
                     }
@@ -530,6 +539,13 @@ impl Client {
             // request is sent.
             lease.release();
             return Some(SessionEnd::ClientLeft);
+        }
+        if self.app.cancels.take_wait_cancel(self.cancel)
+            && super::route::request_end(buf).is_some()
+        {
+            // Cancelled as its wait ended: the server goes back untouched.
+            lease.release();
+            return self.answer_cancelled_wait(buf).await;
         }
         if self.app.control.anything_paused() && self.app.control.is_paused(&self.pool.database) {
             // PAUSE came while it waited in the pool's line (a server
@@ -739,11 +755,14 @@ impl Client {
     /// closed its end meanwhile, and left the line at once (PgBouncer
     /// drops a waiting client that closes): a client gone, say, on its
     /// own timeout, never has its query run, nor a server closed for it.
+    /// `cancellable`: its request is whole in the buffer, so a cancel
+    /// request ends the wait (`Waited::Cancelled`).
     async fn acquire_notifying(
         &mut self,
         pool: &Arc<Pool>,
         queued: Option<Mono>,
-    ) -> Option<Result<Lease, AcquireError>> {
+        cancellable: bool,
+    ) -> Waited {
         // Told from within the acquire (its `tell` cannot borrow the
         // stream): a notice due, and when the client queued.
         let due = std::sync::atomic::AtomicBool::new(false);
@@ -756,7 +775,16 @@ impl Client {
         let cancels = &self.app.cancels;
         let cancel = self.cancel;
         let mut watch = Watch::default();
+        let mut cancelled = std::pin::pin!(async {
+            if !cancellable {
+                std::future::pending::<()>().await;
+            }
+            cancels.wait_cancelled(cancel).await;
+        });
         std::future::poll_fn(|cx| {
+            if cancelled.as_mut().poll(cx).is_ready() {
+                return std::task::Poll::Ready(Waited::Cancelled);
+            }
             let polled = acquire.as_mut().poll(cx);
             // (Loads first: a swap is a locked instruction, every time.)
             if let Some(at) = Mono::from_nanos(queued_at.load(Relaxed)) {
@@ -776,11 +804,33 @@ impl Client {
                 stream.try_write_whole(&notice);
             }
             if let std::task::Poll::Ready(got) = polled {
-                return std::task::Poll::Ready(Some(got));
+                return std::task::Poll::Ready(Waited::Got(got));
             }
-            watch_closed(stream, &mut watch, cx).map(|()| None)
+            watch_closed(stream, &mut watch, cx).map(|()| Waited::Left)
         })
         .await
+    }
+
+    /// A request cancelled while it waited for a server: it never runs;
+    /// it leaves `buf` and is answered as PostgreSQL answers a cancelled
+    /// query (an extended-protocol batch as one that failed at its first
+    /// message: the error, then ReadyForQuery for its Sync).
+    async fn answer_cancelled_wait(&mut self, buf: &mut BytesMut) -> Option<SessionEnd> {
+        use bytes::Buf;
+        self.app.cancels.take_wait_cancel(self.cancel);
+        let Some(end) = super::route::request_end(buf) else {
+            return Some(SessionEnd::Error(ClientError::new(
+                "08P01",
+                "a cancelled request was not whole",
+            )));
+        };
+        buf.advance(end);
+        self.queued_since = None;
+        tracing::debug!(
+            user = %self.user(), db = %self.database(),
+            "a request cancelled while it waited for a server is not run"
+        );
+        self.answer_cancelled().await
     }
 
     /// Answers a request that was cancelled before it answered anything
@@ -853,7 +903,13 @@ impl Client {
     /// `query_wait_timeout`; SIGINT or SHUTDOWN ends the wait with
     /// "server shutting down"; a client that closes its end meanwhile
     /// leaves at once. Returns when the wait began, if it did.
-    async fn wait_while_paused(&self, began: Option<Mono>) -> Result<Option<Mono>, SessionEnd> {
+    /// `cancellable`: the request is whole, and a cancel request ends the
+    /// wait here (the pool's line then answers it, `Waited::Cancelled`).
+    async fn wait_while_paused(
+        &self,
+        began: Option<Mono>,
+        cancellable: bool,
+    ) -> Result<Option<Mono>, SessionEnd> {
         let wait_timeout = self.pool.settings().query_wait_timeout;
         // (a request sent back from the pool's line has waited since then)
         let mut since = began;
@@ -864,7 +920,13 @@ impl Client {
         // its place among those RESUME wakes (first come, first served).
         let resumed = self.app.control.resumed.notified();
         let shutdown = self.app.phase_changed.notified();
-        tokio::pin!(resumed, shutdown);
+        let cancelled = async {
+            if !cancellable {
+                std::future::pending::<()>().await;
+            }
+            self.app.cancels.wait_cancelled(self.cancel).await;
+        };
+        tokio::pin!(resumed, shutdown, cancelled);
         resumed.as_mut().enable();
         shutdown.as_mut().enable();
         loop {
@@ -904,6 +966,7 @@ impl Client {
                 }
                 _ = tokio::time::sleep_until(until) => {}
                 () = closed => return Err(SessionEnd::ClientLeft),
+                () = &mut cancelled => return Ok(since),
             }
         }
     }
@@ -949,6 +1012,15 @@ impl Client {
         .await
         .map_err(|_| ClientError::new("08P01", "client_idle_timeout"))
     }
+}
+
+/// How a client's wait for a server ended (`acquire_notifying`).
+enum Waited {
+    Got(Result<Lease, AcquireError>),
+    /// The client closed its end.
+    Left,
+    /// A cancel request came for its request, which is whole in `buf`.
+    Cancelled,
 }
 
 /// `wait`'s output, or None once the client closes its end first (see
