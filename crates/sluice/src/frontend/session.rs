@@ -782,9 +782,6 @@ impl Client {
             cancels.wait_cancelled(cancel).await;
         });
         std::future::poll_fn(|cx| {
-            if cancelled.as_mut().poll(cx).is_ready() {
-                return std::task::Poll::Ready(Waited::Cancelled);
-            }
             let polled = acquire.as_mut().poll(cx);
             // (Loads first: a swap is a locked instruction, every time.)
             if let Some(at) = Mono::from_nanos(queued_at.load(Relaxed)) {
@@ -805,6 +802,11 @@ impl Client {
             }
             if let std::task::Poll::Ready(got) = polled {
                 return std::task::Poll::Ready(Waited::Got(got));
+            }
+            // (Looked at only once the server is not at hand: a cancel
+            // that came before is seen when the wait ends.)
+            if cancelled.as_mut().poll(cx).is_ready() {
+                return std::task::Poll::Ready(Waited::Cancelled);
             }
             watch_closed(stream, &mut watch, cx).map(|()| Waited::Left)
         })
