@@ -1867,3 +1867,56 @@ async fn shared_statements_read_literals_with_each_clients_settings() {
         }
     }
 }
+
+/// PostgreSQL keeps a session's unnamed statement past the transaction
+/// that made it, so a Bind of `""` in a later transaction may meet
+/// another client's on the pooled server: it is refused as a statement
+/// that does not exist (26000), never run (a review's Bind ran another
+/// client's DELETE). A client's own unnamed statement, in the same
+/// request or later on the same server with nothing between, still runs.
+#[tokio::test]
+async fn a_bind_of_the_unnamed_statement_never_runs_another_clients() {
+    let cluster = app_cluster(ServerAuth::Trust);
+    app_table(&cluster, "victim", "id int");
+    cluster
+        .psql(
+            "postgres",
+            "insert into victim select generate_series(1, 10)",
+        )
+        .expect("rows");
+    let sluice = one_server(&cluster);
+    let mut a = raw_login(&sluice, APP_USER).await;
+    let mut b = raw_login(&sluice, APP_USER).await;
+    let count = "select count(*)::text from victim";
+    let mut own = parse("", count);
+    own.extend(sync());
+    exchange(&mut a, &own, "A parses").await;
+    // A's own, in the next transaction on the same (only) server.
+    let mut run = bind("");
+    run.extend(execute());
+    run.extend(sync());
+    let reply = exchange(&mut a, &run, "A binds its own").await;
+    assert_eq!(reply.rows, vec![Some("10".to_owned())], "{reply:?}");
+    let mut delete = parse("", "delete from victim");
+    delete.extend(sync());
+    exchange(&mut b, &delete, "B parses a DELETE").await;
+    let reply = exchange(&mut a, &run, "A binds after B").await;
+    assert_eq!(reply.errors, vec!["26000".to_owned()], "{reply:?}");
+    assert!(reply.rows.is_empty(), "{reply:?}");
+    let mut describe_it = describe(b'S', "");
+    describe_it.extend(sync());
+    let reply = exchange(&mut a, &describe_it, "A describes after B").await;
+    assert_eq!(reply.errors, vec!["26000".to_owned()], "{reply:?}");
+    // A simple query replaces the unnamed statement on PostgreSQL too.
+    exchange(&mut a, &own, "A parses again").await;
+    exchange(&mut a, &query("select 1"), "A's simple query").await;
+    let reply = exchange(&mut a, &run, "A binds after its query").await;
+    assert_eq!(reply.errors, vec!["26000".to_owned()], "{reply:?}");
+    // Parse and Bind in one request, as drivers send them: runs.
+    let mut both = parse("", count);
+    both.extend(run.iter().copied());
+    let reply = exchange(&mut a, &both, "A parses and binds").await;
+    assert_eq!(reply.rows, vec![Some("10".to_owned())], "{reply:?}");
+    let left = bounded_scalar(&app_client(&sluice).await, count, "rows left").await;
+    assert_eq!(left, "10", "B's DELETE must not have run");
+}

@@ -13,6 +13,20 @@ pub struct ClientNames {
     names: HashMap<Arc<[u8]>, Arc<Statement>, super::fast_hash::BuildWordHasher>,
     /// Bytes of the texts named (shared texts counted for each client).
     bytes: usize,
+    /// This client, as the owner of a server's unnamed statement
+    /// (`ServerStatements::unnamed`).
+    pub owner: Owner,
+}
+
+/// A number no other client's names carry.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Owner(u64);
+
+impl Default for Owner {
+    fn default() -> Self {
+        static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+        Owner(NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed))
+    }
 }
 
 /// Statements one client may name at once: far above what drivers use

@@ -79,11 +79,12 @@ pub enum Expect {
     Discard,
     /// Answered by sluice when its turn comes.
     Local(Local),
-    /// A client Parse sluice does not keep (past the client's limits): a
+    /// A client message sluice does not send (a Parse past the client's
+    /// limits, a Bind of an unnamed statement that is not the client's): a
     /// Parse sent in its place fails on the server, which then skips the
     /// rest of the batch as PostgreSQL would, and its error is told to the
-    /// client as this one (SQLSTATE 54000, this message).
-    Refused(Box<str>),
+    /// client as this one (SQLSTATE, message).
+    Refused(Box<(&'static str, Box<str>)>),
 }
 
 impl Expect {
@@ -376,9 +377,10 @@ impl Expected {
     /// message then passes as it is). Errors are rare: the search costs
     /// nothing on the path of rows.
     pub fn renamed_error(&self, body: &[u8]) -> Option<BytesMut> {
-        if let Some(Expect::Refused(why)) = self.queue.front() {
+        if let Some(Expect::Refused(refusal)) = self.queue.front() {
+            let (code, why) = &**refusal;
             let mut out = BytesMut::new();
-            ErrorFields::new(Severity::Error, "54000", why).encode(&mut out);
+            ErrorFields::new(Severity::Error, code, why).encode(&mut out);
             return Some(out);
         }
         let Some(Expect::Pass {

@@ -67,6 +67,11 @@ impl Rewriter<'_> {
         let mut r = Reader::new(body(message));
         let name = r.cstr_bytes()?;
         let text = r.rest();
+        if name.is_empty() {
+            // PostgreSQL drops the server's unnamed statement first, even
+            // when the Parse then fails: the server's is the client's now.
+            self.server.unnamed = Some(self.names.owner);
+        }
         if name.is_empty() || self.capacity == 0 {
             self.out.extend_from_slice(message);
             self.parse_passes();
@@ -74,6 +79,8 @@ impl Rewriter<'_> {
         }
         if aborted {
             self.parse_unnamed(text);
+            // (it drops the server's unnamed statement; none is made)
+            self.server.unnamed = None;
             return Ok(());
         }
         if self.names.get(name).is_some() {
@@ -103,14 +110,17 @@ impl Rewriter<'_> {
             // skips the batch too, and nothing is made there (running it
             // unnamed replaced the client's own unnamed statement; found
             // by a review).
-            self.refuse(format!(
-                "prepared statement \"{}\" not kept: this connection's prepared \
+            self.refuse(
+                "54000",
+                format!(
+                    "prepared statement \"{}\" not kept: this connection's prepared \
                      statements are at sluice's limit ({} statements, {} MiB of text); \
                      close some first",
-                String::from_utf8_lossy(name),
-                super::client_names::MAX_CLIENT_STATEMENTS,
-                super::client_names::MAX_CLIENT_STATEMENT_BYTES >> 20
-            ));
+                    String::from_utf8_lossy(name),
+                    super::client_names::MAX_CLIENT_STATEMENTS,
+                    super::client_names::MAX_CLIENT_STATEMENT_BYTES >> 20
+                ),
+            );
             return Ok(());
         }
         if self.server.touch(statement.id) && statement.proven_in(self.server.scope) {
@@ -135,6 +145,10 @@ impl Rewriter<'_> {
         let portal = r.cstr_bytes()?;
         let name = r.cstr_bytes()?;
         let rest = r.rest();
+        if name.is_empty() && !self.unnamed_is_mine() {
+            self.refuse_unnamed();
+            return Ok(None);
+        }
         let Some((name, statement)) = self.lookup(name) else {
             self.out.extend_from_slice(message);
             self.expected.push(Expect::pass(Reply::Bind));
@@ -159,6 +173,10 @@ impl Rewriter<'_> {
         let mut r = Reader::new(body(message));
         let kind = r.u8()?;
         let name = r.cstr_bytes()?;
+        if kind == b'S' && name.is_empty() && !self.unnamed_is_mine() {
+            self.refuse_unnamed();
+            return Ok(());
+        }
         if kind == b'S'
             && let Some((name, statement)) = self.lookup(name)
         {
@@ -254,10 +272,28 @@ impl Rewriter<'_> {
         }
         self.out.extend_from_slice(message);
         self.expected.push(Expect::pass(Reply::Query));
+        // (a simple query drops the server's unnamed statement)
+        self.server.unnamed = None;
         QueryFate::Sent {
             specials,
             matters: true,
         }
+    }
+
+    /// Whether the server's unnamed statement is this client's own:
+    /// PostgreSQL keeps one past the transaction that made it, so another
+    /// client's may be there (a review's Bind of `""` ran another client's
+    /// DELETE).
+    fn unnamed_is_mine(&self) -> bool {
+        self.server.unnamed == Some(self.names.owner)
+    }
+
+    /// A Bind or Describe of an unnamed statement that is not the
+    /// client's on this server: refused as PostgreSQL refuses one that
+    /// does not exist (its Parse was on another server, or another client
+    /// or a simple query replaced it since).
+    fn refuse_unnamed(&mut self) {
+        self.refuse("26000", "unnamed prepared statement does not exist".into());
     }
 
     /// Sends `text` (a Parse body after the name) as the unnamed
@@ -285,15 +321,16 @@ impl Rewriter<'_> {
     }
 
     /// A failing Parse in place of a client message, whose error reaches
-    /// the client as 54000, `message`; the server skips the rest of the
+    /// the client as `code`, `message`; the server skips the rest of the
     /// batch as after any error.
-    fn refuse(&mut self, message: String) {
+    fn refuse(&mut self, code: &'static str, message: String) {
         MessageBuilder::new(self.out, tags::frontend::PARSE)
             .cstr("sluice_refused")
             .cstr("sluice refused this statement")
             .i16(0)
             .finish();
-        self.expected.push(Expect::Refused(message.into()));
+        self.expected
+            .push(Expect::Refused(Box::new((code, message.into()))));
     }
 
     /// The shared statement the client calls `name` (with the name as the

@@ -24,6 +24,9 @@ pub struct ServerStatements {
     /// The scope of the pool that lent the server last (`Pool::scope`),
     /// recorded on the statements it proves.
     pub scope: u64,
+    /// Whose unnamed statement the server holds, if it is known to be a
+    /// client's (a Bind of `""` by any other is refused).
+    pub unnamed: Option<super::client_names::Owner>,
 }
 
 impl ServerStatements {
