@@ -368,3 +368,149 @@ async fn a_query_cancelled_while_paused_never_runs() {
         "0"
     );
 }
+
+/// A raw client logged in (trust), with the cancel key sluice gave it.
+async fn raw_with_key(port: u16) -> (RawClient, [u8; 8]) {
+    let mut client = RawClient::connect(port).await;
+    client.startup(APP_USER, "postgres").await;
+    let mut key = None;
+    loop {
+        match client.read_message(Duration::from_secs(10)).await {
+            RawReply::Message(b'K', body) => key = body.get(..8).map(|k| k.try_into().expect("8")),
+            RawReply::Message(b'Z', _) => break,
+            RawReply::Message(b'E', body) => panic!("login failed: {:?}", error_fields(&body)),
+            RawReply::Message(..) => {}
+            other => panic!("login did not complete: {other:?}"),
+        }
+    }
+    (client, key.expect("BackendKeyData"))
+}
+
+async fn send_cancel(port: u16, key: [u8; 8]) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut stream = tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .expect("cancel connection");
+    let mut packet = 16i32.to_be_bytes().to_vec();
+    packet.extend_from_slice(&80_877_102i32.to_be_bytes());
+    packet.extend_from_slice(&key);
+    stream.write_all(&packet).await.expect("send the cancel");
+    let mut end = [0u8; 1];
+    let _ = tokio::time::timeout(Duration::from_secs(10), stream.read(&mut end)).await;
+}
+
+/// Message types up to ReadyForQuery (SQLSTATEs of errors after an `E`).
+async fn kinds_until_ready(client: &mut RawClient, timeout: Duration) -> String {
+    let mut kinds = String::new();
+    loop {
+        match client.read_message(timeout).await {
+            RawReply::Message(kind, body) => {
+                kinds.push(char::from(kind));
+                if kind == b'E' {
+                    kinds.push_str(error_field(&error_fields(&body), b'C').unwrap_or("?"));
+                }
+                if kind == b'Z' {
+                    return kinds;
+                }
+            }
+            other => panic!("no ReadyForQuery (got {kinds:?}, then {other:?})"),
+        }
+    }
+}
+
+/// A Bind with one text parameter of `value`, to the unnamed statement.
+fn bind_text(value: &[u8]) -> Vec<u8> {
+    let mut body = vec![0u8, 0u8];
+    body.extend_from_slice(&0i16.to_be_bytes());
+    body.extend_from_slice(&1i16.to_be_bytes());
+    body.extend_from_slice(&i32::try_from(value.len()).expect("len").to_be_bytes());
+    body.extend_from_slice(value);
+    body.extend_from_slice(&0i16.to_be_bytes());
+    sluice_tests::msg::message(b'B', &body)
+}
+
+/// A cancelled batch need not be whole when the cancel comes: one larger
+/// than a read (a 20 KB parameter), of more than 64 messages, whose Sync
+/// comes a second after the cancel, is answered 57014 at once and
+/// ReadyForQuery at its Sync, and none of it runs. A lone Sync waiting
+/// for a server runs nothing, so a cancel then leaves it (and the next
+/// request) alone.
+#[tokio::test]
+async fn a_cancelled_batch_never_runs_however_it_arrives() {
+    use sluice_tests::msg::{execute, parse, sync};
+    let cluster = app_cluster(ServerAuth::Trust);
+    let sluice = ConfigBuilder::for_cluster(&cluster)
+        .set("pool_mode", "transaction")
+        .set("default_pool_size", "1")
+        .set("query_wait_timeout", "60")
+        .start();
+    app_table(&cluster, "waited", "v text");
+    let holder = connect_as(sluice.port(), APP_USER, "postgres").await;
+    let (mut waiter, key) = raw_with_key(sluice.port()).await;
+
+    holder.batch_execute("begin").await.expect("begin");
+    holder.batch_execute("select 1").await.expect("in it");
+    let mut batch = parse("", "insert into waited values ($1)");
+    let big = vec![b'x'; 20_000];
+    for _ in 0..40 {
+        batch.extend(bind_text(&big));
+        batch.extend(execute());
+    }
+    waiter.send(&batch).await.expect("send the batch");
+    tokio::time::sleep(Duration::from_millis(1000)).await;
+    send_cancel(sluice.port(), key).await;
+    match waiter.read_message(Duration::from_secs(5)).await {
+        RawReply::Message(b'E', body) => assert_eq!(
+            error_field(&error_fields(&body), b'C'),
+            Some("57014"),
+            "{:?}",
+            error_fields(&body)
+        ),
+        other => panic!("the cancel must answer at once, got {other:?}"),
+    }
+    // The rest of the batch, then its Sync, a second later.
+    let mut rest = Vec::new();
+    for _ in 0..40 {
+        rest.extend(bind_text(b"late"));
+        rest.extend(execute());
+    }
+    waiter.send(&rest).await.expect("send more");
+    tokio::time::sleep(Duration::from_millis(1000)).await;
+    waiter.send(&sync()).await.expect("send the Sync");
+    assert_eq!(
+        kinds_until_ready(&mut waiter, Duration::from_secs(5)).await,
+        "Z"
+    );
+    holder.batch_execute("commit").await.expect("commit");
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(
+        scalar_text(&holder, "select count(*)::text from waited").await,
+        "0",
+        "nothing of the cancelled batch runs"
+    );
+
+    // A lone Sync: the cancel does nothing, the next request runs.
+    holder.batch_execute("begin").await.expect("begin");
+    holder.batch_execute("select 1").await.expect("in it");
+    waiter.send(&sync()).await.expect("a lone Sync");
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    send_cancel(sluice.port(), key).await;
+    holder.batch_execute("commit").await.expect("commit");
+    assert_eq!(
+        kinds_until_ready(&mut waiter, Duration::from_secs(5)).await,
+        "Z"
+    );
+    let mut next = parse("", "insert into waited values ($1)");
+    next.extend(bind_text(b"next"));
+    next.extend(execute());
+    next.extend(sync());
+    waiter.send(&next).await.expect("the next request");
+    assert_eq!(
+        kinds_until_ready(&mut waiter, Duration::from_secs(5)).await,
+        "12CZ"
+    );
+    assert_eq!(
+        scalar_text(&holder, "select string_agg(v, ',') from waited").await,
+        "next"
+    );
+}

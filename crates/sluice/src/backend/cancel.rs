@@ -477,7 +477,7 @@ impl CancelRegistry {
     /// The client waits for a server (or no longer does).
     pub fn set_waiting(&self, handle: CancelHandle, waiting: bool) {
         if let Some(slot) = self.slot(handle.index) {
-            slot.waiting.store(waiting, Ordering::Relaxed);
+            slot.waiting.store(waiting, Ordering::SeqCst);
             if !waiting {
                 slot.wait_since.store(0, Ordering::Relaxed);
             }
@@ -488,7 +488,7 @@ impl CancelRegistry {
     /// it was (one look at its slot for both).
     pub fn end_wait(&self, handle: CancelHandle) -> Option<Kill> {
         let slot = self.slot(handle.index)?;
-        slot.waiting.store(false, Ordering::Relaxed);
+        slot.waiting.store(false, Ordering::SeqCst);
         slot.wait_since.store(0, Ordering::Relaxed);
         Kill::from_u8(slot.killed.load(Ordering::Acquire))
     }
@@ -497,8 +497,8 @@ impl CancelRegistry {
     /// server (its request is then not run); the mark is taken.
     pub fn take_wait_cancel(&self, handle: CancelHandle) -> bool {
         self.slot(handle.index).is_some_and(|s| {
-            s.wait_cancelled.load(Ordering::Relaxed)
-                && s.wait_cancelled.swap(false, Ordering::AcqRel)
+            s.wait_cancelled.load(Ordering::SeqCst)
+                && s.wait_cancelled.swap(false, Ordering::SeqCst)
         })
     }
 
@@ -709,8 +709,15 @@ impl CancelRegistry {
                 && s.server.load(Ordering::SeqCst) == 0
                 && s.waiting.load(Ordering::SeqCst)
             {
-                if !s.wait_cancelled.swap(true, Ordering::AcqRel) {
+                if !s.wait_cancelled.swap(true, Ordering::SeqCst) {
                     s.wait_cancel.notify_waiters();
+                }
+                // The wait may have ended between the look and the mark:
+                // then the mark is taken back, unless the client saw it
+                // (its end of wait stores, then looks; this marks, then
+                // looks: one of the two sees the other).
+                if !s.waiting.load(Ordering::SeqCst) {
+                    s.wait_cancelled.store(false, Ordering::SeqCst);
                 }
                 return Ok(true);
             }

@@ -242,26 +242,6 @@ fn proven_read(text: &[u8]) -> bool {
 }
 
 /// One whole message at the start of `buf`: (type, body).
-/// Where the client's first request in `buf` ends when it is whole there:
-/// a Query or a FunctionCall, or an extended-protocol batch through its
-/// Sync (at most `BATCH_LIMIT` messages). A request cancelled while it
-/// waits for a server is dropped that far and answered 57014.
-pub fn request_end(buf: &[u8]) -> Option<usize> {
-    let mut pos = 0;
-    for _ in 0..BATCH_LIMIT {
-        let (tag, body) = message(buf.get(pos..)?)?;
-        let first = pos == 0;
-        pos += 5 + body.len();
-        match tag {
-            f::QUERY | f::FUNCTION_CALL if first => return Some(pos),
-            f::SYNC => return Some(pos),
-            f::PARSE | f::BIND | f::DESCRIBE | f::EXECUTE | f::CLOSE | f::FLUSH => {}
-            _ => return None,
-        }
-    }
-    None
-}
-
 fn message(buf: &[u8]) -> Option<(u8, &[u8])> {
     let tag = *buf.first()?;
     let len = i32::from_be_bytes(buf.get(1..5)?.try_into().ok()?);
@@ -278,31 +258,6 @@ fn cstr(body: &[u8]) -> Option<(&[u8], &[u8])> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn the_end_of_a_whole_request() {
-        let q = query("select 1");
-        let mut two = q.clone();
-        two.extend_from_slice(&query("select 2"));
-        assert_eq!(request_end(&two), Some(q.len()), "one Query, not the next");
-        assert_eq!(request_end(&q[..q.len() - 1]), None, "a Query not whole");
-        let mut batch = parse("", "select 1");
-        batch.extend_from_slice(&[b'B', 0, 0, 0, 12, 0, 0, 0, 0, 0, 0, 0, 0]);
-        batch.extend_from_slice(&[b'E', 0, 0, 0, 9, 0, 0, 0, 0, 0]);
-        assert_eq!(request_end(&batch), None, "a batch without its Sync");
-        batch.extend_from_slice(&[b'H', 0, 0, 0, 4]);
-        assert_eq!(request_end(&batch), None, "a Flush does not end it");
-        batch.extend_from_slice(&[b'S', 0, 0, 0, 4]);
-        let whole = batch.len();
-        batch.extend_from_slice(&q);
-        assert_eq!(request_end(&batch), Some(whole), "through the Sync");
-        let mut copy_data = vec![b'd', 0, 0, 0, 5, b'x'];
-        copy_data.extend_from_slice(&q);
-        assert_eq!(request_end(&copy_data), None, "nothing it knows");
-        let mut late_query = parse("", "select 1");
-        late_query.extend_from_slice(&q);
-        assert_eq!(request_end(&late_query), None, "a Query inside a batch");
-    }
 
     fn msg(tag: u8, body: &[u8]) -> Vec<u8> {
         let mut out = vec![tag];

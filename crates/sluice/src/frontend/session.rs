@@ -396,10 +396,14 @@ impl Client {
         let mut queued = self.queued_since.take();
         // (Waiting, in SHOW CLIENTS, out a pause too, as on PgBouncer.)
         self.app.cancels.set_waiting(self.cancel, true);
+        let cancellable = cancellable(buf);
         if self.app.control.anything_paused() {
-            let cancellable = super::route::request_end(buf).is_some();
             match self.wait_while_paused(queued, cancellable).await {
-                Ok(since) => queued = since,
+                Ok(Paused::Over(since)) => queued = since,
+                Ok(Paused::Cancelled) => {
+                    self.app.cancels.set_waiting(self.cancel, false);
+                    return self.answer_cancelled_wait(buf).await;
+                }
                 Err(end) => return Some(end),
             }
         }
@@ -423,7 +427,15 @@ impl Client {
         let mut lease = None;
         if let Some(lsn) = verify {
             // A read after a write, on a replica that may not have it yet.
-            if let Ok(mut l) = pool.acquire().await
+            let acquired = tokio::select! {
+                biased;
+                got = pool.acquire() => got,
+                () = self.app.cancels.wait_cancelled(self.cancel), if cancellable => {
+                    self.app.cancels.set_waiting(self.cancel, false);
+                    return self.answer_cancelled_wait(buf).await;
+                }
+            };
+            if let Ok(mut l) = acquired
                 && l.localize().is_ok()
             {
                 lease = Box::pin(self.replayed(l, lsn)).await;
@@ -450,11 +462,7 @@ impl Client {
                 let acquired = if gate.is_some_and(|t| !self.primary_settled(t)) {
                     self.hold_for_primary(None).await
                 } else {
-                    let cancellable = super::route::request_end(buf);
-                    match self
-                        .acquire_notifying(&pool, queued, cancellable.is_some())
-                        .await
-                    {
+                    match self.acquire_notifying(&pool, queued, cancellable).await {
                         // Its request is never sent.
                         Waited::Left => Err(SessionEnd::ClientLeft),
                         Waited::Cancelled => {
@@ -540,9 +548,9 @@ impl Client {
             lease.release();
             return Some(SessionEnd::ClientLeft);
         }
-        if self.app.cancels.take_wait_cancel(self.cancel)
-            && super::route::request_end(buf).is_some()
-        {
+        // (taken whatever the request: a lone Sync's must not meet the
+        // next request)
+        if self.app.cancels.take_wait_cancel(self.cancel) && cancellable {
             // Cancelled as its wait ended: the server goes back untouched.
             lease.release();
             return self.answer_cancelled_wait(buf).await;
@@ -755,8 +763,7 @@ impl Client {
     /// closed its end meanwhile, and left the line at once (PgBouncer
     /// drops a waiting client that closes): a client gone, say, on its
     /// own timeout, never has its query run, nor a server closed for it.
-    /// `cancellable`: its request is whole in the buffer, so a cancel
-    /// request ends the wait (`Waited::Cancelled`).
+    /// `cancellable`: a cancel request ends the wait (`Waited::Cancelled`).
     async fn acquire_notifying(
         &mut self,
         pool: &Arc<Pool>,
@@ -813,26 +820,77 @@ impl Client {
         .await
     }
 
-    /// A request cancelled while it waited for a server: it never runs;
-    /// it leaves `buf` and is answered as PostgreSQL answers a cancelled
-    /// query (an extended-protocol batch as one that failed at its first
-    /// message: the error, then ReadyForQuery for its Sync).
+    /// A request cancelled while it waited for a server: it never runs,
+    /// and is answered as PostgreSQL answers a query cancelled at its
+    /// first message: the error at once, then, once the client's messages
+    /// up to the request's end are dropped (a Query or FunctionCall alone;
+    /// else through the next Sync, as PostgreSQL skips after an error,
+    /// read as they come and not kept), ReadyForQuery.
     async fn answer_cancelled_wait(&mut self, buf: &mut BytesMut) -> Option<SessionEnd> {
-        use bytes::Buf;
         self.app.cancels.take_wait_cancel(self.cancel);
-        let Some(end) = super::route::request_end(buf) else {
-            return Some(SessionEnd::Error(ClientError::new(
-                "08P01",
-                "a cancelled request was not whole",
-            )));
-        };
-        buf.advance(end);
         self.queued_since = None;
         tracing::debug!(
             user = %self.user(), db = %self.database(),
             "a request cancelled while it waited for a server is not run"
         );
-        self.answer_cancelled().await
+        let mut out = BytesMut::new();
+        sluice_wire::ErrorFields::new(
+            sluice_wire::Severity::Error,
+            "57014",
+            "canceling statement due to user request",
+        )
+        .encode(&mut out);
+        if let Err(end) = self.write_local(&out).await {
+            return Some(end);
+        }
+        if let Err(end) = self.skip_request(buf).await {
+            return Some(end);
+        }
+        out.clear();
+        sluice_wire::ready_for_query(&mut out, sluice_wire::TransactionStatus::Idle);
+        self.write_local(&out).await.err()
+    }
+
+    /// Drops the client's messages through the end of the request at the
+    /// start of `buf` (`answer_cancelled_wait`), reading what has not
+    /// arrived yet (each read bounded by `client_idle_timeout`) without
+    /// keeping more than one read of it.
+    async fn skip_request(&mut self, buf: &mut BytesMut) -> Result<(), SessionEnd> {
+        use bytes::Buf;
+        use sluice_wire::tags::frontend as f;
+        let alone = matches!(buf.first(), Some(&(f::QUERY | f::FUNCTION_CALL)));
+        // Bytes of the message being dropped still to come, and whether
+        // it ends the request.
+        let (mut left, mut ends) = (0usize, false);
+        loop {
+            if left > 0 {
+                let n = left.min(buf.len());
+                buf.advance(n);
+                left -= n;
+                if left > 0 {
+                    self.read_more(buf).await?;
+                    continue;
+                }
+                if ends {
+                    return Ok(());
+                }
+            }
+            let Some(&[tag, a, b, c, d]) = buf.first_chunk::<5>() else {
+                self.read_more(buf).await?;
+                continue;
+            };
+            if tag == f::TERMINATE {
+                return Err(SessionEnd::ClientLeft);
+            }
+            let len = i32::from_be_bytes([a, b, c, d]);
+            let Some(len) = usize::try_from(len).ok().filter(|&l| l >= 4) else {
+                return Err(SessionEnd::Error(ClientError::protocol(format!(
+                    "invalid message length {len}"
+                ))));
+            };
+            left = 1 + len;
+            ends = alone || tag == f::SYNC;
+        }
     }
 
     /// Answers a request that was cancelled before it answered anything
@@ -905,13 +963,12 @@ impl Client {
     /// `query_wait_timeout`; SIGINT or SHUTDOWN ends the wait with
     /// "server shutting down"; a client that closes its end meanwhile
     /// leaves at once. Returns when the wait began, if it did.
-    /// `cancellable`: the request is whole, and a cancel request ends the
-    /// wait here (the pool's line then answers it, `Waited::Cancelled`).
+    /// `cancellable`: a cancel request ends the wait (`Paused::Cancelled`).
     async fn wait_while_paused(
         &self,
         began: Option<Mono>,
         cancellable: bool,
-    ) -> Result<Option<Mono>, SessionEnd> {
+    ) -> Result<Paused, SessionEnd> {
         let wait_timeout = self.pool.settings().query_wait_timeout;
         // (a request sent back from the pool's line has waited since then)
         let mut since = began;
@@ -933,7 +990,7 @@ impl Client {
         shutdown.as_mut().enable();
         loop {
             if !self.app.control.is_paused(&self.pool.database) {
-                return Ok(since);
+                return Ok(Paused::Over(since));
             }
             if self.app.phase() >= Phase::WaitForServers {
                 return Err(SessionEnd::Error(ClientError::new(
@@ -968,7 +1025,7 @@ impl Client {
                 }
                 _ = tokio::time::sleep_until(until) => {}
                 () = closed => return Err(SessionEnd::ClientLeft),
-                () = &mut cancelled => return Ok(since),
+                () = &mut cancelled => return Ok(Paused::Cancelled),
             }
         }
     }
@@ -1021,8 +1078,37 @@ enum Waited {
     Got(Result<Lease, AcquireError>),
     /// The client closed its end.
     Left,
-    /// A cancel request came for its request, which is whole in `buf`.
+    /// A cancel request came for its request.
     Cancelled,
+}
+
+/// How a wait out a PAUSE ended (`wait_while_paused`).
+enum Paused {
+    /// The pause is over: when the wait began, if it did.
+    Over(Option<Mono>),
+    /// A cancel request came for the request.
+    Cancelled,
+}
+
+/// Whether a cancel request for the request at the start of `buf`, while
+/// it waits for a server, stops it (`answer_cancelled_wait`): a Query, a
+/// FunctionCall, or an extended-protocol batch; not a lone Sync, which
+/// runs nothing (PostgreSQL answers it ReadyForQuery, cancel or not).
+fn cancellable(buf: &[u8]) -> bool {
+    use sluice_wire::tags::frontend as f;
+    matches!(
+        buf.first(),
+        Some(
+            &(f::QUERY
+                | f::FUNCTION_CALL
+                | f::PARSE
+                | f::BIND
+                | f::DESCRIBE
+                | f::EXECUTE
+                | f::CLOSE
+                | f::FLUSH)
+        )
+    )
 }
 
 /// `wait`'s output, or None once the client closes its end first (see
