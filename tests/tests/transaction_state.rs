@@ -1723,3 +1723,58 @@ async fn one_text_under_two_search_paths_is_two_statements() {
         assert_eq!(row.get::<_, String>(0), "from sb");
     }
 }
+
+/// A burst larger than a listener's queue (10,000 notifications from one
+/// transaction, the queue holds 4,096) reaches a listener that reads, all
+/// of it and in order (a review's listener got 4,096: the hub dropped what
+/// did not fit before the client's task could drain it).
+#[tokio::test]
+async fn a_burst_of_notifications_reaches_a_listener_that_reads() {
+    let cluster = app_cluster(ServerAuth::Trust);
+    let sluice = one_server(&cluster);
+    let (alice, mut inbox) = connect_listening(sluice.port(), APP_USER, "postgres").await;
+    let bob = connect_as(sluice.port(), APP_USER, "postgres").await;
+    alice.batch_execute("LISTEN burst").await.unwrap();
+    bob.batch_execute("select count(pg_notify('burst', g::text)) from generate_series(1, 10000) g")
+        .await
+        .unwrap();
+    for expected in 1..=10_000 {
+        let n = tokio::time::timeout(Duration::from_secs(10), inbox.recv())
+            .await
+            .unwrap_or_else(|_| panic!("notification {expected} within 10 s"))
+            .expect("connection open");
+        assert_eq!(n.payload(), expected.to_string());
+    }
+}
+
+/// A listener that never reads costs the others nothing but a short wait:
+/// a reader beside it gets every notification of a 20 MB burst, in order.
+#[tokio::test]
+async fn a_listener_that_never_reads_does_not_starve_one_that_does() {
+    let cluster = app_cluster(ServerAuth::Trust);
+    let sluice = one_server(&cluster);
+    let mut stuck = RawClient::connect_with_recv_buffer(sluice.port(), 4096).await;
+    stuck.startup(APP_USER, "postgres").await;
+    stuck.read_until_ready(Duration::from_secs(10)).await;
+    stuck
+        .simple_query("LISTEN burst", Duration::from_secs(10))
+        .await;
+    let (alice, mut inbox) = connect_listening(sluice.port(), APP_USER, "postgres").await;
+    let bob = connect_as(sluice.port(), APP_USER, "postgres").await;
+    alice.batch_execute("LISTEN burst").await.unwrap();
+    bob.batch_execute(
+        "select count(pg_notify('burst', g::text || ':' || repeat('x', 1000))) \
+         from generate_series(1, 20000) g",
+    )
+    .await
+    .unwrap();
+    for expected in 1..=20_000 {
+        let n = tokio::time::timeout(Duration::from_secs(10), inbox.recv())
+            .await
+            .unwrap_or_else(|_| panic!("notification {expected} within 10 s"))
+            .expect("connection open");
+        let number = n.payload().split(':').next().unwrap_or("");
+        assert_eq!(number, expected.to_string());
+    }
+    drop(stuck);
+}

@@ -29,8 +29,18 @@ pub trait HubOwner: Send + Sync + 'static {
 }
 
 /// Notifications queued for one client that is busy or slow to read;
-/// beyond this, new ones for it are dropped (and logged).
+/// beyond this the hub waits for room (`DELIVER_WAIT`).
 pub const CLIENT_QUEUE: usize = 4096;
+/// How long the hub waits for room in a client's full queue before it
+/// drops the notification for that client: a burst larger than the queue
+/// reaches a client that reads (its task drains the queue while the hub
+/// waits; before, 10,000 notifications of one transaction reached a
+/// reading listener as 4,096). One that does not read costs the other
+/// listeners this wait once: it is then `lagging`, gets what fits without
+/// waiting, and is waited for again only once it has read its whole
+/// queue (so a client reading slowly on purpose holds the hub at most
+/// this long for every `CLIENT_QUEUE` notifications it reads).
+const DELIVER_WAIT: Duration = Duration::from_millis(100);
 /// How long a LISTEN waits for the hub to listen before it goes on.
 const SUBSCRIBE_TIMEOUT: Duration = Duration::from_secs(10);
 /// Pause before the hub connects again after its server failed.
@@ -54,6 +64,9 @@ struct HubState {
     /// Waiting for the hub to listen to a channel.
     confirm: Vec<(String, oneshot::Sender<()>)>,
     running: bool,
+    /// Clients whose queue stayed full for `DELIVER_WAIT`: not waited for
+    /// again until one of their notifications fits.
+    lagging: HashSet<u64>,
 }
 
 /// The LISTEN fan-out of one pool.
@@ -115,23 +128,54 @@ impl NotifyHub {
                 }
                 !subs.is_empty()
             });
+            if channel.is_none() {
+                st.lagging.remove(&id);
+            }
         }
         self.changed.notify_one();
     }
 
-    fn deliver(&self, message: Bytes) {
+    /// Hands `message` to the channel's listeners, waiting for room in a
+    /// full queue at most `DELIVER_WAIT` (see there).
+    async fn deliver(&self, message: Bytes) {
+        use mpsc::error::TrySendError;
         let Some(channel) = notification_channel(&message) else {
             return;
         };
-        let st = self.lock();
-        let Some(subs) = st.channels.get(channel) else {
-            return;
+        let full: Vec<Subscriber> = {
+            let mut st = self.lock();
+            let HubState {
+                channels, lagging, ..
+            } = &mut *st;
+            let Some(subs) = channels.get(channel) else {
+                return;
+            };
+            let mut full = Vec::new();
+            for sub in subs {
+                if !lagging.is_empty() && sub.tx.capacity() == sub.tx.max_capacity() {
+                    lagging.remove(&sub.id);
+                }
+                match sub.tx.try_send(message.clone()) {
+                    Ok(()) => {}
+                    Err(TrySendError::Full(_)) if !lagging.contains(&sub.id) => {
+                        full.push(sub.clone());
+                    }
+                    Err(TrySendError::Full(_)) => {
+                        tracing::debug!(channel, "notification dropped for a lagging client");
+                    }
+                    Err(TrySendError::Closed(_)) => {}
+                }
+            }
+            full
         };
-        for sub in subs {
-            if sub.tx.try_send(message.clone()).is_err() {
+        for sub in full {
+            let sent = tokio::time::timeout(DELIVER_WAIT, sub.tx.send(message.clone())).await;
+            if !matches!(sent, Ok(Ok(()))) {
+                self.lock().lagging.insert(sub.id);
                 tracing::warn!(
                     channel,
-                    "a listening client is not reading: notification dropped"
+                    "a listening client does not read its notifications: those that do not fit \
+                     its queue ({CLIENT_QUEUE}) are dropped until it has read them all"
                 );
             }
         }
@@ -269,7 +313,7 @@ async fn serve(pool: &Weak<dyn HubOwner>, server: &mut super::server::ServerConn
             _ = &mut changed => {}
             read = read_message(&mut server.stream, &mut server.buf, MESSAGE_LIMIT) => {
                 match read {
-                    Ok((tag, body)) => on_message(&*p, tag, body),
+                    Ok((tag, body)) => on_message(&*p, tag, body).await,
                     Err(e) => return Served::Failed(e.to_string()),
                 }
             }
@@ -277,13 +321,13 @@ async fn serve(pool: &Weak<dyn HubOwner>, server: &mut super::server::ServerConn
     }
 }
 
-fn on_message(pool: &dyn HubOwner, tag: u8, body: BytesMut) {
+async fn on_message(pool: &dyn HubOwner, tag: u8, body: BytesMut) {
     if tag == tags::backend::NOTIFICATION_RESPONSE {
         let mut message = BytesMut::with_capacity(body.len() + sluice_wire::HEADER_LEN);
         sluice_wire::MessageBuilder::new(&mut message, tag)
             .bytes(&body)
             .finish();
-        pool.hub().deliver(message.freeze());
+        pool.hub().deliver(message.freeze()).await;
     }
 }
 
@@ -325,7 +369,7 @@ async fn query_each(
                     .unwrap_or_default();
                 tracing::warn!(db = %pool.database(), "LISTEN connection: {why}");
             }
-            _ => on_message(pool, tag, body),
+            _ => on_message(pool, tag, body).await,
         }
     }
     Ok(done)
