@@ -1778,3 +1778,60 @@ async fn a_listener_that_never_reads_does_not_starve_one_that_does() {
     }
     drop(stuck);
 }
+
+/// A LISTEN whose channel sluice cannot name as PostgreSQL will (a
+/// Unicode-escaped name; a non-ASCII name from a client whose encoding is
+/// not UTF-8) is refused with 0A000, where it used to succeed and deliver
+/// nothing (review 26).
+#[tokio::test]
+async fn a_listen_sluice_cannot_follow_is_refused() {
+    let cluster = app_cluster(ServerAuth::Trust);
+    let sluice = one_server(&cluster);
+    let client = connect_as(sluice.port(), APP_USER, "postgres").await;
+    let refused = client.batch_execute(r#"LISTEN U&"\0041bc""#).await;
+    let error = expect_sqlstate(refused, "0A000");
+    assert!(format!("{error:?}").contains("Unicode"), "{error:?}");
+    client
+        .batch_execute("LISTEN plain")
+        .await
+        .expect("a plain LISTEN");
+
+    let mut latin1 = RawClient::connect(sluice.port()).await;
+    latin1
+        .send(&startup_packet(&[
+            ("user", APP_USER),
+            ("database", "postgres"),
+            ("client_encoding", "LATIN1"),
+        ]))
+        .await
+        .expect("startup");
+    latin1.read_until_ready(Duration::from_secs(10)).await;
+    latin1
+        .send(&query_message_bytes(b"LISTEN \"Ch\xe4n\""))
+        .await
+        .expect("send");
+    let mut codes = Vec::new();
+    loop {
+        match latin1.read_message(Duration::from_secs(10)).await {
+            RawReply::Message(b'E', body) => codes.push(
+                error_field(&error_fields(&body), b'C')
+                    .unwrap_or("")
+                    .to_owned(),
+            ),
+            RawReply::Message(b'Z', _) => break,
+            RawReply::Message(..) => {}
+            other => panic!("no reply: {other:?}"),
+        }
+    }
+    assert_eq!(codes, vec!["0A000".to_owned()]);
+    let ascii = latin1
+        .simple_query("LISTEN plain", Duration::from_secs(10))
+        .await;
+    assert!(ascii.is_empty());
+}
+
+fn query_message_bytes(sql: &[u8]) -> Vec<u8> {
+    let mut body = sql.to_vec();
+    body.push(0);
+    sluice_tests::msg::message(b'Q', &body)
+}

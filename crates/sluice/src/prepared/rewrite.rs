@@ -228,6 +228,7 @@ impl Rewriter<'_> {
         if !sql::may_matter(text) {
             self.out.extend_from_slice(message);
             self.expected.push(Expect::pass(Reply::Query));
+            self.server.unnamed = None;
             return QueryFate::Sent {
                 specials: Vec::new(),
                 matters: false,
@@ -261,6 +262,20 @@ impl Rewriter<'_> {
                 return QueryFate::Answered;
             }
             _ => {}
+        }
+        let utf8 =
+            self.context.params.get("client_encoding").is_none_or(|e| {
+                e.eq_ignore_ascii_case("UTF8") || e.eq_ignore_ascii_case("UNICODE")
+            });
+        if sql::unfollowable_listen(text, utf8) {
+            self.expected.push(Expect::Local(Local::Refused(Box::new((
+                "0A000",
+                "sluice cannot follow this LISTEN or UNLISTEN in transaction pooling mode: \
+                 its notifications would never arrive. Name the channel without Unicode \
+                 escapes (U&\"…\"), and in ASCII when client_encoding is not UTF8"
+                    .into(),
+            )))));
+            return QueryFate::Answered;
         }
         let specials = sql::specials(text);
         if specials

@@ -1391,6 +1391,24 @@ fn special_statement(one: &[u8]) -> Option<Special> {
     None
 }
 
+/// Whether a LISTEN or UNLISTEN among `text`'s statements names its
+/// channel in a way sluice cannot read as PostgreSQL will (the pool's hub
+/// would listen to another name, and the client hear nothing): a
+/// Unicode-escaped name (`U&"…"`), bytes that are no UTF-8, or, when the
+/// client's encoding is not UTF-8 (`utf8` false), any byte past ASCII
+/// (PostgreSQL converts the name first; sluice reads bytes).
+pub fn unfollowable_listen(text: &[u8], utf8: bool) -> bool {
+    statements(text).into_iter().any(|one| {
+        let (first, rest) = word(one);
+        if !first.eq_ignore_ascii_case(b"listen") && !first.eq_ignore_ascii_case(b"unlisten") {
+            return false;
+        }
+        let name = skip_space(rest);
+        let escaped = matches!(name, [b'u' | b'U', b'&', b'"', ..]);
+        escaped || (!utf8 && !name.is_ascii()) || std::str::from_utf8(name).is_err()
+    })
+}
+
 /// A channel name as PostgreSQL keeps it: an identifier cut to 63 bytes
 /// (NAMEDATALEN - 1) on a character boundary, as notifications then name
 /// it. None for an empty name, which PostgreSQL refuses (42601).
@@ -1923,6 +1941,25 @@ mod tests {
         ] {
             assert!(!calls_unknown_function(text.as_bytes()), "{text}");
         }
+    }
+
+    #[test]
+    fn listens_sluice_cannot_follow() {
+        assert!(unfollowable_listen(br#"LISTEN U&"\0041bc""#, true));
+        assert!(unfollowable_listen(
+            br#"select 1; unlisten u&"d\0061ta""#,
+            true
+        ));
+        assert!(unfollowable_listen(b"listen ch\xe4n", true), "no UTF-8");
+        assert!(
+            unfollowable_listen("listen chän".as_bytes(), false),
+            "LATIN1 client"
+        );
+        assert!(!unfollowable_listen("listen chän".as_bytes(), true));
+        assert!(!unfollowable_listen(b"listen chan; unlisten *", false));
+        assert!(!unfollowable_listen(br#"listen "U&x""#, true));
+        assert!(!unfollowable_listen(b"listen u", true));
+        assert!(!unfollowable_listen(br#"select 'listen U&"x"'"#, true));
     }
 
     #[test]
