@@ -260,6 +260,19 @@ async fn a_late_cancel_loses_no_committed_setting() {
     }
 }
 
+/// One server in transaction mode (others wait long), and a table
+/// `waited` with `columns` the application user may write.
+fn one_server_and_table(columns: &str) -> (Cluster, SluiceProcess) {
+    let cluster = app_cluster(ServerAuth::Trust);
+    let sluice = ConfigBuilder::for_cluster(&cluster)
+        .set("pool_mode", "transaction")
+        .set("default_pool_size", "1")
+        .set("query_wait_timeout", "60")
+        .start();
+    app_table(&cluster, "waited", columns);
+    (cluster, sluice)
+}
+
 /// Ctrl-C on a query still waiting for a server (the pool's only one is
 /// held by another client's open transaction) is answered at once with
 /// 57014, and the query never runs, not even once a server is free
@@ -267,13 +280,7 @@ async fn a_late_cancel_loses_no_committed_setting() {
 /// Both shapes: a simple Query, and an extended-protocol batch.
 #[tokio::test]
 async fn a_query_cancelled_while_it_waits_for_a_server_never_runs() {
-    let cluster = app_cluster(ServerAuth::Trust);
-    let sluice = ConfigBuilder::for_cluster(&cluster)
-        .set("pool_mode", "transaction")
-        .set("default_pool_size", "1")
-        .set("query_wait_timeout", "60")
-        .start();
-    app_table(&cluster, "waited", "v int");
+    let (_cluster, sluice) = one_server_and_table("v int");
     let holder = connect_as(sluice.port(), APP_USER, "postgres").await;
     let waiter = std::sync::Arc::new(connect_as(sluice.port(), APP_USER, "postgres").await);
     let token = waiter.cancel_token();
@@ -438,13 +445,7 @@ fn bind_text(value: &[u8]) -> Vec<u8> {
 #[tokio::test]
 async fn a_cancelled_batch_never_runs_however_it_arrives() {
     use sluice_tests::msg::{execute, parse, sync};
-    let cluster = app_cluster(ServerAuth::Trust);
-    let sluice = ConfigBuilder::for_cluster(&cluster)
-        .set("pool_mode", "transaction")
-        .set("default_pool_size", "1")
-        .set("query_wait_timeout", "60")
-        .start();
-    app_table(&cluster, "waited", "v text");
+    let (_cluster, sluice) = one_server_and_table("v text");
     let holder = connect_as(sluice.port(), APP_USER, "postgres").await;
     let (mut waiter, key) = raw_with_key(sluice.port()).await;
 

@@ -833,13 +833,7 @@ impl Client {
             user = %self.user(), db = %self.database(),
             "a request cancelled while it waited for a server is not run"
         );
-        let mut out = BytesMut::new();
-        sluice_wire::ErrorFields::new(
-            sluice_wire::Severity::Error,
-            "57014",
-            "canceling statement due to user request",
-        )
-        .encode(&mut out);
+        let mut out = cancelled_error();
         if let Err(end) = self.write_local(&out).await {
             return Some(end);
         }
@@ -896,13 +890,7 @@ impl Client {
     /// Answers a request that was cancelled before it answered anything
     /// (it opened no transaction: only such requests run again).
     async fn answer_cancelled(&mut self) -> Option<SessionEnd> {
-        let mut out = BytesMut::new();
-        sluice_wire::ErrorFields::new(
-            sluice_wire::Severity::Error,
-            "57014",
-            "canceling statement due to user request",
-        )
-        .encode(&mut out);
+        let mut out = cancelled_error();
         sluice_wire::ready_for_query(&mut out, sluice_wire::TransactionStatus::Idle);
         self.write_local(&out).await.err()
     }
@@ -1080,6 +1068,18 @@ enum Waited {
     Left,
     /// A cancel request came for its request.
     Cancelled,
+}
+
+/// PostgreSQL's error for a cancelled query.
+fn cancelled_error() -> BytesMut {
+    let mut out = BytesMut::new();
+    sluice_wire::ErrorFields::new(
+        sluice_wire::Severity::Error,
+        "57014",
+        "canceling statement due to user request",
+    )
+    .encode(&mut out);
+    out
 }
 
 /// How a wait out a PAUSE ended (`wait_while_paused`).
