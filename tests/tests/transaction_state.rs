@@ -1835,3 +1835,54 @@ fn query_message_bytes(sql: &[u8]) -> Vec<u8> {
     body.push(0);
     sluice_tests::msg::message(b'Q', &body)
 }
+
+/// When the pool's LISTEN connection is lost, what is notified until it
+/// listens again is lost: every listening client is told with a WARNING
+/// (a client of PostgreSQL itself would have seen its connection end),
+/// and notifications flow again after (review 26: a silent gap).
+#[tokio::test]
+async fn listeners_are_told_when_the_listen_connection_is_lost() {
+    let cluster = app_cluster(ServerAuth::Trust);
+    let sluice = one_server(&cluster);
+    let mut alice = RawClient::logged_in(sluice.port(), APP_USER, "postgres").await;
+    alice
+        .simple_query("LISTEN hubchan", Duration::from_secs(10))
+        .await;
+    let terminated = cluster
+        .psql(
+            "postgres",
+            "select count(pg_terminate_backend(pid)) from pg_stat_activity \
+             where query = 'LISTEN \"hubchan\"'",
+        )
+        .expect("terminate the hub's backend");
+    assert_eq!(terminated.trim(), "1", "the hub's backend: {terminated}");
+    let mut told = None;
+    while told.is_none() {
+        match alice.read_message(Duration::from_secs(10)).await {
+            RawReply::Message(b'N', body) => told = Some(error_fields(&body)),
+            RawReply::Message(..) => {}
+            other => panic!("no warning: {other:?}"),
+        }
+    }
+    let fields = told.expect("told");
+    assert_eq!(error_field(&fields, b'V'), Some("WARNING"), "{fields:?}");
+    assert!(
+        error_field(&fields, b'M').is_some_and(|m| m.contains("LISTEN connection")),
+        "{fields:?}"
+    );
+    // It listens again: a notification sent once it does arrives.
+    let bob = connect_as(sluice.port(), APP_USER, "postgres").await;
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        bob.batch_execute("NOTIFY hubchan, 'again'").await.unwrap();
+        match alice.read_message(Duration::from_millis(500)).await {
+            RawReply::Message(b'A', _) => break,
+            RawReply::Message(..) | RawReply::TimedOut => {}
+            RawReply::Closed => panic!("alice's connection ended"),
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no notification after the hub came back"
+        );
+    }
+}

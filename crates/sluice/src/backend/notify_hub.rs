@@ -135,6 +135,18 @@ impl NotifyHub {
         self.changed.notify_one();
     }
 
+    /// Hands `message` (a NoticeResponse) to every listening client once,
+    /// without waiting.
+    fn tell_all(&self, message: &Bytes) {
+        let st = self.lock();
+        let mut told = HashSet::new();
+        for sub in st.channels.values().flatten() {
+            if told.insert(sub.id) {
+                let _ = sub.tx.try_send(message.clone());
+            }
+        }
+    }
+
     /// Hands `message` to the channel's listeners, waiting for room in a
     /// full queue at most `DELIVER_WAIT` (see there).
     async fn deliver(&self, message: Bytes) {
@@ -182,6 +194,23 @@ impl NotifyHub {
     }
 }
 
+/// The warning every listening client gets when the hub's connection is
+/// lost: what is notified until it listens again is lost, and a client
+/// connected to PostgreSQL itself would have seen its connection end.
+fn lost_notice(why: &str) -> Bytes {
+    let mut out = BytesMut::new();
+    sluice_wire::ErrorFields::new(
+        sluice_wire::Severity::Warning,
+        "01000",
+        &format!(
+            "sluice's LISTEN connection for this database was lost ({why}): notifications \
+             sent until it listens again may be missed"
+        ),
+    )
+    .encode(&mut out);
+    out.freeze()
+}
+
 /// The channel of a NotificationResponse (whole message).
 /// The channel a NotificationResponse names.
 pub fn notification_channel(message: &[u8]) -> Option<&str> {
@@ -219,6 +248,9 @@ async fn run(pool: Weak<dyn HubOwner>) {
             Served::Unused => return,
             Served::Failed(why) => {
                 tracing::warn!("LISTEN connection lost: {why}; reconnecting");
+                if let Some(p) = pool.upgrade() {
+                    p.hub().tell_all(&lost_notice(&why));
+                }
                 tokio::time::sleep(RECONNECT_DELAY).await;
             }
         }

@@ -140,10 +140,12 @@ impl Listening {
 
     /// Adds `notification` to `batch` if the client listens to its
     /// channel (a LISTEN rolled back, or an UNLISTEN committed, before it
-    /// was delivered: dropped, as PostgreSQL drops it).
+    /// was delivered: dropped, as PostgreSQL drops it); the hub's own
+    /// warnings (NoticeResponse) always.
     pub fn pass(&self, batch: &mut bytes::BytesMut, notification: &[u8]) {
-        if crate::backend::notify_hub::notification_channel(notification)
-            .is_some_and(|c| self.channels.contains(c))
+        if notification.first() == Some(&sluice_wire::tags::backend::NOTICE_RESPONSE)
+            || crate::backend::notify_hub::notification_channel(notification)
+                .is_some_and(|c| self.channels.contains(c))
         {
             batch.extend_from_slice(notification);
         }
