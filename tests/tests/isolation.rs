@@ -1912,6 +1912,16 @@ async fn a_bind_of_the_unnamed_statement_never_runs_another_clients() {
     exchange(&mut a, &query("select 1"), "A's simple query").await;
     let reply = exchange(&mut a, &run, "A binds after its query").await;
     assert_eq!(reply.errors, vec!["26000".to_owned()], "{reply:?}");
+    // A Parse the server skips (an error earlier in its batch) makes
+    // nothing the client's: B's statement stays, and is not run (review 28).
+    exchange(&mut b, &delete, "B parses a DELETE again").await;
+    let mut skipped = describe(b'S', "no_such_statement");
+    skipped.extend(parse("", count));
+    skipped.extend(sync());
+    let reply = exchange(&mut a, &skipped, "A's Parse after an error").await;
+    assert_eq!(reply.errors, vec!["26000".to_owned()], "{reply:?}");
+    let reply = exchange(&mut a, &run, "A binds after its skipped Parse").await;
+    assert_eq!(reply.errors, vec!["26000".to_owned()], "{reply:?}");
     // Parse and Bind in one request, as drivers send them: runs.
     let mut both = parse("", count);
     both.extend(run.iter().copied());

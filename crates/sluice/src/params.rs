@@ -215,6 +215,20 @@ pub fn ascii_in_multibyte(set: &ParamSet) -> bool {
     NAMES.contains(&&clean[..n])
 }
 
+/// The session's client_encoding is UTF-8 (or unnamed), however spelled:
+/// PostgreSQL reads `utf-8`, `UTF_8` and `Unicode` as UTF8 (it drops what
+/// is not a letter or digit, and ignores case).
+pub fn client_utf8(set: &ParamSet) -> bool {
+    set.get("client_encoding").is_none_or(|e| {
+        let clean: String = e
+            .chars()
+            .filter(char::is_ascii_alphanumeric)
+            .map(|c| c.to_ascii_lowercase())
+            .collect();
+        clean == "utf8" || clean == "unicode"
+    })
+}
+
 /// How setting values travel between sluice, which keeps text in UTF-8,
 /// and a session (`session_vars`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

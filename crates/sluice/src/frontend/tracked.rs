@@ -257,6 +257,7 @@ pub(super) fn rewrite_client(
     loop {
         let mut terminated = false;
         let mut function_called = false;
+        let mut synced = false;
         let in_batch = &mut t.in_batch;
         let mut executed = false;
         // (a place past which a private copy no longer serves)
@@ -288,6 +289,7 @@ pub(super) fn rewrite_client(
                     Counted::Sync => {
                         *in_batch = false;
                         copies_end = true;
+                        synced = true;
                         expected.push(pass(Reply::Sync))
                     }
                     // FunctionCall (Query is rewritten, so never here):
@@ -316,6 +318,11 @@ pub(super) fn rewrite_client(
             })?;
         if executed || function_called {
             t.sequences_mine = true;
+        }
+        if synced {
+            // (a Parse of the unnamed statement in the batch just ended is
+            // the client's only once its ParseComplete says it ran)
+            st.server.unnamed_batch = None;
         }
         if function_called {
             t.effects.merge(Effects::unreadable());
@@ -1302,6 +1309,45 @@ async fn check_server(lease: &mut crate::backend::pool::Lease) -> Option<Found> 
     })
 }
 
+/// Subscribes the client to the channels its server listens to after a
+/// transaction that ran opaque code (those of its plain LISTENs are
+/// subscribed already: subscribing is idempotent). Names that cannot be
+/// read as PostgreSQL keeps them are skipped (a client_encoding other
+/// than UTF-8 with a name past ASCII). Known gap: notifications committed
+/// between the transaction's end and the hub's LISTEN, if the hub did not
+/// listen to the channel already, are missed. False if the server failed.
+async fn follow_hidden_listens(
+    lease: &mut crate::backend::pool::Lease,
+    client: &mut super::client::Client,
+) -> bool {
+    let read = tokio::time::timeout(
+        super::client::CLEANUP_TIMEOUT,
+        crate::backend::login::run_query_rows(
+            lease.server(),
+            "SELECT pg_catalog.pg_listening_channels()",
+        ),
+    )
+    .await;
+    let Ok(Ok(rows)) = read else {
+        return false;
+    };
+    let utf8 = crate::params::text_mode(&client.params, lease.server().sql_ascii)
+        == crate::params::TextMode::Raw;
+    for name in rows
+        .into_iter()
+        .filter_map(|r| r.into_iter().next().flatten())
+    {
+        if !utf8 && !name.is_ascii() {
+            continue;
+        }
+        client.follow_listen(&Special::Listen(name.clone())).await;
+        if let Some(listening) = client.carried().listen.as_mut() {
+            listening.channels.insert(name);
+        }
+    }
+    true
+}
+
 /// After a transaction: clean what must not reach another client, read
 /// back the client's session settings if it may have changed them, and
 /// decide whether session objects pin the client to this server.
@@ -1339,8 +1385,17 @@ pub(super) async fn after_transaction(
             }
             statements_gone = true;
         }
-        if found.listening > 0 && !cleanup.contains("UNLISTEN") {
-            cleanup.push_str("UNLISTEN *;");
+        if found.listening > 0 {
+            // A LISTEN inside a function or DO block: the hub follows it
+            // for the client from now on, as if it had been a statement
+            // of its own (before, it was dropped with the server's
+            // cleanup and delivered nothing; review 26).
+            if !follow_hidden_listens(lease, client).await {
+                return AfterTx::Close;
+            }
+            if !cleanup.contains("UNLISTEN") {
+                cleanup.push_str("UNLISTEN *;");
+            }
         }
         reason = PinReason {
             temp_tables: found.temp > 0,

@@ -74,6 +74,12 @@ pub enum Expect {
     },
     /// A Close of shared statement `id` injected by sluice (dropped).
     Unprepare { id: u64 },
+    /// A client Parse of the unnamed statement, sent on: once its
+    /// ParseComplete comes, the server's unnamed statement is this
+    /// client's (`ServerStatements::unnamed`); skipped after an earlier
+    /// error, or failing, it is nobody's (a review ran another client's
+    /// statement through a Parse the server had skipped).
+    UnnamedParse(super::client_names::Owner),
     /// A simple query sluice sent ahead of the client's (`DISCARD
     /// SEQUENCES`): every reply up to its ReadyForQuery is dropped.
     Discard,
@@ -303,6 +309,13 @@ impl Expected {
                 }
                 done
             }
+            Some(Expect::UnnamedParse(owner)) => {
+                let done = tag == b::PARSE_COMPLETE;
+                if done {
+                    server.unnamed = Some(*owner);
+                }
+                done
+            }
             Some(Expect::Local(_)) => false,
             Some(Expect::Discard) => tag == b::READY_FOR_QUERY,
             Some(Expect::Refused(_)) => tag == b::PARSE_COMPLETE,
@@ -329,7 +342,7 @@ impl Expected {
             }
             | Expect::Local(_)
             | Expect::Discard => return,
-            Expect::Refused(_) => {}
+            Expect::Refused(_) | Expect::UnnamedParse(_) => {}
             Expect::Prepare { id, client_name } => {
                 // Class 42 (syntax, undefined objects, privileges) is about
                 // the text; others (a failed block, cancel) are not.
@@ -464,7 +477,11 @@ impl Expected {
                 // (sluice's own query, ignored too: no request of the
                 // client's)
                 Some(
-                    Expect::Pass { .. } | Expect::Local(_) | Expect::Refused(_) | Expect::Discard,
+                    Expect::Pass { .. }
+                    | Expect::Local(_)
+                    | Expect::Refused(_)
+                    | Expect::Discard
+                    | Expect::UnnamedParse(_),
                 ) => {
                     self.queue.pop_front();
                 }

@@ -53,6 +53,11 @@ pub enum QueryFate {
     Answered,
 }
 
+/// Why a LISTEN or UNLISTEN is refused (`sql::unfollowable_listen`).
+const UNFOLLOWABLE_LISTEN: &str = "sluice cannot follow this LISTEN or UNLISTEN in transaction \
+     pooling mode: its notifications would never arrive. Name the channel without Unicode \
+     escapes (U&\"…\"), and in ASCII when client_encoding is not UTF8";
+
 fn body(message: &[u8]) -> &[u8] {
     &message[sluice_wire::HEADER_LEN..]
 }
@@ -67,12 +72,25 @@ impl Rewriter<'_> {
         let mut r = Reader::new(body(message));
         let name = r.cstr_bytes()?;
         let text = r.rest();
-        if name.is_empty() {
-            // PostgreSQL drops the server's unnamed statement first, even
-            // when the Parse then fails: the server's is the client's now.
-            self.server.unnamed = Some(self.names.owner);
+        let query = text.split(|&b| b == 0).next().unwrap_or_default();
+        if sql::starts_special(query)
+            && sql::unfollowable_listen(query, crate::params::client_utf8(self.context.params))
+        {
+            // (as a simple query's: review 28 sent it through a Parse)
+            self.refuse("0A000", UNFOLLOWABLE_LISTEN.into());
+            return Ok(());
         }
-        if name.is_empty() || self.capacity == 0 {
+        if name.is_empty() {
+            // PostgreSQL drops the server's unnamed statement first (if it
+            // runs the Parse at all: not after an earlier error in the
+            // batch); it is the client's once its ParseComplete comes.
+            self.server.unnamed = None;
+            self.server.unnamed_batch = Some(self.names.owner);
+            self.out.extend_from_slice(message);
+            self.expected.push(Expect::UnnamedParse(self.names.owner));
+            return Ok(());
+        }
+        if self.capacity == 0 {
             self.out.extend_from_slice(message);
             self.parse_passes();
             return Ok(());
@@ -81,6 +99,7 @@ impl Rewriter<'_> {
             self.parse_unnamed(text);
             // (it drops the server's unnamed statement; none is made)
             self.server.unnamed = None;
+            self.server.unnamed_batch = None;
             return Ok(());
         }
         if self.names.get(name).is_some() {
@@ -229,6 +248,7 @@ impl Rewriter<'_> {
             self.out.extend_from_slice(message);
             self.expected.push(Expect::pass(Reply::Query));
             self.server.unnamed = None;
+            self.server.unnamed_batch = None;
             return QueryFate::Sent {
                 specials: Vec::new(),
                 matters: false,
@@ -263,17 +283,10 @@ impl Rewriter<'_> {
             }
             _ => {}
         }
-        let utf8 =
-            self.context.params.get("client_encoding").is_none_or(|e| {
-                e.eq_ignore_ascii_case("UTF8") || e.eq_ignore_ascii_case("UNICODE")
-            });
-        if sql::unfollowable_listen(text, utf8) {
+        if sql::unfollowable_listen(text, crate::params::client_utf8(self.context.params)) {
             self.expected.push(Expect::Local(Local::Refused(Box::new((
                 "0A000",
-                "sluice cannot follow this LISTEN or UNLISTEN in transaction pooling mode: \
-                 its notifications would never arrive. Name the channel without Unicode \
-                 escapes (U&\"…\"), and in ASCII when client_encoding is not UTF8"
-                    .into(),
+                UNFOLLOWABLE_LISTEN.into(),
             )))));
             return QueryFate::Answered;
         }
@@ -289,6 +302,7 @@ impl Rewriter<'_> {
         self.expected.push(Expect::pass(Reply::Query));
         // (a simple query drops the server's unnamed statement)
         self.server.unnamed = None;
+        self.server.unnamed_batch = None;
         QueryFate::Sent {
             specials,
             matters: true,
@@ -300,7 +314,8 @@ impl Rewriter<'_> {
     /// client's may be there (a review's Bind of `""` ran another client's
     /// DELETE).
     fn unnamed_is_mine(&self) -> bool {
-        self.server.unnamed == Some(self.names.owner)
+        let me = Some(self.names.owner);
+        self.server.unnamed == me || self.server.unnamed_batch == me
     }
 
     /// A Bind or Describe of an unnamed statement that is not the

@@ -27,6 +27,10 @@ pub struct ServerStatements {
     /// Whose unnamed statement the server holds, if it is known to be a
     /// client's (a Bind of `""` by any other is refused).
     pub unnamed: Option<super::client_names::Owner>,
+    /// The client whose Parse of the unnamed statement went in the batch
+    /// still open (until its Sync): its Binds in that batch run after the
+    /// Parse, or are skipped with it.
+    pub unnamed_batch: Option<super::client_names::Owner>,
 }
 
 impl ServerStatements {

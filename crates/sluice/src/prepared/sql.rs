@@ -386,7 +386,7 @@ fn lone_insert(text: &[u8]) -> bool {
 /// CREATE, DO, CALL, DECLARE, DROP, CLOSE, EXECUTE): the first word, lowered into a small buffer, is
 /// matched by length and bytes (a `match` the compiler makes a jump on
 /// the length), not compared with each keyword in turn.
-fn starts_special(s: &[u8]) -> bool {
+pub fn starts_special(s: &[u8]) -> bool {
     // The first word (as `word` reads it), lowered; none is longer than 10.
     let mut lower = [0u8; 10];
     let mut n = 0;
@@ -1404,8 +1404,17 @@ pub fn unfollowable_listen(text: &[u8], utf8: bool) -> bool {
             return false;
         }
         let name = skip_space(rest);
-        let escaped = matches!(name, [b'u' | b'U', b'&', b'"', ..]);
-        escaped || (!utf8 && !name.is_ascii()) || std::str::from_utf8(name).is_err()
+        if matches!(name, [b'u' | b'U', b'&', b'"', ..]) {
+            return true;
+        }
+        // The name only (a comment after it may hold anything).
+        let end = if name.first() == Some(&b'"') {
+            skip_quoted(name, 0, b'"')
+        } else {
+            word(name).0.len()
+        };
+        let name = &name[..end.min(name.len())];
+        (!utf8 && !name.is_ascii()) || std::str::from_utf8(name).is_err()
     })
 }
 
@@ -1960,6 +1969,14 @@ mod tests {
         assert!(!unfollowable_listen(br#"listen "U&x""#, true));
         assert!(!unfollowable_listen(b"listen u", true));
         assert!(!unfollowable_listen(br#"select 'listen U&"x"'"#, true));
+        assert!(
+            !unfollowable_listen("listen chan -- café".as_bytes(), false),
+            "a comment is no name (review 28)"
+        );
+        assert!(unfollowable_listen(
+            "listen \"chän\" -- x".as_bytes(),
+            false
+        ));
     }
 
     #[test]
