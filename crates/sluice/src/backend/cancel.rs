@@ -687,40 +687,46 @@ impl CancelRegistry {
         // Counted before the server is read (see `unlink`), uncounted when
         // done, whatever the outcome.
         let mut forwarding = slot.map(|slot| Forwarding::new(slot, &self.cancel_done));
-        let found = slot.and_then(|s| {
-            let server = s.server.load(Ordering::SeqCst);
-            let host = s.host.load(Ordering::Relaxed);
-            let pool = s
-                .meta
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .as_ref()
-                .map(|m| m.pool.clone());
-            (server != 0)
-                .then_some(())
-                .and(pool)
-                .map(|p| (p, host, unpack(server)))
-        });
-        let Some((pool, host, key)) = found else {
-            // Waiting for a server: its request is answered 57014 instead
-            // of running once it gets one (PgBouncer drops such a cancel,
-            // and the query runs later all the same).
-            if let Some(s) = slot
-                && s.server.load(Ordering::SeqCst) == 0
-                && s.waiting.load(Ordering::SeqCst)
-            {
-                if !s.wait_cancelled.swap(true, Ordering::SeqCst) {
-                    s.wait_cancel.notify_waiters();
-                }
-                // The wait may have ended between the look and the mark:
-                // then the mark is taken back, unless the client saw it
-                // (its end of wait stores, then looks; this marks, then
-                // looks: one of the two sees the other).
-                if !s.waiting.load(Ordering::SeqCst) {
-                    s.wait_cancelled.store(false, Ordering::SeqCst);
-                }
+        let linked = || {
+            slot.and_then(|s| {
+                let server = s.server.load(Ordering::SeqCst);
+                let host = s.host.load(Ordering::Relaxed);
+                let pool = s
+                    .meta
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .as_ref()
+                    .map(|m| m.pool.clone());
+                (server != 0)
+                    .then_some(())
+                    .and(pool)
+                    .map(|p| (p, host, unpack(server)))
+            })
+        };
+        let mut found = linked();
+        // Waiting for a server: its request is answered 57014 instead of
+        // running once it gets one (PgBouncer drops such a cancel, and the
+        // query runs later all the same).
+        if found.is_none()
+            && let Some(s) = slot
+            && s.server.load(Ordering::SeqCst) == 0
+            && s.waiting.load(Ordering::SeqCst)
+        {
+            if !s.wait_cancelled.swap(true, Ordering::SeqCst) {
+                s.wait_cancel.notify_waiters();
+            }
+            if s.waiting.load(Ordering::SeqCst) {
                 return Ok(true);
             }
+            // The wait ended between the look and the mark: the mark is
+            // taken back, unless the client saw it (its end of wait
+            // stores, then looks; this marks, then looks: one of the two
+            // sees the other), and the request goes to the server the
+            // client may have by now (a review: else it was dropped).
+            s.wait_cancelled.store(false, Ordering::SeqCst);
+            found = linked();
+        }
+        let Some((pool, host, key)) = found else {
             return Ok(false);
         };
         if let Some(s) = slot {
