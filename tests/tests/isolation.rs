@@ -1922,6 +1922,18 @@ async fn a_bind_of_the_unnamed_statement_never_runs_another_clients() {
     assert_eq!(reply.errors, vec!["26000".to_owned()], "{reply:?}");
     let reply = exchange(&mut a, &run, "A binds after its skipped Parse").await;
     assert_eq!(reply.errors, vec!["26000".to_owned()], "{reply:?}");
+    // Parse, Sync, then Bind in the next batch, pipelined in one write
+    // (libpq's pipeline mode): its own statement, run (review 29: my
+    // second version refused it).
+    exchange(&mut b, &delete, "B parses a DELETE once more").await;
+    let mut pipelined = parse("", count);
+    pipelined.extend(sync());
+    pipelined.extend(run.iter().copied());
+    a.send(&pipelined).await.expect("send");
+    let first = read_reply(&mut a, WAIT).await.expect("the Parse's batch");
+    assert!(first.errors.is_empty(), "{first:?}");
+    let second = read_reply(&mut a, WAIT).await.expect("the Bind's batch");
+    assert_eq!(second.rows, vec![Some("10".to_owned())], "{second:?}");
     // Parse and Bind in one request, as drivers send them: runs.
     let mut both = parse("", count);
     both.extend(run.iter().copied());

@@ -1908,38 +1908,3 @@ async fn listeners_are_told_when_the_listen_connection_is_lost() {
         );
     }
 }
-
-/// A LISTEN inside a DO block or a function is followed by the pool's hub
-/// as a LISTEN statement is (review 26: it succeeded and delivered nothing).
-#[tokio::test]
-async fn a_listen_inside_a_do_block_or_function_delivers() {
-    let cluster = app_cluster(ServerAuth::Trust);
-    let sluice = one_server(&cluster);
-    let (alice, mut inbox) = connect_listening(sluice.port(), APP_USER, "postgres").await;
-    let bob = connect_as(sluice.port(), APP_USER, "postgres").await;
-    alice
-        .batch_execute("DO $$BEGIN EXECUTE 'LISTEN dochan'; END$$")
-        .await
-        .unwrap();
-    cluster
-        .psql(
-            "postgres",
-            "create function listen_fn() returns int language sql \
-             as $$ LISTEN fnchan; SELECT 1 $$",
-        )
-        .expect("create the function");
-    alice.batch_execute("select listen_fn()").await.unwrap();
-    bob.batch_execute("NOTIFY dochan, 'one'; NOTIFY fnchan, 'two'")
-        .await
-        .unwrap();
-    let mut got = Vec::new();
-    while got.len() < 2 {
-        let n = tokio::time::timeout(Duration::from_secs(10), inbox.recv())
-            .await
-            .expect("notification within 10 s")
-            .expect("connection open");
-        got.push(format!("{}:{}", n.channel(), n.payload()));
-    }
-    got.sort();
-    assert_eq!(got, ["dochan:one", "fnchan:two"]);
-}

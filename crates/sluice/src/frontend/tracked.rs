@@ -53,6 +53,9 @@ pub(super) struct Tracking {
     /// An extended-protocol batch is open on the server (a message sent
     /// since the last Sync): no simple query of sluice's may go in.
     pub(super) in_batch: bool,
+    /// The server's unnamed statement was made safe for this link
+    /// (`settle_unnamed`), at its first message.
+    pub(super) unnamed_settled: bool,
     /// sluice's DISCARD SEQUENCES went to the server in this link (its
     /// replies may be owed: `Expected::discarding` is looked at only then).
     pub(super) discard_sent: bool,
@@ -83,6 +86,7 @@ impl Default for Tracking {
             flush_mark: u64::MAX,
             sequences_mine: false,
             in_batch: false,
+            unnamed_settled: false,
             discard_sent: false,
             discard_at: None,
             one_off: Default::default(),
@@ -178,6 +182,7 @@ impl Tracking {
         self.flush_mark = u64::MAX;
         self.sequences_mine = false;
         self.in_batch = false;
+        self.unnamed_settled = false;
         self.discard_sent = false;
         self.discard_at = None;
         SPARE.with(|s| {
@@ -245,6 +250,35 @@ pub(super) struct Statements<'a> {
     pub(super) capacity: usize,
 }
 
+/// At a link's first message: a server whose unnamed statement may be
+/// another client's (PostgreSQL keeps one past its transaction) has it
+/// closed first, unless that message replaces it and cannot be skipped
+/// (the client's own Parse of it, first of its batch) or drops it (a
+/// simple query). After that, nothing the client sends on this link can
+/// reach another client's unnamed statement: review 26 ran another
+/// client's DELETE with a Bind of `""`, and review 28 again through a
+/// Parse the server skipped after an earlier error in its batch. Clients
+/// that use no unnamed statement (`-M prepared`) never pay the Close.
+fn settle_unnamed(cbuf: &[u8], t: &mut Tracking, st: &mut Statements<'_>) {
+    use tags::frontend as f;
+    let Some(&tag) = cbuf.first() else {
+        return;
+    };
+    t.unnamed_settled = true;
+    let me = st.names.owner;
+    let own_parse = tag == f::PARSE && cbuf.get(sluice_wire::HEADER_LEN) == Some(&0);
+    if st.server.unnamed.is_some_and(|o| o != me) && tag != f::QUERY && !own_parse {
+        sluice_wire::MessageBuilder::new(&mut t.out, f::CLOSE)
+            .u8(b'S')
+            .u8(0)
+            .finish();
+        t.expected
+            .push(crate::prepared::expect::Expect::CloseUnnamed);
+        t.in_batch = true;
+        st.server.unnamed = None;
+    }
+}
+
 /// Moves whole client messages from `cbuf` to `t.out`, rewriting those
 /// that name statements, and accounts for what each owes.
 pub(super) fn rewrite_client(
@@ -255,9 +289,11 @@ pub(super) fn rewrite_client(
     limit: usize,
 ) -> Result<(), WireError> {
     loop {
+        if !t.unnamed_settled {
+            settle_unnamed(cbuf, t, st);
+        }
         let mut terminated = false;
         let mut function_called = false;
-        let mut synced = false;
         let in_batch = &mut t.in_batch;
         let mut executed = false;
         // (a place past which a private copy no longer serves)
@@ -289,7 +325,6 @@ pub(super) fn rewrite_client(
                     Counted::Sync => {
                         *in_batch = false;
                         copies_end = true;
-                        synced = true;
                         expected.push(pass(Reply::Sync))
                     }
                     // FunctionCall (Query is rewritten, so never here):
@@ -318,11 +353,6 @@ pub(super) fn rewrite_client(
             })?;
         if executed || function_called {
             t.sequences_mine = true;
-        }
-        if synced {
-            // (a Parse of the unnamed statement in the batch just ended is
-            // the client's only once its ParseComplete says it ran)
-            st.server.unnamed_batch = None;
         }
         if function_called {
             t.effects.merge(Effects::unreadable());
@@ -1309,45 +1339,6 @@ async fn check_server(lease: &mut crate::backend::pool::Lease) -> Option<Found> 
     })
 }
 
-/// Subscribes the client to the channels its server listens to after a
-/// transaction that ran opaque code (those of its plain LISTENs are
-/// subscribed already: subscribing is idempotent). Names that cannot be
-/// read as PostgreSQL keeps them are skipped (a client_encoding other
-/// than UTF-8 with a name past ASCII). Known gap: notifications committed
-/// between the transaction's end and the hub's LISTEN, if the hub did not
-/// listen to the channel already, are missed. False if the server failed.
-async fn follow_hidden_listens(
-    lease: &mut crate::backend::pool::Lease,
-    client: &mut super::client::Client,
-) -> bool {
-    let read = tokio::time::timeout(
-        super::client::CLEANUP_TIMEOUT,
-        crate::backend::login::run_query_rows(
-            lease.server(),
-            "SELECT pg_catalog.pg_listening_channels()",
-        ),
-    )
-    .await;
-    let Ok(Ok(rows)) = read else {
-        return false;
-    };
-    let utf8 = crate::params::text_mode(&client.params, lease.server().sql_ascii)
-        == crate::params::TextMode::Raw;
-    for name in rows
-        .into_iter()
-        .filter_map(|r| r.into_iter().next().flatten())
-    {
-        if !utf8 && !name.is_ascii() {
-            continue;
-        }
-        client.follow_listen(&Special::Listen(name.clone())).await;
-        if let Some(listening) = client.carried().listen.as_mut() {
-            listening.channels.insert(name);
-        }
-    }
-    true
-}
-
 /// After a transaction: clean what must not reach another client, read
 /// back the client's session settings if it may have changed them, and
 /// decide whether session objects pin the client to this server.
@@ -1385,17 +1376,11 @@ pub(super) async fn after_transaction(
             }
             statements_gone = true;
         }
-        if found.listening > 0 {
-            // A LISTEN inside a function or DO block: the hub follows it
-            // for the client from now on, as if it had been a statement
-            // of its own (before, it was dropped with the server's
-            // cleanup and delivered nothing; review 26).
-            if !follow_hidden_listens(lease, client).await {
-                return AfterTx::Close;
-            }
-            if !cleanup.contains("UNLISTEN") {
-                cleanup.push_str("UNLISTEN *;");
-            }
+        // (A LISTEN inside a function or DO block is not followed: the
+        // server's channels may be another client's, left by a trigger or
+        // a column default, which no check follows; review 29.)
+        if found.listening > 0 && !cleanup.contains("UNLISTEN") {
+            cleanup.push_str("UNLISTEN *;");
         }
         reason = PinReason {
             temp_tables: found.temp > 0,

@@ -74,12 +74,9 @@ pub enum Expect {
     },
     /// A Close of shared statement `id` injected by sluice (dropped).
     Unprepare { id: u64 },
-    /// A client Parse of the unnamed statement, sent on: once its
-    /// ParseComplete comes, the server's unnamed statement is this
-    /// client's (`ServerStatements::unnamed`); skipped after an earlier
-    /// error, or failing, it is nobody's (a review ran another client's
-    /// statement through a Parse the server had skipped).
-    UnnamedParse(super::client_names::Owner),
+    /// sluice's Close of another client's unnamed statement at a link's
+    /// start (`tracked::settle_unnamed`): its CloseComplete is dropped.
+    CloseUnnamed,
     /// A simple query sluice sent ahead of the client's (`DISCARD
     /// SEQUENCES`): every reply up to its ReadyForQuery is dropped.
     Discard,
@@ -202,7 +199,7 @@ impl Expected {
             Some(Expect::Prepare {
                 client_name: None, ..
             }) => tag == b::PARSE_COMPLETE,
-            Some(Expect::Unprepare { .. }) => tag == b::CLOSE_COMPLETE,
+            Some(Expect::Unprepare { .. } | Expect::CloseUnnamed) => tag == b::CLOSE_COMPLETE,
             _ => false,
         }
     }
@@ -265,7 +262,9 @@ impl Expected {
             Some(Expect::Prepare {
                 client_name: None, ..
             }) if tag == b::PARSE_COMPLETE => Verdict::Drop,
-            Some(Expect::Unprepare { .. }) if tag == b::CLOSE_COMPLETE => Verdict::Drop,
+            Some(Expect::Unprepare { .. } | Expect::CloseUnnamed) if tag == b::CLOSE_COMPLETE => {
+                Verdict::Drop
+            }
             Some(Expect::Discard) => Verdict::Drop,
             _ => Verdict::Forward,
         }
@@ -309,13 +308,7 @@ impl Expected {
                 }
                 done
             }
-            Some(Expect::UnnamedParse(owner)) => {
-                let done = tag == b::PARSE_COMPLETE;
-                if done {
-                    server.unnamed = Some(*owner);
-                }
-                done
-            }
+            Some(Expect::CloseUnnamed) => tag == b::CLOSE_COMPLETE,
             Some(Expect::Local(_)) => false,
             Some(Expect::Discard) => tag == b::READY_FOR_QUERY,
             Some(Expect::Refused(_)) => tag == b::PARSE_COMPLETE,
@@ -342,7 +335,7 @@ impl Expected {
             }
             | Expect::Local(_)
             | Expect::Discard => return,
-            Expect::Refused(_) | Expect::UnnamedParse(_) => {}
+            Expect::Refused(_) | Expect::CloseUnnamed => {}
             Expect::Prepare { id, client_name } => {
                 // Class 42 (syntax, undefined objects, privileges) is about
                 // the text; others (a failed block, cancel) are not.
@@ -481,7 +474,7 @@ impl Expected {
                     | Expect::Local(_)
                     | Expect::Refused(_)
                     | Expect::Discard
-                    | Expect::UnnamedParse(_),
+                    | Expect::CloseUnnamed,
                 ) => {
                     self.queue.pop_front();
                 }

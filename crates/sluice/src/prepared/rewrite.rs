@@ -81,16 +81,12 @@ impl Rewriter<'_> {
             return Ok(());
         }
         if name.is_empty() {
-            // PostgreSQL drops the server's unnamed statement first (if it
-            // runs the Parse at all: not after an earlier error in the
-            // batch); it is the client's once its ParseComplete comes.
-            self.server.unnamed = None;
-            self.server.unnamed_batch = Some(self.names.owner);
-            self.out.extend_from_slice(message);
-            self.expected.push(Expect::UnnamedParse(self.names.owner));
-            return Ok(());
+            // (what the server's unnamed statement may be now: the link's
+            // first message made it this client's or none, see
+            // `tracked::settle_unnamed`)
+            self.server.unnamed = Some(self.names.owner);
         }
-        if self.capacity == 0 {
+        if name.is_empty() || self.capacity == 0 {
             self.out.extend_from_slice(message);
             self.parse_passes();
             return Ok(());
@@ -99,7 +95,6 @@ impl Rewriter<'_> {
             self.parse_unnamed(text);
             // (it drops the server's unnamed statement; none is made)
             self.server.unnamed = None;
-            self.server.unnamed_batch = None;
             return Ok(());
         }
         if self.names.get(name).is_some() {
@@ -164,10 +159,6 @@ impl Rewriter<'_> {
         let portal = r.cstr_bytes()?;
         let name = r.cstr_bytes()?;
         let rest = r.rest();
-        if name.is_empty() && !self.unnamed_is_mine() {
-            self.refuse_unnamed();
-            return Ok(None);
-        }
         let Some((name, statement)) = self.lookup(name) else {
             self.out.extend_from_slice(message);
             self.expected.push(Expect::pass(Reply::Bind));
@@ -192,10 +183,6 @@ impl Rewriter<'_> {
         let mut r = Reader::new(body(message));
         let kind = r.u8()?;
         let name = r.cstr_bytes()?;
-        if kind == b'S' && name.is_empty() && !self.unnamed_is_mine() {
-            self.refuse_unnamed();
-            return Ok(());
-        }
         if kind == b'S'
             && let Some((name, statement)) = self.lookup(name)
         {
@@ -248,7 +235,6 @@ impl Rewriter<'_> {
             self.out.extend_from_slice(message);
             self.expected.push(Expect::pass(Reply::Query));
             self.server.unnamed = None;
-            self.server.unnamed_batch = None;
             return QueryFate::Sent {
                 specials: Vec::new(),
                 matters: false,
@@ -302,28 +288,10 @@ impl Rewriter<'_> {
         self.expected.push(Expect::pass(Reply::Query));
         // (a simple query drops the server's unnamed statement)
         self.server.unnamed = None;
-        self.server.unnamed_batch = None;
         QueryFate::Sent {
             specials,
             matters: true,
         }
-    }
-
-    /// Whether the server's unnamed statement is this client's own:
-    /// PostgreSQL keeps one past the transaction that made it, so another
-    /// client's may be there (a review's Bind of `""` ran another client's
-    /// DELETE).
-    fn unnamed_is_mine(&self) -> bool {
-        let me = Some(self.names.owner);
-        self.server.unnamed == me || self.server.unnamed_batch == me
-    }
-
-    /// A Bind or Describe of an unnamed statement that is not the
-    /// client's on this server: refused as PostgreSQL refuses one that
-    /// does not exist (its Parse was on another server, or another client
-    /// or a simple query replaced it since).
-    fn refuse_unnamed(&mut self) {
-        self.refuse("26000", "unnamed prepared statement does not exist".into());
     }
 
     /// Sends `text` (a Parse body after the name) as the unnamed

@@ -24,13 +24,10 @@ pub struct ServerStatements {
     /// The scope of the pool that lent the server last (`Pool::scope`),
     /// recorded on the statements it proves.
     pub scope: u64,
-    /// Whose unnamed statement the server holds, if it is known to be a
-    /// client's (a Bind of `""` by any other is refused).
+    /// The client whose unnamed statement the server may hold (None: it
+    /// holds none); another client's link closes it first
+    /// (`tracked::settle_unnamed`).
     pub unnamed: Option<super::client_names::Owner>,
-    /// The client whose Parse of the unnamed statement went in the batch
-    /// still open (until its Sync): its Binds in that batch run after the
-    /// Parse, or are skipped with it.
-    pub unnamed_batch: Option<super::client_names::Owner>,
 }
 
 impl ServerStatements {
