@@ -1934,6 +1934,42 @@ async fn a_bind_of_the_unnamed_statement_never_runs_another_clients() {
     assert!(first.errors.is_empty(), "{first:?}");
     let second = read_reply(&mut a, WAIT).await.expect("the Bind's batch");
     assert_eq!(second.rows, vec![Some("10".to_owned())], "{second:?}");
+    // A first message sluice answers itself (DEALLOCATE ALL), then a
+    // Bind (review 30).
+    exchange(&mut b, &delete, "B parses a DELETE before A's DEALLOCATE").await;
+    let mut local_first = query("DEALLOCATE ALL");
+    local_first.extend(run.iter().copied());
+    a.send(&local_first).await.expect("send");
+    let first = read_reply(&mut a, WAIT).await.expect("DEALLOCATE ALL");
+    assert!(first.errors.is_empty(), "{first:?}");
+    let second = read_reply(&mut a, WAIT).await.expect("the Bind");
+    assert_eq!(second.errors, vec!["26000".to_owned()], "{second:?}");
+    // A refused Parse of `""` first, then a Bind (review 30).
+    exchange(
+        &mut b,
+        &delete,
+        "B parses a DELETE before A's refused Parse",
+    )
+    .await;
+    let mut refused = parse("", "LISTEN U&\"x\"");
+    refused.extend(sync());
+    refused.extend(run.iter().copied());
+    a.send(&refused).await.expect("send");
+    let first = read_reply(&mut a, WAIT).await.expect("the refused Parse");
+    assert_eq!(first.errors, vec!["0A000".to_owned()], "{first:?}");
+    let second = read_reply(&mut a, WAIT).await.expect("the Bind");
+    assert_eq!(second.errors, vec!["26000".to_owned()], "{second:?}");
+    // B's DELETE left behind a query the server ignored (after an error
+    // in its batch): still B's, so A's Bind is refused (review 30).
+    let mut ignored = parse("", "delete from victim");
+    ignored.extend(bind_with_one_parameter());
+    ignored.extend(query("select 1"));
+    ignored.extend(sync());
+    b.send(&ignored).await.expect("send");
+    let reply = read_reply(&mut b, WAIT).await.expect("B's failed batch");
+    assert_eq!(reply.errors.len(), 1, "{reply:?}");
+    let reply = exchange(&mut a, &run, "A binds after B's ignored query").await;
+    assert_eq!(reply.errors, vec!["26000".to_owned()], "{reply:?}");
     // Parse and Bind in one request, as drivers send them: runs.
     let mut both = parse("", count);
     both.extend(run.iter().copied());
@@ -1941,4 +1977,15 @@ async fn a_bind_of_the_unnamed_statement_never_runs_another_clients() {
     assert_eq!(reply.rows, vec![Some("10".to_owned())], "{reply:?}");
     let left = bounded_scalar(&app_client(&sluice).await, count, "rows left").await;
     assert_eq!(left, "10", "B's DELETE must not have run");
+}
+
+/// A Bind of the unnamed statement and portal with one text parameter.
+fn bind_with_one_parameter() -> Vec<u8> {
+    let mut body = vec![0u8, 0u8];
+    body.extend_from_slice(&0i16.to_be_bytes());
+    body.extend_from_slice(&1i16.to_be_bytes());
+    body.extend_from_slice(&1i32.to_be_bytes());
+    body.push(b'1');
+    body.extend_from_slice(&0i16.to_be_bytes());
+    message(b'B', &body)
 }

@@ -1908,3 +1908,33 @@ async fn listeners_are_told_when_the_listen_connection_is_lost() {
         );
     }
 }
+
+/// Another client's draw through an unnamed statement (psycopg3, npgsql
+/// and pgjdbc one-off statements) leaves sluice's Close of that unnamed
+/// statement first of the next link: the sequence state is still cleared
+/// before a prepared statement that reads it (review 30: the Close
+/// switched the clearing off, and `currval` gave the other client's value).
+#[tokio::test]
+async fn sequence_values_are_no_other_clients_after_an_unnamed_statement() {
+    use sluice_tests::msg::{bind, execute, parse, sync};
+    let cluster = app_cluster(ServerAuth::Trust);
+    grant_create(&cluster);
+    let sluice = one_server(&cluster);
+    let (alice, bob) = two_clients(&sluice).await;
+    alice
+        .batch_execute("create table orders (id serial primary key, item text)")
+        .await
+        .unwrap();
+    let statement = bob
+        .prepare("select currval('orders_id_seq')::text")
+        .await
+        .unwrap();
+    let mut raw = RawClient::logged_in(sluice.port(), APP_USER, "postgres").await;
+    let mut draw = parse("", "insert into orders (item) values ('secret')");
+    draw.extend(bind(""));
+    draw.extend(execute());
+    draw.extend(sync());
+    raw.send(&draw).await.expect("send");
+    raw.read_until_ready(Duration::from_secs(10)).await;
+    expect_sqlstate(bob.query(&statement, &[]).await, "55000");
+}

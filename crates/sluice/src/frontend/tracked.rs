@@ -252,31 +252,98 @@ pub(super) struct Statements<'a> {
 
 /// At a link's first message: a server whose unnamed statement may be
 /// another client's (PostgreSQL keeps one past its transaction) has it
-/// closed first, unless that message replaces it and cannot be skipped
-/// (the client's own Parse of it, first of its batch) or drops it (a
-/// simple query). After that, nothing the client sends on this link can
-/// reach another client's unnamed statement: review 26 ran another
-/// client's DELETE with a Bind of `""`, and review 28 again through a
-/// Parse the server skipped after an earlier error in its batch. Clients
-/// that use no unnamed statement (`-M prepared`) never pay the Close.
-fn settle_unnamed(cbuf: &[u8], t: &mut Tracking, st: &mut Statements<'_>) {
+/// closed first, unless that message replaces it and cannot be skipped:
+/// the client's own Parse of it, first of its batch, and sent as it is
+/// (not refused by sluice), or a simple query that goes to the server. After that, nothing the client sends on this
+/// link can reach another client's unnamed statement: review 26 ran
+/// another client's DELETE with a Bind of `""`; reviews 28 to 30 found
+/// Parses and queries the server skips, or sluice answers itself, that
+/// earlier versions took for a change of owner. The record
+/// (`ServerStatements::unnamed`) is set by every Parse of `""` sluice
+/// sends and cleared only here: a Close first of the link runs. Links
+/// of clients that use no unnamed statement, on servers where none was
+/// parsed, never pay the Close; in a pool mixing both, a link that does
+/// not start with its own Parse pays one message (no round trip).
+fn settle_unnamed(cycle: &Cycle, cbuf: &[u8], t: &mut Tracking, st: &mut Statements<'_>) {
     use tags::frontend as f;
-    let Some(&tag) = cbuf.first() else {
+    if cbuf.is_empty() {
         return;
-    };
+    }
     t.unnamed_settled = true;
     let me = st.names.owner;
-    let own_parse = tag == f::PARSE && cbuf.get(sluice_wire::HEADER_LEN) == Some(&0);
-    if st.server.unnamed.is_some_and(|o| o != me) && tag != f::QUERY && !own_parse {
-        sluice_wire::MessageBuilder::new(&mut t.out, f::CLOSE)
-            .u8(b'S')
-            .u8(0)
-            .finish();
-        t.expected
-            .push(crate::prepared::expect::Expect::CloseUnnamed);
-        t.in_batch = true;
-        st.server.unnamed = None;
+    if !st.server.unnamed.is_some_and(|o| o != me)
+        || own_unnamed_parse(cbuf, st.params)
+        || sent_query(cbuf, st.params)
+    {
+        return;
     }
+    // DISCARD SEQUENCES, if a text reads currval later, may still go
+    // first of the link: ahead of this Close (see `handle_message`).
+    if t.discard_at.is_none()
+        && cycle.req.outstanding == 0
+        && cycle.status != TransactionStatus::Failed
+        && !t.sequences_mine
+        && !t.discard_sent
+        && t.out.is_empty()
+        && t.expected.is_empty()
+    {
+        t.discard_at = Some(cycle.written.0);
+    }
+    // (a Flush after it: its reply must come even when nothing the client
+    // sends makes the server flush, a request answered by sluice itself)
+    sluice_wire::MessageBuilder::new(&mut t.out, f::CLOSE)
+        .u8(b'S')
+        .u8(0)
+        .finish();
+    sluice_wire::MessageBuilder::new(&mut t.out, f::FLUSH).finish();
+    t.expected
+        .push(crate::prepared::expect::Expect::CloseUnnamed);
+    st.server.unnamed = None;
+}
+
+/// The message at the start of `buf` is a whole simple query that goes to
+/// the server (which drops its unnamed statement before it runs it): not
+/// one `Rewriter::query` may answer itself (DEALLOCATE, PREPARE, a LISTEN
+/// it refuses; review 30 bound another client's statement after a
+/// DEALLOCATE ALL sluice answered).
+fn sent_query(buf: &[u8], params: &crate::params::ParamSet) -> bool {
+    let Some(&[tag, a, b, c, d]) = buf.first_chunk::<5>() else {
+        return false;
+    };
+    let len = usize::try_from(i32::from_be_bytes([a, b, c, d])).unwrap_or(0);
+    let Some(body) = buf.get(sluice_wire::HEADER_LEN..1 + len) else {
+        return false;
+    };
+    if tag != tags::frontend::QUERY {
+        return false;
+    }
+    let text = body.strip_suffix(b"\0").unwrap_or(body);
+    if !sql::may_matter(text) {
+        return true;
+    }
+    !matches!(
+        sql::special(text),
+        Some(Special::Deallocate(_) | Special::DeallocateAll | Special::Prepare)
+    ) && !sql::unfollowable_listen(text, crate::params::client_utf8(params))
+}
+
+/// The message at the start of `buf` is a whole Parse of the unnamed
+/// statement that sluice will send as it is (`Rewriter::parse` refuses
+/// some LISTENs with a Parse of its own).
+fn own_unnamed_parse(buf: &[u8], params: &crate::params::ParamSet) -> bool {
+    let Some(&[tag, a, b, c, d]) = buf.first_chunk::<5>() else {
+        return false;
+    };
+    let len = usize::try_from(i32::from_be_bytes([a, b, c, d])).unwrap_or(0);
+    let Some(body) = buf.get(sluice_wire::HEADER_LEN..1 + len) else {
+        return false;
+    };
+    if tag != tags::frontend::PARSE || body.first() != Some(&0) {
+        return false;
+    }
+    let query = body[1..].split(|&b| b == 0).next().unwrap_or_default();
+    !(sql::starts_special(query)
+        && sql::unfollowable_listen(query, crate::params::client_utf8(params)))
 }
 
 /// Moves whole client messages from `cbuf` to `t.out`, rewriting those
@@ -290,7 +357,7 @@ pub(super) fn rewrite_client(
 ) -> Result<(), WireError> {
     loop {
         if !t.unnamed_settled {
-            settle_unnamed(cbuf, t, st);
+            settle_unnamed(cycle, cbuf, t, st);
         }
         let mut terminated = false;
         let mut function_called = false;

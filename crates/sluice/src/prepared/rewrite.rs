@@ -93,8 +93,6 @@ impl Rewriter<'_> {
         }
         if aborted {
             self.parse_unnamed(text);
-            // (it drops the server's unnamed statement; none is made)
-            self.server.unnamed = None;
             return Ok(());
         }
         if self.names.get(name).is_some() {
@@ -234,7 +232,6 @@ impl Rewriter<'_> {
         if !sql::may_matter(text) {
             self.out.extend_from_slice(message);
             self.expected.push(Expect::pass(Reply::Query));
-            self.server.unnamed = None;
             return QueryFate::Sent {
                 specials: Vec::new(),
                 matters: false,
@@ -286,8 +283,6 @@ impl Rewriter<'_> {
         }
         self.out.extend_from_slice(message);
         self.expected.push(Expect::pass(Reply::Query));
-        // (a simple query drops the server's unnamed statement)
-        self.server.unnamed = None;
         QueryFate::Sent {
             specials,
             matters: true,
