@@ -332,6 +332,20 @@ async fn settings_keep_their_characters_under_another_client_encoding() {
     latin_settings_stay_with_their_client(&sluice, "postgres").await;
 }
 
+/// A pool of one server, two clients, and a table `orders` whose `id` is
+/// drawn from a sequence.
+async fn orders_on_one_server() -> (Cluster, SluiceProcess, Client, Client) {
+    let cluster = app_cluster(ServerAuth::Trust);
+    grant_create(&cluster);
+    let sluice = one_server(&cluster);
+    let (alice, bob) = two_clients(&sluice).await;
+    alice
+        .batch_execute("create table orders (id serial primary key, item text)")
+        .await
+        .unwrap();
+    (cluster, sluice, alice, bob)
+}
+
 /// `currval` and `lastval` never answer with another client's values, nor
 /// with a stale one of the client's: on a shared server the session's
 /// sequence state is whatever its last client drew (an order number, or a
@@ -342,14 +356,7 @@ async fn settings_keep_their_characters_under_another_client_encoding() {
 /// first, the client's own values answer as on PostgreSQL.
 #[tokio::test]
 async fn sequence_values_are_no_other_clients() {
-    let cluster = app_cluster(ServerAuth::Trust);
-    grant_create(&cluster);
-    let sluice = one_server(&cluster);
-    let (alice, bob) = two_clients(&sluice).await;
-    alice
-        .batch_execute("create table orders (id serial primary key, item text)")
-        .await
-        .unwrap();
+    let (_cluster, sluice, alice, bob) = orders_on_one_server().await;
     alice
         .batch_execute("insert into orders (item) values ('secret')")
         .await
@@ -1917,14 +1924,7 @@ async fn listeners_are_told_when_the_listen_connection_is_lost() {
 #[tokio::test]
 async fn sequence_values_are_no_other_clients_after_an_unnamed_statement() {
     use sluice_tests::msg::{bind, execute, parse, sync};
-    let cluster = app_cluster(ServerAuth::Trust);
-    grant_create(&cluster);
-    let sluice = one_server(&cluster);
-    let (alice, bob) = two_clients(&sluice).await;
-    alice
-        .batch_execute("create table orders (id serial primary key, item text)")
-        .await
-        .unwrap();
+    let (_cluster, sluice, _alice, bob) = orders_on_one_server().await;
     let statement = bob
         .prepare("select currval('orders_id_seq')::text")
         .await

@@ -47,9 +47,25 @@ pub fn split_frame(buf: &[u8], limit: usize) -> Result<Option<Header>, WireError
     }))
 }
 
+/// The tag and body of the message at the start of `buf`, when it is
+/// whole there and its length word is valid; `None` otherwise.
+pub fn whole_message(buf: &[u8]) -> Option<(u8, &[u8])> {
+    let header = split_frame(buf, usize::MAX).ok()??;
+    let body = buf.get(HEADER_LEN..header.total_len)?;
+    Some((header.tag, body))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_whole_message_is_only_one_all_there() {
+        assert_eq!(whole_message(b"Q\0\0\0\x06x\0"), Some((b'Q', &b"x\0"[..])));
+        assert_eq!(whole_message(b"Q\0\0\0\x06x"), None);
+        assert_eq!(whole_message(b"Q\0\0\0\x03"), None);
+        assert_eq!(whole_message(b"Q\0\0"), None);
+    }
 
     #[test]
     fn short_buffer_is_incomplete() {

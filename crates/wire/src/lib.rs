@@ -29,7 +29,7 @@ pub use cancel_request::CancelRequest;
 pub use command_complete::{command_complete, data_row, empty_query_response};
 pub use error::WireError;
 pub use error_response::{ErrorFields, Severity};
-pub use frame::{HEADER_LEN, Header, split_frame};
+pub use frame::{HEADER_LEN, Header, split_frame, whole_message};
 pub use negotiate_protocol_version::negotiate_protocol_version;
 pub use parameter_status::ParameterStatus;
 pub use password::{PasswordMessage, sasl_initial_response, sasl_response};

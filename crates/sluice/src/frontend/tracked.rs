@@ -307,11 +307,7 @@ fn settle_unnamed(cycle: &Cycle, cbuf: &[u8], t: &mut Tracking, st: &mut Stateme
 /// it refuses; review 30 bound another client's statement after a
 /// DEALLOCATE ALL sluice answered).
 fn sent_query(buf: &[u8], params: &crate::params::ParamSet) -> bool {
-    let Some(&[tag, a, b, c, d]) = buf.first_chunk::<5>() else {
-        return false;
-    };
-    let len = usize::try_from(i32::from_be_bytes([a, b, c, d])).unwrap_or(0);
-    let Some(body) = buf.get(sluice_wire::HEADER_LEN..1 + len) else {
+    let Some((tag, body)) = sluice_wire::whole_message(buf) else {
         return false;
     };
     if tag != tags::frontend::QUERY {
@@ -331,11 +327,7 @@ fn sent_query(buf: &[u8], params: &crate::params::ParamSet) -> bool {
 /// statement that sluice will send as it is (`Rewriter::parse` refuses
 /// some LISTENs with a Parse of its own).
 fn own_unnamed_parse(buf: &[u8], params: &crate::params::ParamSet) -> bool {
-    let Some(&[tag, a, b, c, d]) = buf.first_chunk::<5>() else {
-        return false;
-    };
-    let len = usize::try_from(i32::from_be_bytes([a, b, c, d])).unwrap_or(0);
-    let Some(body) = buf.get(sluice_wire::HEADER_LEN..1 + len) else {
+    let Some((tag, body)) = sluice_wire::whole_message(buf) else {
         return false;
     };
     if tag != tags::frontend::PARSE || body.first() != Some(&0) {
