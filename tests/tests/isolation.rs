@@ -1989,3 +1989,80 @@ fn bind_with_one_parameter() -> Vec<u8> {
     body.extend_from_slice(&0i16.to_be_bytes());
     message(b'B', &body)
 }
+
+/// A simple Query `select length('xxx…')` of `bytes` bytes on the wire,
+/// and the length it answers.
+fn sized_query(bytes: usize) -> (Vec<u8>, usize) {
+    let xs = bytes - "Q....select length('')\0".len();
+    (
+        query_message(&format!("select length('{}')", "x".repeat(xs))),
+        xs,
+    )
+}
+
+/// Clients' large messages share one budget (`max_held_memory_mb`): a
+/// message that would pass it is refused with 53200 and its client let go,
+/// whether it starts a request or comes inside a transaction, while
+/// ordinary clients go on; the memory comes back when the message is done.
+/// Before, each client could make sluice hold 64 MiB at once, so a few
+/// hundred clients could make the kernel end it (every client with it).
+#[tokio::test]
+async fn large_messages_share_one_memory_budget() {
+    let cluster = app_cluster(ServerAuth::Trust);
+    let sluice = ConfigBuilder::for_cluster(&cluster)
+        .set("pool_mode", "transaction")
+        .set("default_pool_size", "2")
+        .sluice("max_held_memory_mb", "4")
+        .start();
+    // A header that announces 3 MiB, and nothing after it: takes nothing.
+    let mut announcer = raw_login(&sluice, APP_USER).await;
+    let mut header = vec![b'Q'];
+    header.extend_from_slice(&(3i32 << 20).to_be_bytes());
+    header.extend_from_slice(b"select '");
+    announcer.send(&header).await.expect("send");
+    // A 3 MiB query, two thirds of it sent: the budget counts the bytes
+    // that came and the room for the next read (3 MiB in all here), not
+    // what a header announces.
+    let (hog_query, hog_len) = sized_query(3 << 20);
+    let mut hog = raw_login(&sluice, APP_USER).await;
+    hog.send(&hog_query[..2 << 20]).await.expect("send");
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let (two_mib, two_mib_len) = sized_query(2 << 20);
+    let refused = |fields: Option<Vec<(u8, String)>>, what: &str| {
+        let fields = fields.unwrap_or_else(|| panic!("{what}: closed without an error"));
+        assert_eq!(
+            error_field(&fields, b'C'),
+            Some("53200"),
+            "{what}: {fields:?}"
+        );
+    };
+    let mut starts = raw_login(&sluice, APP_USER).await;
+    starts.send(&two_mib).await.expect("send");
+    refused(
+        starts.expect_error_or_close(WAIT).await,
+        "a request's 2 MiB query",
+    );
+    let mut inside = raw_login(&sluice, APP_USER).await;
+    inside.simple_query("begin", WAIT).await;
+    inside.send(&two_mib).await.expect("send");
+    refused(
+        inside.expect_error_or_close(WAIT).await,
+        "a 2 MiB query in a transaction",
+    );
+    let other = app_client(&sluice).await;
+    assert_eq!(
+        bounded_scalar(&other, "select 'served'", "a small query").await,
+        "served"
+    );
+    // The hog's query runs whole; its memory is given back.
+    hog.send(&hog_query[2 << 20..]).await.expect("send");
+    let rows = read_reply(&mut hog, WAIT).await.expect("the hog's reply");
+    assert_eq!(rows.rows, vec![Some(hog_len.to_string())], "{rows:?}");
+    let mut later = raw_login(&sluice, APP_USER).await;
+    later.send(&two_mib).await.expect("send");
+    let rows = read_reply(&mut later, WAIT)
+        .await
+        .expect("a 2 MiB query later");
+    assert_eq!(rows.rows, vec![Some(two_mib_len.to_string())], "{rows:?}");
+    drop(announcer);
+}

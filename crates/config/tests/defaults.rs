@@ -247,6 +247,7 @@ fn sluice_section_keys() {
             "health_check_threshold",
             "health_check_timeout",
             "io_backend",
+            "max_held_memory_mb",
             "metrics_addr",
             "read_your_writes",
             "replica_max_lag",

@@ -86,6 +86,8 @@ pub struct App {
     pub param_sets: ParamInterner,
     /// Shared server-side prepared statements (transaction mode).
     pub statements: crate::prepared::registry::Registry,
+    /// Memory of clients' large messages held whole (`max_held_memory_mb`).
+    pub held: Arc<crate::held_memory::HeldMemory>,
     /// PAUSE / DISABLE switches.
     pub control: OperatorSwitches,
     /// Averages for SHOW STATS.
@@ -132,6 +134,7 @@ impl App {
             peers: Default::default(),
             param_sets: ParamInterner::default(),
             statements: Default::default(),
+            held: Default::default(),
             control: OperatorSwitches::default(),
             stats: StatsWindow::default(),
             login_failures: Mutex::default(),
@@ -292,6 +295,24 @@ impl App {
     /// none does).
     pub fn routing_anywhere(&self) -> bool {
         self.routing.load(Ordering::Relaxed)
+    }
+
+    /// Makes `grant` cover a client buffer that holds `buffered` bytes
+    /// and is read on until `wanted` (a message held whole), within
+    /// `max_held_memory_mb` as configured now.
+    pub fn hold(
+        &self,
+        grant: &mut crate::held_memory::Grant,
+        wanted: usize,
+        buffered: usize,
+    ) -> Result<(), crate::frontend::error::ClientError> {
+        use crate::frontend::relay_io::{BUFFER_LIMIT, READ_CHUNK};
+        if wanted <= BUFFER_LIMIT {
+            return Ok(());
+        }
+        let limit = (self.config().settings.max_held_memory_mb as usize).saturating_mul(1 << 20);
+        let size = crate::held_memory::reach(wanted, buffered, READ_CHUNK);
+        grant.cover(&self.held, size, BUFFER_LIMIT, limit)
     }
 
     /// Lag limits for reads on replicas, and whether reads wait for the

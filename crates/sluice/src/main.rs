@@ -13,6 +13,7 @@ mod codec;
 mod control;
 mod daemon;
 mod frontend;
+mod held_memory;
 mod logging;
 mod net;
 mod operator;

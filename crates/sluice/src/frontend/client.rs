@@ -24,6 +24,9 @@ pub struct Client {
     /// The login name, kept only when the pool logs in as a forced user
     /// (otherwise it is the pool's user).
     pub(super) login_user: Option<Box<str>>,
+    /// Its share of `max_held_memory_mb`: the largest message held whole
+    /// since its read buffer was last given back.
+    pub(super) held: crate::held_memory::Grant,
     /// What the client carries from server to server; boxed once it has
     /// any, so that an idle client without any costs one pointer.
     pub(super) carried: Option<Box<Carried>>,
@@ -184,6 +187,7 @@ impl Client {
             params,
             cancel,
             login_user,
+            held: Default::default(),
             carried: None,
             idle_timeout: None,
             last_write: None,

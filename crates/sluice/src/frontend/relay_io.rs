@@ -125,7 +125,7 @@ pub struct Sides<'a> {
 /// Room for the next read: a chunk, or for a message held whole, room that
 /// doubles with what has arrived but never passes what it still needs (so
 /// a header announcing 64 MiB allocates nothing before the bytes come).
-fn reserve(buf: &mut BytesMut, wanted: usize) {
+pub(super) fn reserve(buf: &mut BytesMut, wanted: usize) {
     if buf.capacity() - buf.len() >= 1024 {
         return;
     }

@@ -862,7 +862,7 @@ impl Client {
                 buf.advance(n);
                 left -= n;
                 if left > 0 {
-                    self.read_more(buf).await?;
+                    self.read_more(buf, 0).await?;
                     continue;
                 }
                 if ends {
@@ -870,7 +870,7 @@ impl Client {
                 }
             }
             let Some(&[tag, a, b, c, d]) = buf.first_chunk::<5>() else {
-                self.read_more(buf).await?;
+                self.read_more(buf, 0).await?;
                 continue;
             };
             if tag == f::TERMINATE {
@@ -939,7 +939,7 @@ impl Client {
                     bytes::Buf::advance(buf, n);
                     break;
                 }
-                Answer::Partial => self.read_more(buf).await?,
+                Answer::Partial => self.read_more(buf, 0).await?,
                 Answer::Server => return Ok(false),
             }
         }
@@ -1020,12 +1020,11 @@ impl Client {
 
     /// Reads more of a message the client has begun, as idle clients are
     /// read: at most `client_idle_timeout` of silence. The buffer grows
-    /// with what arrives, never by what a header announces.
-    async fn read_more(&mut self, buf: &mut BytesMut) -> Result<(), SessionEnd> {
+    /// with what arrives, never by what a header announces, nor past
+    /// `wanted` (the message's end, when it is held whole; else 0).
+    async fn read_more(&mut self, buf: &mut BytesMut, wanted: usize) -> Result<(), SessionEnd> {
         let idle_timeout = self.pool.settings().client_idle_timeout;
-        if buf.capacity() - buf.len() < 1024 {
-            buf.reserve(buf.len().max(READ_CHUNK));
-        }
+        super::relay_io::reserve(buf, wanted);
         let read = tokio_util::io::read_buf(&mut self.stream, buf);
         let read = if idle_timeout.is_zero() {
             read.await
@@ -1176,15 +1175,16 @@ fn watch_closed(
 /// Bind, Describe, Close, Query), or a FunctionCall, or COPY's messages
 /// outside a COPY (PostgreSQL ignores those): a client that trickles one
 /// holds no server meanwhile (a review held the pool's only server with a
-/// FunctionCall of 10 MiB sent a byte every 2 s). Err: it announces more
-/// than sluice holds.
-fn first_message_incomplete(buf: &[u8], tracked: bool) -> Result<bool, ClientError> {
+/// FunctionCall of 10 MiB sent a byte every 2 s). Some: the buffer
+/// length the message is whole at. Err: it announces more than sluice
+/// holds.
+fn first_message_incomplete(buf: &[u8], tracked: bool) -> Result<Option<usize>, ClientError> {
     use sluice_wire::tags::frontend as f;
     if !tracked {
-        return Ok(false);
+        return Ok(None);
     }
     let Some(&[tag, a, b, c, d]) = buf.first_chunk::<5>() else {
-        return Ok(true);
+        return Ok(Some(sluice_wire::HEADER_LEN));
     };
     if !matches!(
         tag,
@@ -1198,16 +1198,16 @@ fn first_message_incomplete(buf: &[u8], tracked: bool) -> Result<bool, ClientErr
             | f::COPY_DONE
             | f::COPY_FAIL
     ) {
-        return Ok(false);
+        return Ok(None);
     }
     let Ok(len) = usize::try_from(i32::from_be_bytes([a, b, c, d])) else {
-        return Ok(false);
+        return Ok(None);
     };
     let total = len + 1;
     if total > relay::CLIENT_HELD_LIMIT {
         return Err(relay::held_too_large(total));
     }
-    Ok(buf.len() < total)
+    Ok((buf.len() < total).then_some(total))
 }
 
 /// Serves a logged-in client until it leaves or fails. This future lives as
@@ -1217,6 +1217,7 @@ pub async fn run(client: &mut Client) -> SessionEnd {
     let mut buf = client.take_early();
     let end = run_with(client, &mut buf).await;
     spare_buffers::give_back(buf);
+    client.held.release();
     end
 }
 
@@ -1320,9 +1321,12 @@ async fn run_with(client: &mut Client, buf: &mut BytesMut) -> SessionEnd {
         }
         let tracked = settings.mode != sluice_config::PoolMode::Session;
         match first_message_incomplete(buf, tracked) {
-            Ok(false) => {}
-            Ok(true) => {
-                if let Err(end) = Box::pin(client.read_more(buf)).await {
+            Ok(None) => {}
+            Ok(Some(total)) => {
+                if let Err(e) = client.app.hold(&mut client.held, total, buf.len()) {
+                    return SessionEnd::Error(e);
+                }
+                if let Err(end) = Box::pin(client.read_more(buf, total)).await {
                     return end;
                 }
                 continue;
@@ -1340,6 +1344,7 @@ async fn run_with(client: &mut Client, buf: &mut BytesMut) -> SessionEnd {
                     if buf.is_empty() {
                         // An idle client keeps no buffer.
                         spare_buffers::give_back(std::mem::take(buf));
+                        client.held.release();
                     }
                     continue;
                 }
@@ -1352,6 +1357,7 @@ async fn run_with(client: &mut Client, buf: &mut BytesMut) -> SessionEnd {
         }
         if buf.is_empty() {
             spare_buffers::give_back(std::mem::take(buf));
+            client.held.release();
         }
     }
 }

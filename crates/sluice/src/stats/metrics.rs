@@ -264,6 +264,12 @@ impl prometheus_client::collector::Collector for SluiceCollector {
         )?;
         gauge(
             &mut encoder,
+            "sluice_held_memory_bytes",
+            "Memory granted to clients' large messages held whole (max_held_memory_mb bounds it)",
+            &[(vec![], app.held.used() as f64)],
+        )?;
+        gauge(
+            &mut encoder,
             "sluice_parked_clients",
             "Idle clients waiting without a task of their own (idle for a second or two)",
             &[(vec![], crate::frontend::parking::parked() as f64)],

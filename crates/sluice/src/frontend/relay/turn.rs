@@ -90,7 +90,10 @@ pub(super) fn read_requests(
     if held > CLIENT_HELD_LIMIT {
         return Err(End::Client(held_too_large(held)));
     }
-    Ok(())
+    client
+        .app
+        .hold(&mut client.held, held, cbuf.len())
+        .map_err(End::Client)
 }
 
 /// Scans the server's bytes: what may go to the client, the transaction
