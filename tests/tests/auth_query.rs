@@ -394,3 +394,81 @@ async fn logins_to_a_database_that_does_not_exist_fail_from_a_cache() {
         "md5user"
     );
 }
+
+/// A raw client logged in with a cleartext password (`auth_type = plain`).
+async fn plain_login(port: u16, user: &str, password: &str, db: &str) -> RawClient {
+    let mut client = RawClient::connect(port).await;
+    client.startup(user, db).await;
+    loop {
+        match client.read_message(Duration::from_secs(10)).await {
+            RawReply::Message(b'R', body) if body.get(..4) == Some(&[0, 0, 0, 3]) => {
+                let mut answer = password.as_bytes().to_vec();
+                answer.push(0);
+                let message = sluice_tests::msg::message(b'p', &answer);
+                client.send(&message).await.expect("send the password");
+            }
+            RawReply::Message(b'Z', _) => return client,
+            RawReply::Message(b'E', body) => panic!("login failed: {:?}", error_fields(&body)),
+            RawReply::Message(..) => {}
+            other => panic!("login did not complete: {other:?}"),
+        }
+    }
+}
+
+/// Message types up to ReadyForQuery, with each error's SQLSTATE.
+async fn kinds_until_ready(client: &mut RawClient) -> String {
+    let mut kinds = String::new();
+    loop {
+        match client.read_message(Duration::from_secs(10)).await {
+            RawReply::Message(kind, body) => {
+                kinds.push(char::from(kind));
+                if kind == b'E' {
+                    kinds.push_str(error_field(&error_fields(&body), b'C').unwrap_or("?"));
+                }
+                if kind == b'Z' {
+                    return kinds;
+                }
+            }
+            other => panic!("no ReadyForQuery (got {kinds:?}, then {other:?})"),
+        }
+    }
+}
+
+/// auth_query's lookup runs as the unnamed statement on a server of the
+/// auth user's own pool: a client of that pool cannot describe or bind it
+/// afterwards (review 31 read a user's secret that way, by binding the
+/// lookup with a name of its choosing).
+#[tokio::test]
+async fn a_client_of_the_auth_users_pool_cannot_run_the_lookup() {
+    use sluice_tests::msg::{bind, describe, execute, message, parse, sync};
+    let cluster = auth_cluster();
+    let sluice = ConfigBuilder::for_cluster(&cluster)
+        .set("auth_type", "plain")
+        .set("auth_user", AUTH_USER)
+        .set("auth_query", LOOKUP_QUERY)
+        .set("pool_mode", "transaction")
+        .set("default_pool_size", "1")
+        .userlist(&[(AUTH_USER, AUTH_PASSWORD)])
+        .start();
+    let port = sluice.port();
+    let mut me = plain_login(port, AUTH_USER, AUTH_PASSWORD, "postgres").await;
+    // The server's unnamed statement is this client's own first.
+    me.send(&[parse("", "select 1"), bind(""), execute(), sync()].concat())
+        .await
+        .expect("send");
+    assert_eq!(kinds_until_ready(&mut me).await, "12DCZ");
+    assert_eq!(
+        current_user_through(port, "md5user", "md5-pw", "postgres").await,
+        "md5user"
+    );
+    let mut run = describe(b'S', "");
+    let mut body = vec![0u8, 0u8, 0, 0, 0, 1];
+    body.extend_from_slice(&7i32.to_be_bytes());
+    body.extend_from_slice(b"md5user");
+    body.extend_from_slice(&[0, 0]);
+    run.extend(message(b'B', &body));
+    run.extend(execute());
+    run.extend(sync());
+    me.send(&run).await.expect("send");
+    assert_eq!(kinds_until_ready(&mut me).await, "E26000Z");
+}

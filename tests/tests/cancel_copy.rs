@@ -447,9 +447,9 @@ fn bind_text(value: &[u8]) -> Vec<u8> {
 /// A cancelled batch need not be whole when the cancel comes: one larger
 /// than a read (a 20 KB parameter), of more than 64 messages, whose Sync
 /// comes a second after the cancel, is answered 57014 at once and
-/// ReadyForQuery at its Sync, and none of it runs. A lone Sync waiting
-/// for a server runs nothing, so a cancel then leaves it (and the next
-/// request) alone.
+/// ReadyForQuery at its Sync, and none of it runs. A lone Sync or Flush
+/// waiting for a server runs nothing, so a cancel then leaves it (and the
+/// next request) alone.
 #[tokio::test]
 async fn a_cancelled_batch_never_runs_however_it_arrives() {
     use sluice_tests::msg::{execute, parse, sync};
@@ -521,5 +521,29 @@ async fn a_cancelled_batch_never_runs_however_it_arrives() {
     assert_eq!(
         scalar_text(&holder, "select string_agg(v, ',') from waited").await,
         "next"
+    );
+
+    // A lone Flush runs nothing either: the cancel leaves it, and the
+    // queries after it run (review 31: they were dropped until a Sync).
+    holder.batch_execute("begin").await.expect("begin");
+    holder.batch_execute("select 1").await.expect("in it");
+    waiter
+        .send(&sluice_tests::msg::flush())
+        .await
+        .expect("a lone Flush");
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    send_cancel(sluice.port(), key).await;
+    waiter
+        .send(&query_message("insert into waited values ('after flush')"))
+        .await
+        .expect("a query after it");
+    holder.batch_execute("commit").await.expect("commit");
+    assert_eq!(
+        kinds_until_ready(&mut waiter, Duration::from_secs(5)).await,
+        "CZ"
+    );
+    assert_eq!(
+        scalar_text(&holder, "select string_agg(v, ',' order by v) from waited").await,
+        "after flush,next"
     );
 }

@@ -1979,6 +1979,67 @@ async fn a_bind_of_the_unnamed_statement_never_runs_another_clients() {
     assert_eq!(left, "10", "B's DELETE must not have run");
 }
 
+/// An empty Parse in a failed transaction is no error: PostgreSQL makes
+/// it the session's unnamed statement (sluice sends a named Parse there
+/// unnamed, to get 25P02 for any other text), with the client's parameter
+/// types. Another client on the same server cannot describe or bind it
+/// (review 31 ran it, and read its parameter types). Nor can a
+/// transaction-mode client bind what a session-mode client left behind,
+/// after a RELOAD, with no reset query (review 31).
+#[tokio::test]
+async fn an_unnamed_statement_sluice_made_for_a_client_stays_its_own() {
+    let cluster = app_cluster(ServerAuth::Trust);
+    let config = ConfigBuilder::for_cluster(&cluster)
+        .set("pool_mode", "transaction")
+        .set("default_pool_size", "1")
+        .set("server_reset_query", "")
+        .set("admin_users", "admin");
+    let sluice = config.clone().start();
+    let mut a = raw_login(&sluice, APP_USER).await;
+    let mut b = raw_login(&sluice, APP_USER).await;
+    a.simple_query("begin", WAIT).await;
+    let reply = exchange(&mut a, &query("select 1/0"), "A fails its transaction").await;
+    assert_eq!(reply.errors, vec!["22012".to_owned()], "{reply:?}");
+    let reply = exchange(
+        &mut a,
+        &[parse("s1", "  "), sync()].concat(),
+        "A's empty Parse",
+    )
+    .await;
+    assert!(reply.errors.is_empty(), "{reply:?}");
+    // (extended: a simple query would drop the unnamed statement)
+    let rollback = [parse("s2", "rollback"), bind("s2"), execute(), sync()].concat();
+    let reply = exchange(&mut a, &rollback, "A rolls back").await;
+    assert!(reply.errors.is_empty(), "{reply:?}");
+    let mut probe = describe(b'S', "");
+    probe.extend(bind(""));
+    probe.extend(execute());
+    probe.extend(sync());
+    let reply = exchange(&mut b, &probe, "B describes and binds \"\"").await;
+    assert_eq!(reply.errors, vec!["26000".to_owned()], "{reply:?}");
+
+    // Session mode leaves an unnamed statement; after a RELOAD to
+    // transaction mode, a new client cannot reach it.
+    let admin = connect_as(sluice.port(), "admin", "pgbouncer").await;
+    let mode = |m: &str| config.clone().set("pool_mode", m).render();
+    sluice.rewrite_config(&mode("session"));
+    admin.simple_query("RELOAD").await.expect("RELOAD");
+    let mut s = raw_login(&sluice, APP_USER).await;
+    let reply = exchange(
+        &mut s,
+        &[parse("", "select 'session secret'"), sync()].concat(),
+        "a session client parses \"\"",
+    )
+    .await;
+    assert!(reply.errors.is_empty(), "{reply:?}");
+    drop(s);
+    sluice.rewrite_config(&mode("transaction"));
+    admin.simple_query("RELOAD").await.expect("RELOAD");
+    let mut t = raw_login(&sluice, APP_USER).await;
+    let reply = exchange(&mut t, &probe, "a transaction client binds \"\"").await;
+    assert_eq!(reply.errors, vec!["26000".to_owned()], "{reply:?}");
+}
+
 /// A Bind of the unnamed statement and portal with one text parameter.
 fn bind_with_one_parameter() -> Vec<u8> {
     let mut body = vec![0u8, 0u8];

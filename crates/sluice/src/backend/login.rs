@@ -378,6 +378,10 @@ pub async fn run_query_params(
     params: &[&str],
     max_rows: usize,
 ) -> Result<(Vec<TextRow>, usize), LoginError> {
+    // The unnamed statement is now sluice's own, which no client may bind
+    // (review 31 ran auth_query's lookup from a client of its pool): the
+    // next client's link closes it (`tracked::settle_unnamed`).
+    server.statements.unnamed = Some(crate::prepared::client_names::Owner::default());
     let mut out = BytesMut::with_capacity(sql.len() + 64);
     MessageBuilder::new(&mut out, frontend::PARSE)
         .cstr("")

@@ -1091,8 +1091,10 @@ enum Paused {
 
 /// Whether a cancel request for the request at the start of `buf`, while
 /// it waits for a server, stops it (`answer_cancelled_wait`): a Query, a
-/// FunctionCall, or an extended-protocol batch; not a lone Sync, which
-/// runs nothing (PostgreSQL answers it ReadyForQuery, cancel or not).
+/// FunctionCall, or an extended-protocol batch; not a Sync or a Flush
+/// first, which run nothing (PostgreSQL ignores a cancel that comes while
+/// it waits for the next message; review 31: a cancelled lone Flush had
+/// the client's next requests dropped until it happened to send a Sync).
 fn cancellable(buf: &[u8]) -> bool {
     use sluice_wire::tags::frontend as f;
     matches!(
@@ -1104,8 +1106,7 @@ fn cancellable(buf: &[u8]) -> bool {
                 | f::BIND
                 | f::DESCRIBE
                 | f::EXECUTE
-                | f::CLOSE
-                | f::FLUSH)
+                | f::CLOSE)
         )
     )
 }

@@ -292,6 +292,10 @@ impl Rewriter<'_> {
     /// Sends `text` (a Parse body after the name) as the unnamed
     /// statement: its reply reaches the client, nothing named stays.
     fn parse_unnamed(&mut self, text: &[u8]) {
+        // (an empty text is no error even in a failed transaction: the
+        // server then holds the client's unnamed statement; review 31
+        // bound it from another client)
+        self.server.unnamed = Some(self.names.owner);
         MessageBuilder::new(self.out, tags::frontend::PARSE)
             .u8(0)
             .bytes(text)

@@ -78,6 +78,12 @@ pub async fn run(client: &mut Client, cbuf: &mut BytesMut, mut lease: Lease) -> 
     // Transaction and statement mode: statements, session state and
     // LISTEN follow the client, so its messages are rewritten.
     let mut tracking = pooled.then(Tracking::take);
+    if !pooled {
+        // A session's unnamed statement is not followed: whatever it
+        // leaves is no later client's (review 31 bound it from a
+        // transaction-mode client after a RELOAD, with no reset query).
+        lease.server().statements.unnamed = Some(crate::prepared::client_names::Owner::default());
+    }
     let mut clocks = Clocks::new(&settings);
     let app = client.app.clone();
     let mut blocked = Blocked::default();
