@@ -152,6 +152,26 @@ impl RawClient {
         }
     }
 
+    /// Message types up to ReadyForQuery, each error's SQLSTATE after its
+    /// `E`; panics on a close or silence past `timeout`.
+    pub async fn kinds_until_ready(&mut self, timeout: Duration) -> String {
+        let mut kinds = String::new();
+        loop {
+            match self.read_message(timeout).await {
+                RawReply::Message(kind, body) => {
+                    kinds.push(char::from(kind));
+                    if kind == b'E' {
+                        kinds.push_str(error_field(&error_fields(&body), b'C').unwrap_or("?"));
+                    }
+                    if kind == b'Z' {
+                        return kinds;
+                    }
+                }
+                other => panic!("no ReadyForQuery (got {kinds:?}, then {other:?})"),
+            }
+        }
+    }
+
     /// Runs `sql` with the simple protocol and returns the first column of
     /// every row (NULL as `None`); panics on an error.
     pub async fn simple_query(&mut self, sql: &str, timeout: Duration) -> Vec<Option<String>> {

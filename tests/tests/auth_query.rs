@@ -415,25 +415,6 @@ async fn plain_login(port: u16, user: &str, password: &str, db: &str) -> RawClie
     }
 }
 
-/// Message types up to ReadyForQuery, with each error's SQLSTATE.
-async fn kinds_until_ready(client: &mut RawClient) -> String {
-    let mut kinds = String::new();
-    loop {
-        match client.read_message(Duration::from_secs(10)).await {
-            RawReply::Message(kind, body) => {
-                kinds.push(char::from(kind));
-                if kind == b'E' {
-                    kinds.push_str(error_field(&error_fields(&body), b'C').unwrap_or("?"));
-                }
-                if kind == b'Z' {
-                    return kinds;
-                }
-            }
-            other => panic!("no ReadyForQuery (got {kinds:?}, then {other:?})"),
-        }
-    }
-}
-
 /// auth_query's lookup runs as the unnamed statement on a server of the
 /// auth user's own pool: a client of that pool cannot describe or bind it
 /// afterwards (review 31 read a user's secret that way, by binding the
@@ -456,7 +437,7 @@ async fn a_client_of_the_auth_users_pool_cannot_run_the_lookup() {
     me.send(&[parse("", "select 1"), bind(""), execute(), sync()].concat())
         .await
         .expect("send");
-    assert_eq!(kinds_until_ready(&mut me).await, "12DCZ");
+    assert_eq!(me.kinds_until_ready(Duration::from_secs(10)).await, "12DCZ");
     assert_eq!(
         current_user_through(port, "md5user", "md5-pw", "postgres").await,
         "md5user"
@@ -470,5 +451,8 @@ async fn a_client_of_the_auth_users_pool_cannot_run_the_lookup() {
     run.extend(execute());
     run.extend(sync());
     me.send(&run).await.expect("send");
-    assert_eq!(kinds_until_ready(&mut me).await, "E26000Z");
+    assert_eq!(
+        me.kinds_until_ready(Duration::from_secs(10)).await,
+        "E26000Z"
+    );
 }

@@ -414,25 +414,6 @@ async fn send_cancel(port: u16, key: [u8; 8]) {
     let _ = tokio::time::timeout(Duration::from_secs(10), stream.read(&mut end)).await;
 }
 
-/// Message types up to ReadyForQuery (SQLSTATEs of errors after an `E`).
-async fn kinds_until_ready(client: &mut RawClient, timeout: Duration) -> String {
-    let mut kinds = String::new();
-    loop {
-        match client.read_message(timeout).await {
-            RawReply::Message(kind, body) => {
-                kinds.push(char::from(kind));
-                if kind == b'E' {
-                    kinds.push_str(error_field(&error_fields(&body), b'C').unwrap_or("?"));
-                }
-                if kind == b'Z' {
-                    return kinds;
-                }
-            }
-            other => panic!("no ReadyForQuery (got {kinds:?}, then {other:?})"),
-        }
-    }
-}
-
 /// A Bind with one text parameter of `value`, to the unnamed statement.
 fn bind_text(value: &[u8]) -> Vec<u8> {
     let mut body = vec![0u8, 0u8];
@@ -486,10 +467,7 @@ async fn a_cancelled_batch_never_runs_however_it_arrives() {
     waiter.send(&rest).await.expect("send more");
     tokio::time::sleep(Duration::from_millis(1000)).await;
     waiter.send(&sync()).await.expect("send the Sync");
-    assert_eq!(
-        kinds_until_ready(&mut waiter, Duration::from_secs(5)).await,
-        "Z"
-    );
+    assert_eq!(waiter.kinds_until_ready(Duration::from_secs(5)).await, "Z");
     holder.batch_execute("commit").await.expect("commit");
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert_eq!(
@@ -505,17 +483,14 @@ async fn a_cancelled_batch_never_runs_however_it_arrives() {
     tokio::time::sleep(Duration::from_millis(500)).await;
     send_cancel(sluice.port(), key).await;
     holder.batch_execute("commit").await.expect("commit");
-    assert_eq!(
-        kinds_until_ready(&mut waiter, Duration::from_secs(5)).await,
-        "Z"
-    );
+    assert_eq!(waiter.kinds_until_ready(Duration::from_secs(5)).await, "Z");
     let mut next = parse("", "insert into waited values ($1)");
     next.extend(bind_text(b"next"));
     next.extend(execute());
     next.extend(sync());
     waiter.send(&next).await.expect("the next request");
     assert_eq!(
-        kinds_until_ready(&mut waiter, Duration::from_secs(5)).await,
+        waiter.kinds_until_ready(Duration::from_secs(5)).await,
         "12CZ"
     );
     assert_eq!(
@@ -538,10 +513,7 @@ async fn a_cancelled_batch_never_runs_however_it_arrives() {
         .await
         .expect("a query after it");
     holder.batch_execute("commit").await.expect("commit");
-    assert_eq!(
-        kinds_until_ready(&mut waiter, Duration::from_secs(5)).await,
-        "CZ"
-    );
+    assert_eq!(waiter.kinds_until_ready(Duration::from_secs(5)).await, "CZ");
     assert_eq!(
         scalar_text(&holder, "select string_agg(v, ',' order by v) from waited").await,
         "after flush,next"
