@@ -2127,3 +2127,37 @@ async fn large_messages_share_one_memory_budget() {
     assert_eq!(rows.rows, vec![Some(two_mib_len.to_string())], "{rows:?}");
     drop(announcer);
 }
+
+/// A client that prepares large statements and closes each in turn does
+/// not make sluice keep their texts: a server's cache keeps 1 MiB of text
+/// alive for its own sake, the rest only while a client names it. Before,
+/// every text stayed (up to `max_prepared_statements` per server, of up
+/// to 64 MiB each): 40 texts of 4 MiB grew sluice by 160 MiB, one client
+/// alone. Bound: 80 MiB RSS.
+#[tokio::test]
+async fn prepared_then_closed_texts_are_not_kept() {
+    const RSS_LIMIT_KIB: u64 = 80 << 10;
+    let cluster = app_cluster(ServerAuth::Trust);
+    let sluice = one_server(&cluster);
+    let mut client = raw_login(&sluice, APP_USER).await;
+    let padding = "x".repeat(4 << 20);
+    for i in 0..40 {
+        let text = format!("select {i} as v /* {padding} */");
+        let reply = exchange(
+            &mut client,
+            &[parse("big", &text), sync(), close_statement("big"), sync()].concat(),
+            "Parse and Close of a 4 MiB statement",
+        )
+        .await;
+        assert!(reply.errors.is_empty(), "{reply:?}");
+        let reply = read_reply(&mut client, WAIT).await.expect("the Close");
+        assert!(reply.errors.is_empty(), "{reply:?}");
+    }
+    let rss = rss_kib(sluice.pid());
+    assert!(
+        rss < RSS_LIMIT_KIB,
+        "40 statements of 4 MiB, each closed, left sluice at {} MiB (limit {} MiB)",
+        rss >> 10,
+        RSS_LIMIT_KIB >> 10
+    );
+}

@@ -3,9 +3,35 @@
 //! still has to close.
 
 use std::collections::HashMap;
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 
 use super::registry::Statement;
+
+/// Bytes of statement text one server keeps alive for its statements'
+/// sake alone (a client preparing the text again then gets the same id,
+/// which the server has): past that, a statement no client names any
+/// more is let go. Before, a client that parsed and closed 8 MiB texts in
+/// turn made sluice hold every one of them (up to
+/// `max_prepared_statements` per server, 64 MiB each: a review-style
+/// loop grew sluice by 320 MB in a few seconds, one client alone).
+const KEPT_TEXT: usize = 1 << 20;
+
+/// A statement as a server's cache holds it: alive for its sake while
+/// its text fits `KEPT_TEXT`, else only while some client names it.
+#[derive(Debug)]
+enum Held {
+    Kept(Arc<Statement>),
+    Seen(Weak<Statement>),
+}
+
+impl Held {
+    fn get(&self) -> Option<Arc<Statement>> {
+        match self {
+            Held::Kept(s) => Some(Arc::clone(s)),
+            Held::Seen(w) => w.upgrade(),
+        }
+    }
+}
 
 /// Statements prepared on one server.
 #[derive(Debug, Default)]
@@ -13,7 +39,9 @@ pub struct ServerStatements {
     /// Statement id → last use, and the statement itself: held here so
     /// that a client preparing the same text again (after closing it, or a
     /// driver's DEALLOCATE ALL) gets the same id, which the server has.
-    used: HashMap<u64, (u64, Arc<Statement>), super::fast_hash::BuildWordHasher>,
+    used: HashMap<u64, (u64, Held), super::fast_hash::BuildWordHasher>,
+    /// Text bytes of the statements held `Kept`.
+    kept_bytes: usize,
     tick: u64,
     /// Statements the server still holds but must not be used again
     /// (evicted, or their plan went stale): closed before the next Parse.
@@ -55,18 +83,39 @@ impl ServerStatements {
                 .min_by_key(|(_, (last, _))| *last)
                 .map(|(id, _)| *id);
             if let Some(old) = evicted {
-                self.used.remove(&old);
+                self.remove(old);
             }
         }
-        self.used
-            .insert(statement.id, (self.tick, statement.clone()));
+        let len = statement.text.len();
+        let held = if self.kept_bytes + len <= KEPT_TEXT {
+            self.kept_bytes += len;
+            Held::Kept(Arc::clone(statement))
+        } else {
+            Held::Seen(Arc::downgrade(statement))
+        };
+        if let Some((_, old)) = self.used.insert(statement.id, (self.tick, held)) {
+            self.unkeep(&old);
+        }
         evicted
+    }
+
+    /// Takes `id` out of the cache.
+    fn remove(&mut self, id: u64) -> Option<Arc<Statement>> {
+        let (_, held) = self.used.remove(&id)?;
+        self.unkeep(&held);
+        held.get()
+    }
+
+    fn unkeep(&mut self, held: &Held) {
+        if let Held::Kept(s) = held {
+            self.kept_bytes -= s.text.len();
+        }
     }
 
     /// The server accepted the Parse of `id`: the statement is proven in
     /// this server's scope (valid SQL for its database and user).
     pub fn confirm(&self, id: u64) {
-        if let Some((_, statement)) = self.used.get(&id) {
+        if let Some(statement) = self.used.get(&id).and_then(|(_, h)| h.get()) {
             statement.prove(self.scope);
         }
     }
@@ -74,7 +123,7 @@ impl ServerStatements {
     /// The server refused the Parse of `id`: it does not have it, and the
     /// text is no longer proven in this server's scope.
     pub fn refuted(&mut self, id: u64) {
-        if let Some((_, statement)) = self.used.remove(&id) {
+        if let Some(statement) = self.remove(id) {
             statement.refute(self.scope);
         }
     }
@@ -83,20 +132,23 @@ impl ServerStatements {
     /// no longer proven in this server's scope, and the server's copy is
     /// closed before its next use (a Parse of it then reaches the server).
     pub fn distrust(&mut self, id: u64) {
-        if let Some((_, statement)) = self.used.get(&id) {
-            statement.refute(self.scope);
+        if let Some((_, held)) = self.used.get(&id) {
+            if let Some(statement) = held.get() {
+                statement.refute(self.scope);
+            }
             self.retire(id);
         }
     }
 
     /// The server does not have `id` (its Parse failed or was skipped).
     pub fn forget(&mut self, id: u64) {
-        self.used.remove(&id);
+        self.remove(id);
     }
 
     /// The server has `id` but it must be closed and prepared again.
     pub fn retire(&mut self, id: u64) {
-        if self.used.remove(&id).is_some() {
+        if let Some((_, held)) = self.used.remove(&id) {
+            self.unkeep(&held);
             self.to_close.push(id);
         }
     }
@@ -140,6 +192,7 @@ impl ServerStatements {
     /// The server dropped every prepared statement (DISCARD ALL, DEALLOCATE ALL).
     pub fn clear(&mut self) {
         self.used.clear();
+        self.kept_bytes = 0;
         self.to_close.clear();
     }
 }
@@ -185,6 +238,41 @@ mod tests {
         s.retire(c.id);
         assert_eq!(s.to_close, vec![c.id]);
         assert!(!s.touch(c.id));
+    }
+
+    /// Past `KEPT_TEXT`, a server's cache keeps a statement alive only
+    /// while a client names it; what it keeps is counted back as it goes.
+    #[test]
+    fn a_server_keeps_a_bounded_text_alive() {
+        let registry = super::super::registry::Registry::default();
+        let mut s = ServerStatements::default();
+        let big = |i: u8| {
+            let mut text = vec![i; KEPT_TEXT / 2];
+            text.extend_from_slice(b"\0\0\0");
+            registry.intern(&text, None)
+        };
+        let (a, b) = (big(b'a'), big(b'b'));
+        let weak_b = Arc::downgrade(&b);
+        s.insert(&a, 0);
+        s.insert(&b, 0);
+        assert!(s.touch(a.id) && s.touch(b.id));
+        drop(b);
+        assert!(
+            weak_b.upgrade().is_none(),
+            "past the keep, nothing holds it"
+        );
+        let a_id = a.id;
+        drop(a);
+        assert_eq!(big(b'a').id, a_id, "within the keep, the same id");
+        s.retire(a_id);
+        let c = big(b'c');
+        let weak_c = Arc::downgrade(&c);
+        s.insert(&c, 0);
+        drop(c);
+        assert!(
+            weak_c.upgrade().is_some(),
+            "a retired statement's room is free again"
+        );
     }
 
     #[test]
