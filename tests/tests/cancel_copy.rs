@@ -433,7 +433,7 @@ fn bind_text(value: &[u8]) -> Vec<u8> {
 /// next request) alone.
 #[tokio::test]
 async fn a_cancelled_batch_never_runs_however_it_arrives() {
-    use sluice_tests::msg::{execute, parse, sync};
+    use sluice_tests::msg::{execute, flush, parse, sync};
     let (_cluster, sluice) = one_server_and_table("v text");
     let holder = connect_as(sluice.port(), APP_USER, "postgres").await;
     let (mut waiter, key) = raw_with_key(sluice.port()).await;
@@ -502,10 +502,7 @@ async fn a_cancelled_batch_never_runs_however_it_arrives() {
     // queries after it run (review 31: they were dropped until a Sync).
     holder.batch_execute("begin").await.expect("begin");
     holder.batch_execute("select 1").await.expect("in it");
-    waiter
-        .send(&sluice_tests::msg::flush())
-        .await
-        .expect("a lone Flush");
+    waiter.send(&flush()).await.expect("a lone Flush");
     tokio::time::sleep(Duration::from_millis(500)).await;
     send_cancel(sluice.port(), key).await;
     waiter
@@ -517,5 +514,36 @@ async fn a_cancelled_batch_never_runs_however_it_arrives() {
     assert_eq!(
         scalar_text(&holder, "select string_agg(v, ',' order by v) from waited").await,
         "after flush,next"
+    );
+
+    // A batch behind a Flush or a Sync is cancelled all the same; the
+    // Sync is answered first (review 32: the batch ran after its cancel).
+    for (lead, kinds) in [(flush(), "E57014Z"), (sync(), "ZE57014Z")] {
+        holder.batch_execute("begin").await.expect("begin");
+        holder.batch_execute("select 1").await.expect("in it");
+        let mut batch = lead;
+        batch.extend(parse("", "insert into waited values ($1)"));
+        batch.extend(bind_text(b"behind"));
+        batch.extend(execute());
+        batch.extend(sync());
+        waiter.send(&batch).await.expect("send");
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        send_cancel(sluice.port(), key).await;
+        let mut got = String::new();
+        while got.matches('Z').count() < kinds.matches('Z').count() {
+            got += &waiter.kinds_until_ready(Duration::from_secs(5)).await;
+        }
+        assert_eq!(got, kinds);
+        holder.batch_execute("commit").await.expect("commit");
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(
+        scalar_text(
+            &holder,
+            "select count(*)::text from waited where v = 'behind'"
+        )
+        .await,
+        "0",
+        "a cancelled batch behind a Flush or a Sync never runs"
     );
 }

@@ -2038,6 +2038,18 @@ async fn an_unnamed_statement_sluice_made_for_a_client_stays_its_own() {
     let mut t = raw_login(&sluice, APP_USER).await;
     let reply = exchange(&mut t, &probe, "a transaction client binds \"\"").await;
     assert_eq!(reply.errors, vec!["26000".to_owned()], "{reply:?}");
+
+    // The other way: a transaction-mode client's, after a RELOAD to
+    // session mode (review 32).
+    let secret = [parse("", "select 'transaction secret'"), sync()].concat();
+    let reply = exchange(&mut t, &secret, "a transaction client parses \"\"").await;
+    assert!(reply.errors.is_empty(), "{reply:?}");
+    drop(t);
+    sluice.rewrite_config(&mode("session"));
+    admin.simple_query("RELOAD").await.expect("RELOAD");
+    let mut s = raw_login(&sluice, APP_USER).await;
+    let reply = exchange(&mut s, &probe, "a session client binds \"\"").await;
+    assert_eq!(reply.errors, vec!["26000".to_owned()], "{reply:?}");
 }
 
 /// A Bind of the unnamed statement and portal with one text parameter.
@@ -2125,7 +2137,80 @@ async fn large_messages_share_one_memory_budget() {
         .await
         .expect("a 2 MiB query later");
     assert_eq!(rows.rows, vec![Some(two_mib_len.to_string())], "{rows:?}");
+    // A client idle in its transaction after a 3 MiB query, or with a
+    // byte of its next message sent, keeps nothing of the budget (review
+    // 32: the buffer, and its grant, stayed as large as the message).
+    let (three_mib, three_mib_len) = sized_query(3 << 20);
+    let mut idle = raw_login(&sluice, APP_USER).await;
+    idle.simple_query("begin", WAIT).await;
+    let mut trailing = raw_login(&sluice, APP_USER).await;
+    for (client, after) in [(&mut idle, &b""[..]), (&mut trailing, &b"Q"[..])] {
+        client
+            .send(&[&three_mib[..], after].concat())
+            .await
+            .expect("send");
+        let rows = read_reply(client, WAIT).await.expect("a 3 MiB query");
+        assert_eq!(rows.rows, vec![Some(three_mib_len.to_string())], "{rows:?}");
+        later.send(&three_mib).await.expect("send");
+        let rows = read_reply(&mut later, WAIT)
+            .await
+            .expect("another 3 MiB query");
+        assert_eq!(rows.rows, vec![Some(three_mib_len.to_string())], "{rows:?}");
+    }
     drop(announcer);
+}
+
+/// The texts of prepared statements count in the same budget (each
+/// client may name 16 MiB of them, so a few hundred clients could do with
+/// Parses what the budget stops for messages; review 32): a Parse past it
+/// fails with 53200 and its client goes on, and a text is counted only as
+/// long as it lives. (A Parse held whole counts as well, until its request
+/// is done: 8 MiB take three texts of 1 MiB, not a fourth of 3 MiB.)
+#[tokio::test]
+async fn prepared_statement_texts_share_the_memory_budget() {
+    let cluster = app_cluster(ServerAuth::Trust);
+    let sluice = ConfigBuilder::for_cluster(&cluster)
+        .set("pool_mode", "transaction")
+        .set("default_pool_size", "1")
+        .sluice("max_held_memory_mb", "8")
+        .start();
+    let text = |tag: &str, mib: usize| format!("select '{tag}' /* {} */", "x".repeat(mib << 20));
+    let mut a = raw_login(&sluice, APP_USER).await;
+    let mut b = raw_login(&sluice, APP_USER).await;
+    for name in ["a1", "a2", "a3"] {
+        let reply = exchange(
+            &mut a,
+            &[parse(name, &text(name, 1)), sync()].concat(),
+            name,
+        )
+        .await;
+        assert!(reply.errors.is_empty(), "{name}: {reply:?}");
+    }
+    let reply = exchange(
+        &mut b,
+        &[parse("b1", &text("b1", 3)), sync()].concat(),
+        "B's Parse",
+    )
+    .await;
+    assert_eq!(reply.errors, vec!["53200".to_owned()], "{reply:?}");
+    let reply = exchange(&mut b, &query("select 'still here'"), "B goes on").await;
+    assert_eq!(reply.rows, vec![Some("still here".to_owned())], "{reply:?}");
+    // A's texts go when A closes them: B's fits then.
+    let closes = [close_statement("a1"), close_statement("a2"), sync()].concat();
+    let reply = exchange(&mut a, &closes, "A closes two").await;
+    assert!(reply.errors.is_empty(), "{reply:?}");
+    let reply = exchange(
+        &mut b,
+        &[parse("b1", &text("b1", 3)), sync()].concat(),
+        "B again",
+    )
+    .await;
+    assert!(reply.errors.is_empty(), "{reply:?}");
+    let mut run = bind("b1");
+    run.extend(execute());
+    run.extend(sync());
+    let reply = exchange(&mut b, &run, "B runs it").await;
+    assert_eq!(reply.rows, vec![Some("b1".to_owned())], "{reply:?}");
 }
 
 /// A client that prepares large statements and closes each in turn does

@@ -282,11 +282,12 @@ define_settings! {
              disabled by kernel.io_uring_disabled or a container's seccomp profile), else \
              epoll. The choice is logged at startup and shown by SHOW CONFIG.";
         max_held_memory_mb: u32 = 1024 => "1024", Count, reload,
-            "Most memory, in MiB, that all clients' large messages may take together while \
-             sluice holds them whole (transaction and statement mode read a Parse, Bind, \
-             Describe, Close, Query or FunctionCall whole before sending it, up to 64 MiB \
-             each; one of up to 256 KiB takes nothing from this). A client whose message \
-             would pass it is refused with 53200 and disconnected; the others go on. A \
+            "Most memory, in MiB, that all clients' large messages (while sluice holds them \
+             whole: transaction and statement mode read a Parse, Bind, Describe, Close, Query \
+             or FunctionCall whole before sending it, up to 64 MiB each; one of up to 256 KiB \
+             takes nothing from this) and the texts of prepared statements may take \
+             together. A client whose message would pass it is refused with 53200 and \
+             disconnected, a Parse of a new text fails with 53200; the others go on. A \
              message may take up to twice its size while it is forwarded. 0 means unlimited.";
         metrics_addr: Option<String> = None => "", OptionalText, fixed,
             "Address (host:port) to serve Prometheus metrics on; empty disables.";

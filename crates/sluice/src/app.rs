@@ -86,8 +86,6 @@ pub struct App {
     pub param_sets: ParamInterner,
     /// Shared server-side prepared statements (transaction mode).
     pub statements: crate::prepared::registry::Registry,
-    /// Memory of clients' large messages held whole (`max_held_memory_mb`).
-    pub held: Arc<crate::held_memory::HeldMemory>,
     /// PAUSE / DISABLE switches.
     pub control: OperatorSwitches,
     /// Averages for SHOW STATS.
@@ -116,6 +114,7 @@ pub struct App {
 impl App {
     pub fn new(config_path: PathBuf, config: Config, userlist: Userlist) -> Self {
         let peer_id = config.settings.peer_id;
+        crate::held_memory::set_limit_mb(config.settings.max_held_memory_mb);
         Self {
             config_path,
             config: RwLock::new(Arc::new(config)),
@@ -134,7 +133,6 @@ impl App {
             peers: Default::default(),
             param_sets: ParamInterner::default(),
             statements: Default::default(),
-            held: Default::default(),
             control: OperatorSwitches::default(),
             stats: StatsWindow::default(),
             login_failures: Mutex::default(),
@@ -295,24 +293,6 @@ impl App {
     /// none does).
     pub fn routing_anywhere(&self) -> bool {
         self.routing.load(Ordering::Relaxed)
-    }
-
-    /// Makes `grant` cover a client buffer that holds `buffered` bytes
-    /// and is read on until `wanted` (a message held whole), within
-    /// `max_held_memory_mb` as configured now.
-    pub fn hold(
-        &self,
-        grant: &mut crate::held_memory::Grant,
-        wanted: usize,
-        buffered: usize,
-    ) -> Result<(), crate::frontend::error::ClientError> {
-        use crate::frontend::relay_io::{BUFFER_LIMIT, READ_CHUNK};
-        if wanted <= BUFFER_LIMIT {
-            return Ok(());
-        }
-        let limit = (self.config().settings.max_held_memory_mb as usize).saturating_mul(1 << 20);
-        let size = crate::held_memory::reach(wanted, buffered, READ_CHUNK);
-        grant.cover(&self.held, size, BUFFER_LIMIT, limit)
     }
 
     /// Lag limits for reads on replicas, and whether reads wait for the
@@ -999,6 +979,7 @@ impl App {
         }
         *self.config.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(config);
         let config = self.config();
+        crate::held_memory::set_limit_mb(config.settings.max_held_memory_mb);
         self.reload_topologies(&config);
         let pools = self.pools();
         for pool in pools {

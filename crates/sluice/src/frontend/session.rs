@@ -833,7 +833,18 @@ impl Client {
             user = %self.user(), db = %self.database(),
             "a request cancelled while it waited for a server is not run"
         );
-        let mut out = cancelled_error();
+        // Syncs and Flushes ahead of the request run nothing: a Sync is
+        // answered as the server would (the client is between
+        // transactions), a Flush has no answer.
+        let mut out = BytesMut::new();
+        let lead = leading_syncs(buf);
+        for &tag in &buf[..lead] {
+            if tag == sluice_wire::tags::frontend::SYNC {
+                sluice_wire::ready_for_query(&mut out, sluice_wire::TransactionStatus::Idle);
+            }
+        }
+        bytes::Buf::advance(buf, lead * sluice_wire::HEADER_LEN);
+        out.extend_from_slice(&cancelled_error());
         if let Err(end) = self.write_local(&out).await {
             return Some(end);
         }
@@ -939,7 +950,13 @@ impl Client {
                     bytes::Buf::advance(buf, n);
                     break;
                 }
-                Answer::Partial => self.read_more(buf, 0).await?,
+                Answer::Partial => {
+                    // (up to `PARTIAL_LIMIT`, past the window: review 32)
+                    let most = crate::prepared::idle_batch::PARTIAL_LIMIT;
+                    crate::held_memory::hold(&mut self.held, most, buf.len())
+                        .map_err(SessionEnd::Error)?;
+                    self.read_more(buf, most).await?;
+                }
                 Answer::Server => return Ok(false),
             }
         }
@@ -1097,8 +1114,9 @@ enum Paused {
 /// the client's next requests dropped until it happened to send a Sync).
 fn cancellable(buf: &[u8]) -> bool {
     use sluice_wire::tags::frontend as f;
+    let lead = leading_syncs(buf) * sluice_wire::HEADER_LEN;
     matches!(
-        buf.first(),
+        buf.get(lead),
         Some(
             &(f::QUERY
                 | f::FUNCTION_CALL
@@ -1109,6 +1127,16 @@ fn cancellable(buf: &[u8]) -> bool {
                 | f::CLOSE)
         )
     )
+}
+
+/// How many whole Syncs and Flushes (five bytes each) start `buf`: a
+/// request behind them is still cancellable (review 32: a batch sent
+/// behind a Flush ran after its cancel).
+fn leading_syncs(buf: &[u8]) -> usize {
+    use sluice_wire::tags::frontend as f;
+    buf.chunks_exact(sluice_wire::HEADER_LEN)
+        .take_while(|m| matches!(m, [f::SYNC | f::FLUSH, 0, 0, 0, 4]))
+        .count()
 }
 
 /// `wait`'s output, or None once the client closes its end first (see
@@ -1321,10 +1349,11 @@ async fn run_with(client: &mut Client, buf: &mut BytesMut) -> SessionEnd {
             return SessionEnd::Error(super::relay::pqexec_disallowed());
         }
         let tracked = settings.mode != sluice_config::PoolMode::Session;
+        crate::held_memory::shrink(buf, &mut client.held);
         match first_message_incomplete(buf, tracked) {
             Ok(None) => {}
             Ok(Some(total)) => {
-                if let Err(e) = client.app.hold(&mut client.held, total, buf.len()) {
+                if let Err(e) = crate::held_memory::hold(&mut client.held, total, buf.len()) {
                     return SessionEnd::Error(e);
                 }
                 if let Err(end) = Box::pin(client.read_more(buf, total)).await {

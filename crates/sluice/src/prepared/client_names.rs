@@ -22,6 +22,12 @@ pub struct ClientNames {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Owner(u64);
 
+impl Owner {
+    /// Session-mode clients, whose unnamed statements sluice does not
+    /// follow: no transaction-mode client's (those start at 1).
+    pub const SESSION: Owner = Owner(0);
+}
+
 impl Default for Owner {
     fn default() -> Self {
         static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);

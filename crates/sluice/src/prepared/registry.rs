@@ -41,6 +41,8 @@ pub struct Statement {
     /// without a server (see `idle_batch`), the server getting it when a
     /// Bind needs it. A server refusing it clears that scope's proof.
     pub proven: [AtomicU64; PROOF_SLOTS],
+    /// Its text's share of `max_held_memory_mb`, for as long as it lives.
+    _held: crate::held_memory::Grant,
 }
 
 /// One statement per id.
@@ -129,11 +131,46 @@ impl Registry {
     /// every client that parsed the same text in the same `context`
     /// ([`ParseContext::key`]).
     pub fn intern(&self, text: &[u8], context: Option<&str>) -> Arc<Statement> {
+        // (counted even past the limit: copies of a text already held
+        // under another context, and sluice's own)
+        let forced = |len| {
+            Ok::<_, std::convert::Infallible>(crate::held_memory::Grant::forced(
+                &crate::held_memory::BUDGET,
+                len,
+            ))
+        };
+        match self.intern_within(text, context, forced) {
+            Ok(statement) => statement,
+            Err(never) => match never {},
+        }
+    }
+
+    /// `intern`, refused when a new text would pass `max_held_memory_mb`
+    /// (a client's Parse: 53200, and the client goes on).
+    pub fn try_intern(
+        &self,
+        text: &[u8],
+        context: Option<&str>,
+    ) -> Result<Arc<Statement>, crate::held_memory::Refused> {
+        self.intern_within(text, context, |len| {
+            crate::held_memory::Grant::of(&crate::held_memory::BUDGET, len)
+        })
+    }
+
+    /// The statement for `text`; a new one takes its text's share of the
+    /// budget from `grant` first.
+    fn intern_within<E>(
+        &self,
+        text: &[u8],
+        context: Option<&str>,
+        grant: impl FnOnce(usize) -> Result<crate::held_memory::Grant, E>,
+    ) -> Result<Arc<Statement>, E> {
         let hash = self.hash(text, context);
         let mut map = self.map.lock().unwrap_or_else(|p| p.into_inner());
         if let Some(found) = map.find(hash, text, context) {
-            return found;
+            return Ok(found);
         }
+        let held = grant(text.len())?;
         if map.by_text.len() >= map.sweep_at.max(FIRST_SWEEP) {
             map.by_text.retain(|_, weaks| {
                 weaks.retain(|w| w.strong_count() > 0);
@@ -158,12 +195,13 @@ impl Registry {
             effects,
             read_only: std::sync::OnceLock::new(),
             proven: Default::default(),
+            _held: held,
         });
         map.by_text
             .entry(hash)
             .or_default()
             .push(Arc::downgrade(&statement));
-        statement
+        Ok(statement)
     }
 
     fn hash(&self, text: &[u8], context: Option<&str>) -> u64 {

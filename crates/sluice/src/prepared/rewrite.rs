@@ -114,7 +114,15 @@ impl Rewriter<'_> {
             }
             return Ok(());
         }
-        let statement = self.registry.intern(text, Some(&self.key()));
+        let statement = match self.registry.try_intern(text, Some(&self.key())) {
+            Ok(statement) => statement,
+            Err(refused) => {
+                // (as PostgreSQL refuses what it cannot hold: an error,
+                // the rest of the batch skipped, the client goes on)
+                self.refuse(crate::held_memory::Refused::CODE, refused.to_string());
+                return Ok(());
+            }
+        };
         if !self.names.insert(name, statement.clone()) {
             // Past the client's limits: refused, as PostgreSQL refuses what
             // it cannot hold (an error, the rest of the batch skipped). A

@@ -266,7 +266,7 @@ impl prometheus_client::collector::Collector for SluiceCollector {
             &mut encoder,
             "sluice_held_memory_bytes",
             "Memory granted to clients' large messages held whole (max_held_memory_mb bounds it)",
-            &[(vec![], app.held.used() as f64)],
+            &[(vec![], crate::held_memory::BUDGET.used() as f64)],
         )?;
         gauge(
             &mut encoder,

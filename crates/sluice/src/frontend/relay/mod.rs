@@ -79,10 +79,10 @@ pub async fn run(client: &mut Client, cbuf: &mut BytesMut, mut lease: Lease) -> 
     // LISTEN follow the client, so its messages are rewritten.
     let mut tracking = pooled.then(Tracking::take);
     if !pooled {
-        // A session's unnamed statement is not followed: whatever it
-        // leaves is no later client's (review 31 bound it from a
-        // transaction-mode client after a RELOAD, with no reset query).
-        lease.server().statements.unnamed = Some(crate::prepared::client_names::Owner::default());
+        match Box::pin(unnamed_for_session(client, lease)).await {
+            Ok(l) => lease = l,
+            Err(end) => return end,
+        }
     }
     let mut clocks = Clocks::new(&settings);
     let app = client.app.clone();
@@ -337,6 +337,34 @@ impl End {
     fn server_broken(why: String) -> Self {
         End::Server { why, lost: false }
     }
+}
+
+/// Session mode does not follow the unnamed statement: what a session
+/// leaves is recorded as no transaction-mode client's (review 31 bound it
+/// from one after a RELOAD, with no reset query), and one a
+/// transaction-mode client left is dropped first, with an empty simple
+/// query (review 32 bound it from a session client after a RELOAD the
+/// other way). A session after another session, with no reset query,
+/// shares its session state as on PgBouncer: that is the operator's
+/// choice.
+async fn unnamed_for_session(client: &Client, mut lease: Lease) -> Result<Lease, RelayEnd> {
+    use crate::prepared::client_names::Owner;
+    let server = lease.server();
+    if server
+        .statements
+        .unnamed
+        .is_some_and(|o| o != Owner::SESSION)
+        && let Err(e) = crate::backend::login::run_query(server, "").await
+    {
+        client.app.cancels.unlink(client.cancel);
+        lease.close();
+        return Err(RelayEnd::Error(ClientError::new(
+            e.sqlstate(),
+            e.to_string(),
+        )));
+    }
+    lease.server().statements.unnamed = Some(Owner::SESSION);
+    Ok(lease)
 }
 
 /// Largest client message held whole in transaction and statement mode

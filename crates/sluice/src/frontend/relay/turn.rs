@@ -90,10 +90,10 @@ pub(super) fn read_requests(
     if held > CLIENT_HELD_LIMIT {
         return Err(End::Client(held_too_large(held)));
     }
-    client
-        .app
-        .hold(&mut client.held, held, cbuf.len())
-        .map_err(End::Client)
+    if held <= BUFFER_LIMIT {
+        crate::held_memory::shrink(cbuf, &mut client.held);
+    }
+    crate::held_memory::hold(&mut client.held, held, cbuf.len()).map_err(End::Client)
 }
 
 /// Scans the server's bytes: what may go to the client, the transaction
