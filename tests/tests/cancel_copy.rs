@@ -516,9 +516,16 @@ async fn a_cancelled_batch_never_runs_however_it_arrives() {
         "after flush,next"
     );
 
-    // A batch behind a Flush or a Sync is cancelled all the same; the
-    // Sync is answered first (review 32: the batch ran after its cancel).
-    for (lead, kinds) in [(flush(), "E57014Z"), (sync(), "ZE57014Z")] {
+    // A batch behind Flushes or Syncs is cancelled all the same; each
+    // Sync is answered first (review 32: the batch ran after its cancel;
+    // review 33: Syncs were miscounted).
+    let leads = [
+        (flush(), "E57014Z"),
+        (sync(), "ZE57014Z"),
+        ([sync(), sync(), sync()].concat(), "ZZZE57014Z"),
+        ([flush(), sync()].concat(), "ZE57014Z"),
+    ];
+    for (lead, kinds) in leads {
         holder.batch_execute("begin").await.expect("begin");
         holder.batch_execute("select 1").await.expect("in it");
         let mut batch = lead;

@@ -2218,7 +2218,7 @@ async fn prepared_statement_texts_share_the_memory_budget() {
 /// alive for its own sake, the rest only while a client names it. Before,
 /// every text stayed (up to `max_prepared_statements` per server, of up
 /// to 64 MiB each): 40 texts of 4 MiB grew sluice by 160 MiB, one client
-/// alone. Bound: 80 MiB RSS.
+/// alone. Bound: 80 MiB RSS, and at most 2 statements left on the server.
 #[tokio::test]
 async fn prepared_then_closed_texts_are_not_kept() {
     const RSS_LIMIT_KIB: u64 = 80 << 10;
@@ -2245,4 +2245,82 @@ async fn prepared_then_closed_texts_are_not_kept() {
         rss >> 10,
         RSS_LIMIT_KIB >> 10
     );
+    // Nor does the server keep them: a statement no client names and no
+    // cache keeps is closed before the next Parse (review 33: thirty
+    // stayed prepared, 130 MB of the server's memory).
+    let count = "select count(*)::text from pg_prepared_statements";
+    let reply = exchange(&mut client, &query(count), "the server's statements").await;
+    let left: u32 = reply.rows[0]
+        .as_deref()
+        .unwrap_or("0")
+        .parse()
+        .expect("a count");
+    assert!(
+        left <= 2,
+        "{left} statements left prepared on the server: {reply:?}"
+    );
+}
+
+/// Statement names are a client's own memory and count in the budget too
+/// (review 33: forty names of 4 MiB for `select 1` grew sluice by 175 MB
+/// with the budget at 11 bytes); and a statement's copy for a client's
+/// other settings (its search_path) is refused past the budget like a
+/// Parse (review 33: thirty clients re-keyed one shared text 126 MB past
+/// an 8 MiB budget).
+#[tokio::test]
+async fn statement_names_and_copies_share_the_memory_budget() {
+    let cluster = app_cluster(ServerAuth::Trust);
+    let sluice = ConfigBuilder::for_cluster(&cluster)
+        .set("pool_mode", "transaction")
+        .set("default_pool_size", "1")
+        .set("max_prepared_statements", "1")
+        .sluice("max_held_memory_mb", "8")
+        .start();
+    let mut a = raw_login(&sluice, APP_USER).await;
+    let long = |tag: &str| format!("{tag}{}", "n".repeat(3 << 20));
+    let reply = exchange(
+        &mut a,
+        &[parse(&long("n1"), "select 1"), sync()].concat(),
+        "n1",
+    )
+    .await;
+    assert!(reply.errors.is_empty(), "{reply:?}");
+    let reply = exchange(
+        &mut a,
+        &[parse(&long("n2"), "select 1"), sync()].concat(),
+        "n2",
+    )
+    .await;
+    assert_eq!(reply.errors, vec!["53200".to_owned()], "{reply:?}");
+    let closes = [close_statement(&long("n1")), sync()].concat();
+    let reply = exchange(&mut a, &closes, "close n1").await;
+    assert!(reply.errors.is_empty(), "{reply:?}");
+
+    // One shared 3 MiB text, then a small statement that pushes it out
+    // of the server's cache (max_prepared_statements = 1).
+    let mut b = raw_login(&sluice, APP_USER).await;
+    let text = format!("select 'shared' /* {} */", "x".repeat(3 << 20));
+    for client in [&mut a, &mut b] {
+        let reply = exchange(client, &[parse("s1", &text), sync()].concat(), "s1").await;
+        assert!(reply.errors.is_empty(), "{reply:?}");
+    }
+    let reply = exchange(&mut a, &[parse("s2", "select 2"), sync()].concat(), "s2").await;
+    assert!(reply.errors.is_empty(), "{reply:?}");
+    let mut run = bind("s1");
+    run.extend(execute());
+    run.extend(sync());
+    // Each client's own search_path needs its own copy on the server.
+    for (client, path) in [
+        (&mut a, "pg_catalog, public"),
+        (&mut b, "public, pg_catalog"),
+    ] {
+        client
+            .simple_query(&format!("set search_path = {path}"), WAIT)
+            .await;
+        let _ = exchange(client, &run, "Bind under another search_path").await;
+    }
+    let reply = exchange(&mut b, &run, "B's copy").await;
+    assert_eq!(reply.errors, vec!["53200".to_owned()], "{reply:?}");
+    let reply = exchange(&mut b, &query("select 'still here'"), "B goes on").await;
+    assert_eq!(reply.rows, vec![Some("still here".to_owned())], "{reply:?}");
 }

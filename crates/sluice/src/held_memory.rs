@@ -93,11 +93,25 @@ impl Grant {
         Ok(Self { budget, bytes })
     }
 
-    /// A grant of `bytes` taken even past the limit: memory held anyway,
-    /// only counted.
-    pub fn forced(budget: &'static HeldMemory, bytes: usize) -> Self {
-        budget.used.fetch_add(bytes, Ordering::AcqRel);
-        Self { budget, bytes }
+    /// Takes `more` bytes into the grant, unless that passes the limit.
+    pub fn add(&mut self, more: usize) -> Result<(), Refused> {
+        self.budget.take(more, more)?;
+        self.bytes += more;
+        Ok(())
+    }
+
+    /// Takes `more` bytes into the grant even past the limit (memory that
+    /// was held a moment ago and comes back).
+    pub fn add_anyway(&mut self, more: usize) {
+        self.budget.used.fetch_add(more, Ordering::AcqRel);
+        self.bytes += more;
+    }
+
+    /// Gives `less` bytes of the grant back.
+    pub fn sub(&mut self, less: usize) {
+        let less = less.min(self.bytes);
+        self.budget.give(less);
+        self.bytes -= less;
     }
 
     /// Makes the grant cover a message of `size` bytes held whole, taking
@@ -260,13 +274,13 @@ mod tests {
     }
 
     #[test]
-    fn statements_are_counted_and_refused_unless_forced() {
+    fn statements_are_counted_and_refused_past_the_limit() {
         let budget = budget(1000);
         let a = Grant::of(budget, 800).unwrap();
         assert!(Grant::of(budget, 300).is_err());
-        let forced = Grant::forced(budget, 300);
-        assert_eq!(budget.used(), 1100);
-        drop((a, forced));
+        let b = Grant::of(budget, 200).unwrap();
+        assert_eq!(budget.used(), 1000);
+        drop((a, b));
         assert_eq!(budget.used(), 0);
     }
 

@@ -838,8 +838,8 @@ impl Client {
         // transactions), a Flush has no answer.
         let mut out = BytesMut::new();
         let lead = leading_syncs(buf);
-        for &tag in &buf[..lead] {
-            if tag == sluice_wire::tags::frontend::SYNC {
+        for m in buf.chunks_exact(sluice_wire::HEADER_LEN).take(lead) {
+            if m.first() == Some(&sluice_wire::tags::frontend::SYNC) {
                 sluice_wire::ready_for_query(&mut out, sluice_wire::TransactionStatus::Idle);
             }
         }

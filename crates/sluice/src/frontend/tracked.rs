@@ -1267,7 +1267,7 @@ fn undo_failed_parses(t: &mut Tracking, names: Option<&mut ClientNames>) {
                 }
                 NameUndo::Closed(name, statement) => {
                     if names.get(&name).is_none() {
-                        names.insert(&name, statement);
+                        names.restore(&name, statement);
                     }
                 }
             }

@@ -13,7 +13,9 @@
 use bytes::BytesMut;
 use sluice_wire::{HEADER_LEN, MessageBuilder, Reader, TransactionStatus, tags};
 
-use super::client_names::{ClientNames, MAX_CLIENT_STATEMENT_BYTES, MAX_CLIENT_STATEMENTS};
+use super::client_names::{
+    ClientNames, MAX_CLIENT_STATEMENT_BYTES, MAX_CLIENT_STATEMENTS, NotKept,
+};
 use super::registry::Registry;
 
 /// Messages one batch answered here may hold (a longer one goes to a
@@ -125,7 +127,7 @@ fn plan<'a>(
         pos = next;
     };
     let (parses, bytes) = steps.iter().fold((0, 0), |(n, b), s| match s {
-        Step::Parse(_, statement) => (n + 1, b + statement.text.len()),
+        Step::Parse(name, statement) => (n + 1, b + name.len() + statement.text.len()),
         Step::Close(_) => (n, b),
     });
     // (past the client's limits, the server path parses it unnamed)
@@ -141,7 +143,17 @@ fn apply(steps: Vec<Step<'_>>, names: &mut ClientNames, out: &mut BytesMut) {
     for step in steps {
         match step {
             Step::Parse(name, statement) => {
-                names.insert(name, statement);
+                if let Err(refused) = names.insert(name, statement) {
+                    // (past max_held_memory_mb since `plan`: an error, and
+                    // the rest of the batch skipped, as a server would)
+                    let (code, message) = match refused {
+                        NotKept::Memory(r) => (crate::held_memory::Refused::CODE, r.to_string()),
+                        NotKept::TooMany => ("54000", "prepared statement not kept".to_owned()),
+                    };
+                    sluice_wire::ErrorFields::new(sluice_wire::Severity::Error, code, &message)
+                        .encode(out);
+                    break;
+                }
                 MessageBuilder::new(out, tags::backend::PARSE_COMPLETE).finish();
             }
             Step::Close(name) => {
@@ -271,7 +283,7 @@ mod tests {
         let registry = Registry::default();
         let held = proven(&registry, "select 1");
         let mut names = ClientNames::default();
-        assert!(names.insert(b"old", held.clone()));
+        assert!(names.insert(b"old", held.clone()).is_ok());
         let mut buf = BytesMut::new();
         close(&mut buf, b'S', "old");
         parse(&mut buf, "new", "select 1");
@@ -322,10 +334,14 @@ mod tests {
         ];
         for (i, case) in cases.iter().enumerate() {
             let mut names = ClientNames::default();
-            assert!(names.insert(
-                b"taken",
-                registry.intern(b"select 9\0\0\0", Some(&ctx().key()))
-            ));
+            assert!(
+                names
+                    .insert(
+                        b"taken",
+                        registry.intern(b"select 9\0\0\0", Some(&ctx().key()))
+                    )
+                    .is_ok()
+            );
             let mut buf = BytesMut::new();
             case(&mut buf);
             sync(&mut buf);

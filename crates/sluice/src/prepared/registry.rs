@@ -127,50 +127,29 @@ impl Interned {
 const FIRST_SWEEP: usize = 1024;
 
 impl Registry {
-    /// The statement for `text` (a Parse body after the name), shared with
-    /// every client that parsed the same text in the same `context`
-    /// ([`ParseContext::key`]).
+    /// `try_intern` for tests, within the budget.
+    #[cfg(test)]
     pub fn intern(&self, text: &[u8], context: Option<&str>) -> Arc<Statement> {
-        // (counted even past the limit: copies of a text already held
-        // under another context, and sluice's own)
-        let forced = |len| {
-            Ok::<_, std::convert::Infallible>(crate::held_memory::Grant::forced(
-                &crate::held_memory::BUDGET,
-                len,
-            ))
-        };
-        match self.intern_within(text, context, forced) {
-            Ok(statement) => statement,
-            Err(never) => match never {},
-        }
+        self.try_intern(text, context)
+            .expect("tests stay within the budget")
     }
 
-    /// `intern`, refused when a new text would pass `max_held_memory_mb`
-    /// (a client's Parse: 53200, and the client goes on).
+    /// The statement for `text` (a Parse body after the name), shared with
+    /// every client that parsed the same text in the same `context`
+    /// ([`ParseContext::key`]). A new one takes its text's share of
+    /// `max_held_memory_mb`, and is refused past it (a client's Parse or a
+    /// copy for its settings: 53200, and the client goes on).
     pub fn try_intern(
         &self,
         text: &[u8],
         context: Option<&str>,
     ) -> Result<Arc<Statement>, crate::held_memory::Refused> {
-        self.intern_within(text, context, |len| {
-            crate::held_memory::Grant::of(&crate::held_memory::BUDGET, len)
-        })
-    }
-
-    /// The statement for `text`; a new one takes its text's share of the
-    /// budget from `grant` first.
-    fn intern_within<E>(
-        &self,
-        text: &[u8],
-        context: Option<&str>,
-        grant: impl FnOnce(usize) -> Result<crate::held_memory::Grant, E>,
-    ) -> Result<Arc<Statement>, E> {
         let hash = self.hash(text, context);
         let mut map = self.map.lock().unwrap_or_else(|p| p.into_inner());
         if let Some(found) = map.find(hash, text, context) {
             return Ok(found);
         }
-        let held = grant(text.len())?;
+        let held = crate::held_memory::Grant::of(&crate::held_memory::BUDGET, text.len())?;
         if map.by_text.len() >= map.sweep_at.max(FIRST_SWEEP) {
             map.by_text.retain(|_, weaks| {
                 weaks.retain(|w| w.strong_count() > 0);

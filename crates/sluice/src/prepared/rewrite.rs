@@ -11,10 +11,19 @@ use bytes::BytesMut;
 use sluice_wire::{MessageBuilder, Reader, WireError, tags};
 
 use super::client_names::ClientNames;
+use super::client_names::NotKept;
 use super::expect::{Expect, Expected, Local, Reply};
 use super::registry::{Registry, Statement};
 use super::server_cache::ServerStatements;
 use super::sql::{self, Special};
+
+/// A client's statement: its name as the client's names keep it, and the
+/// statement.
+type Named = (Arc<[u8]>, Arc<Statement>);
+
+/// A copy of a statement was refused for memory; the refusal is sent.
+#[derive(Debug)]
+pub struct Refused;
 
 /// Rewrites one client's messages for the server it holds now.
 pub struct Rewriter<'a> {
@@ -101,7 +110,7 @@ impl Rewriter<'_> {
             // existing statement again under its shared name. Its own text,
             // never the client's: were the server to lack it after all,
             // the shared name would still mean what every client expects.
-            if let Some((name, existing)) = self.lookup(name) {
+            if let Ok(Some((name, existing))) = self.lookup(name) {
                 MessageBuilder::new(self.out, tags::frontend::PARSE)
                     .cstr(&existing.name)
                     .bytes(&existing.text)
@@ -123,25 +132,32 @@ impl Rewriter<'_> {
                 return Ok(());
             }
         };
-        if !self.names.insert(name, statement.clone()) {
+        match self.names.insert(name, statement.clone()) {
+            Ok(()) => {}
             // Past the client's limits: refused, as PostgreSQL refuses what
             // it cannot hold (an error, the rest of the batch skipped). A
             // Parse that fails at once goes in its place, so the server
             // skips the batch too, and nothing is made there (running it
             // unnamed replaced the client's own unnamed statement; found
             // by a review).
-            self.refuse(
-                "54000",
-                format!(
-                    "prepared statement \"{}\" not kept: this connection's prepared \
-                     statements are at sluice's limit ({} statements, {} MiB of text); \
-                     close some first",
-                    String::from_utf8_lossy(name),
-                    super::client_names::MAX_CLIENT_STATEMENTS,
-                    super::client_names::MAX_CLIENT_STATEMENT_BYTES >> 20
-                ),
-            );
-            return Ok(());
+            Err(NotKept::TooMany) => {
+                self.refuse(
+                    "54000",
+                    format!(
+                        "prepared statement \"{}\" not kept: this connection's prepared \
+                         statements are at sluice's limit ({} statements, {} MiB of names \
+                         and text); close some first",
+                        String::from_utf8_lossy(name),
+                        super::client_names::MAX_CLIENT_STATEMENTS,
+                        super::client_names::MAX_CLIENT_STATEMENT_BYTES >> 20
+                    ),
+                );
+                return Ok(());
+            }
+            Err(NotKept::Memory(refused)) => {
+                self.refuse(crate::held_memory::Refused::CODE, refused.to_string());
+                return Ok(());
+            }
         }
         if self.server.touch(statement.id) && statement.proven_in(self.server.scope) {
             self.expected.push(Expect::Local(Local::ParseComplete(Some((
@@ -165,10 +181,14 @@ impl Rewriter<'_> {
         let portal = r.cstr_bytes()?;
         let name = r.cstr_bytes()?;
         let rest = r.rest();
-        let Some((name, statement)) = self.lookup(name) else {
-            self.out.extend_from_slice(message);
-            self.expected.push(Expect::pass(Reply::Bind));
-            return Ok(None);
+        let (name, statement) = match self.lookup(name) {
+            Ok(Some(found)) => found,
+            Ok(None) => {
+                self.out.extend_from_slice(message);
+                self.expected.push(Expect::pass(Reply::Bind));
+                return Ok(None);
+            }
+            Err(Refused) => return Ok(None),
         };
         MessageBuilder::new(self.out, tags::frontend::BIND)
             .bytes(portal)
@@ -189,9 +209,12 @@ impl Rewriter<'_> {
         let mut r = Reader::new(body(message));
         let kind = r.u8()?;
         let name = r.cstr_bytes()?;
-        if kind == b'S'
-            && let Some((name, statement)) = self.lookup(name)
-        {
+        let looked = if kind == b'S' {
+            self.lookup(name)
+        } else {
+            Ok(None)
+        };
+        if let Ok(Some((name, statement))) = looked {
             MessageBuilder::new(self.out, tags::frontend::DESCRIBE)
                 .u8(b'S')
                 .cstr(&statement.name)
@@ -201,6 +224,9 @@ impl Rewriter<'_> {
                 statement: Some(statement.id),
                 name: Some(name),
             });
+            return Ok(());
+        }
+        if looked.is_err() {
             return Ok(());
         }
         self.out.extend_from_slice(message);
@@ -340,15 +366,19 @@ impl Rewriter<'_> {
 
     /// The shared statement the client calls `name` (with the name as the
     /// client's names keep it), prepared on the server (injected Parse) if
-    /// it is not there yet.
-    fn lookup(&mut self, name: &[u8]) -> Option<(Arc<[u8]>, Arc<Statement>)> {
+    /// it is not there yet. `Err`: a copy it needs would pass
+    /// `max_held_memory_mb`, and a refusal (53200) went in the message's
+    /// place.
+    fn lookup(&mut self, name: &[u8]) -> Result<Option<Named>, Refused> {
         if name.is_empty() || self.capacity == 0 {
-            return None;
+            return Ok(None);
         }
-        let (name, statement) = self.names.get_named(name)?;
+        let Some((name, statement)) = self.names.get_named(name) else {
+            return Ok(None);
+        };
         let (name, mut statement) = (name.clone(), statement.clone());
         if self.server.touch(statement.id) {
-            return Some((name, statement));
+            return Ok(Some((name, statement)));
         }
         // The server parses it under the client's settings as they are
         // now. Shared under other settings, it is re-keyed to these (the
@@ -368,7 +398,7 @@ impl Rewriter<'_> {
                 Some(copy) => copy.clone(),
                 None => {
                     let key = self.context.private_key();
-                    let copy = self.registry.intern(&statement.text, Some(&key));
+                    let copy = self.copy(&statement, &key)?;
                     self.one_off.insert(id, copy.clone());
                     copy
                 }
@@ -376,15 +406,28 @@ impl Rewriter<'_> {
         } else {
             let key = self.context.key();
             if statement.context.as_deref() != Some(key.as_str()) {
-                statement = self.registry.intern(&statement.text, Some(&key));
+                statement = self.copy(&statement, &key)?;
                 self.names.replace(&name, statement.clone());
             }
         }
         if self.server.touch(statement.id) {
-            return Some((name, statement));
+            return Ok(Some((name, statement)));
         }
         self.prepare(&statement, None);
-        Some((name, statement))
+        Ok(Some((name, statement)))
+    }
+
+    /// `statement`'s text under the context `key`: a copy of its own,
+    /// counted in `max_held_memory_mb` and refused past it (review 33: 30
+    /// clients each re-keyed the same 4 MiB of text under their own
+    /// search_path, 126 MB past an 8 MiB budget).
+    fn copy(&mut self, statement: &Statement, key: &str) -> Result<Arc<Statement>, Refused> {
+        self.registry
+            .try_intern(&statement.text, Some(key))
+            .map_err(|refused| {
+                self.refuse(crate::held_memory::Refused::CODE, refused.to_string());
+                Refused
+            })
     }
 
     /// Sends Parse of `statement` under its shared name, closing first
