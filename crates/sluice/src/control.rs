@@ -94,6 +94,7 @@ pub async fn run(app: Arc<App>, workers: Arc<Workers>) -> std::io::Result<()> {
                 }
                 busy.check(&app, &workers);
                 app.param_sets.prune();
+                app.statements.prune();
                 app.free_unused_pools();
                 let period = app.config().settings.stats_period.max(std::time::Duration::from_secs(1));
                 if last_stats.elapsed() >= period {
