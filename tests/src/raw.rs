@@ -155,6 +155,19 @@ impl RawClient {
     /// Message types up to ReadyForQuery, each error's SQLSTATE after its
     /// `E`; panics on a close or silence past `timeout`.
     pub async fn kinds_until_ready(&mut self, timeout: Duration) -> String {
+        let (kinds, ready) = self.kinds_until(timeout).await;
+        assert!(ready, "no ReadyForQuery (got {kinds:?}, then the end)");
+        kinds
+    }
+
+    /// `kinds_until_ready`, or what came before the connection ended.
+    pub async fn kinds_until_ready_or_close(&mut self, timeout: Duration) -> String {
+        self.kinds_until(timeout).await.0
+    }
+
+    /// Message types up to ReadyForQuery (true) or the connection's end
+    /// (false); panics on silence past `timeout`.
+    async fn kinds_until(&mut self, timeout: Duration) -> (String, bool) {
         let mut kinds = String::new();
         loop {
             match self.read_message(timeout).await {
@@ -164,9 +177,10 @@ impl RawClient {
                         kinds.push_str(error_field(&error_fields(&body), b'C').unwrap_or("?"));
                     }
                     if kind == b'Z' {
-                        return kinds;
+                        return (kinds, true);
                     }
                 }
+                RawReply::Closed => return (kinds, false),
                 other => panic!("no ReadyForQuery (got {kinds:?}, then {other:?})"),
             }
         }

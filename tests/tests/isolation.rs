@@ -2364,3 +2364,46 @@ async fn many_short_names_reach_the_memory_budget() {
     .await;
     assert_eq!(reply.rows, vec![Some("still here".to_owned())], "{reply:?}");
 }
+
+/// Session settings follow their client from server to server, so sluice
+/// holds them for every client: they count in the budget too (review 35:
+/// clients each holding settings of 1 MB grew sluice past it unseen).
+/// Past it the client is told (FATAL 53200) and let go; the server keeps
+/// nothing of its settings for the next client.
+#[tokio::test]
+async fn session_settings_share_the_memory_budget() {
+    let cluster = app_cluster(ServerAuth::Trust);
+    let sluice = ConfigBuilder::for_cluster(&cluster)
+        .set("pool_mode", "transaction")
+        .set("default_pool_size", "1")
+        .sluice("max_held_memory_mb", "4")
+        .start();
+    let mut hoarder = raw_login(&sluice, APP_USER).await;
+    let value = "v".repeat(500_000);
+    let mut refused = None;
+    for i in 0..12 {
+        hoarder
+            .send(&query(&format!("set myapp.s{i} = '{value}'")))
+            .await
+            .expect("send");
+        let kinds = hoarder.kinds_until_ready_or_close(WAIT).await;
+        match kinds.as_str() {
+            "CZ" => {}
+            _ => {
+                refused = Some((i, kinds));
+                break;
+            }
+        }
+    }
+    let (at, kinds) = refused.expect("12 settings of 500 KB never reached a 4 MiB budget");
+    assert!(at >= 4, "refused after only {at} settings: {kinds}");
+    assert_eq!(kinds, "E53200", "FATAL 53200, and the end");
+    let other = app_client(&sluice).await;
+    let left = bounded_scalar(
+        &other,
+        "select coalesce(current_setting('myapp.s0', true), '')",
+        "the next client's view of the settings",
+    )
+    .await;
+    assert_eq!(left, "", "the hoarder's settings reached the next client");
+}

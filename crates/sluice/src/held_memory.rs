@@ -107,6 +107,17 @@ impl Grant {
         self.bytes += more;
     }
 
+    /// Makes the grant `size` bytes, taking what it lacks unless that
+    /// passes the limit (it is left as it was then).
+    pub fn resize(&mut self, size: usize) -> Result<(), Refused> {
+        if size > self.bytes {
+            self.add(size - self.bytes)
+        } else {
+            self.sub(self.bytes - size);
+            Ok(())
+        }
+    }
+
     /// Gives `less` bytes of the grant back.
     pub fn sub(&mut self, less: usize) {
         let less = less.min(self.bytes);

@@ -109,6 +109,15 @@ pub fn decode_value(value: String, mode: TextMode) -> String {
 }
 
 impl SessionVars {
+    /// What the set costs in `max_held_memory_mb`: its names and values,
+    /// and each entry's two allocations and slot.
+    pub fn cost(&self) -> usize {
+        self.vars
+            .iter()
+            .map(|(name, value)| name.len() + value.len() + 64)
+            .sum()
+    }
+
     /// Builds from (name, value) pairs; later pairs win.
     pub fn from_pairs<I, K, V>(pairs: I) -> Self
     where

@@ -105,6 +105,9 @@ pub struct Carried {
     pub statements: crate::prepared::client_names::ClientNames,
     /// Session settings that follow the client.
     pub session: Option<Arc<crate::session_vars::SessionVars>>,
+    /// Their share of `max_held_memory_mb` (review 35: clients holding
+    /// settings of 1 MB each grew sluice past the budget unseen).
+    pub session_held: crate::held_memory::Grant,
     /// Those it logged in with (startup parameters, `options=-c`): what
     /// RESET, RESET ALL and DISCARD ALL give back, as PostgreSQL's do.
     pub startup: Option<Arc<crate::session_vars::SessionVars>>,

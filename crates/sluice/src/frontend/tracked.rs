@@ -1324,6 +1324,9 @@ pub(super) enum AfterTx {
     Pinned,
     /// It cannot be trusted: close it.
     Close,
+    /// The client's session settings pass `max_held_memory_mb`: it is
+    /// told and let go, and the server with it.
+    Refused(super::error::ClientError),
 }
 
 /// Counts what the server's own session holds that would reach another
@@ -1466,8 +1469,12 @@ pub(super) async fn after_transaction(
     // no longer), its settings are reset whole and put back as the client
     // is known to have them (see `capture_settings`).
     let reset_all = (effects.opaque || t.pinned.is_some()) && !reason.any();
-    if (effects.settings || reset_all) && !capture_settings(lease, client, t, reset_all).await {
-        return AfterTx::Close;
+    if effects.settings || reset_all {
+        match capture_settings(lease, client, t, reset_all).await {
+            Ok(true) => {}
+            Ok(false) => return AfterTx::Close,
+            Err(refused) => return AfterTx::Refused(refused),
+        }
     }
     t.custom_names.clear();
     let was = t.pinned;
@@ -1499,13 +1506,14 @@ pub(super) fn reseed_sql() -> String {
 /// which RESET ALL leaves, explicitly) and applies what sluice knew of the
 /// client's settings before the transaction, and its tracked parameters:
 /// the server then holds nothing sluice does not know of, and the client
-/// keeps what it can be known to have.
+/// keeps what it can be known to have. False: the server cannot be
+/// trusted; `Err`: the settings pass `max_held_memory_mb`.
 async fn capture_settings(
     lease: &mut crate::backend::pool::Lease,
     client: &mut super::client::Client,
     t: &Tracking,
     reset_all: bool,
-) -> bool {
+) -> Result<bool, super::error::ClientError> {
     let mut custom = t.custom_names.clone();
     if let Some(vars) = client.session() {
         for name in vars.custom_names() {
@@ -1534,7 +1542,7 @@ async fn capture_settings(
     )
     .await;
     let Ok(Ok(rows)) = read else {
-        return false;
+        return Ok(false);
     };
     let vars = crate::session_vars::SessionVars::from_pairs(rows.into_iter().filter_map(|row| {
         match row.as_slice() {
@@ -1554,7 +1562,7 @@ async fn capture_settings(
                 crate::session_vars::apply_sql(vars.as_deref(), restored.as_deref(), mode)
             && !reset(lease, &sql).await
         {
-            return false;
+            return Ok(false);
         }
         vars = restored;
     }
@@ -1567,13 +1575,28 @@ async fn capture_settings(
                 crate::session_vars::apply_sql(before.as_deref(), vars.as_deref(), mode)
             && !reset(lease, &sql).await
         {
-            return false;
+            return Ok(false);
         }
+    }
+    let cost = vars
+        .as_deref()
+        .map_or(0, crate::session_vars::SessionVars::cost);
+    if let Err(refused) = client.carried().session_held.resize(cost) {
+        // (PostgreSQL would keep them; sluice cannot, for everyone's sake.
+        // The server forgets them before anyone else gets it.)
+        if reset(lease, "DISCARD ALL").await {
+            lease.server().session = None;
+            lease.server().statements.clear();
+        }
+        return Err(super::error::ClientError::new(
+            crate::held_memory::Refused::CODE,
+            format!("session settings of {cost} bytes cannot follow this connection: {refused}"),
+        ));
     }
     lease.server().session = vars.clone();
     client.set_session(vars);
     client.settings_proven = true;
-    true
+    Ok(true)
 }
 
 /// A client's `idle_session_timeout` stays its own: on a server idle in

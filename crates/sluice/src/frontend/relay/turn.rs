@@ -289,6 +289,7 @@ pub(super) async fn after_transaction(
     match tracked::after_transaction(lease, client, t).await {
         AfterTx::Release => Some(Ok(Outcome::Release)),
         AfterTx::Close => Some(Ok(Outcome::Close)),
+        AfterTx::Refused(e) => Some(Err(End::Client(e))),
         // On a replica the client may not stay: its session objects are
         // dropped with the server, and the client is told, and
         // disconnected.
