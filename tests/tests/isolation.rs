@@ -2063,6 +2063,21 @@ fn bind_with_one_parameter() -> Vec<u8> {
     message(b'B', &body)
 }
 
+/// Transaction mode, one server, `max_held_memory_mb` of `mb`.
+fn one_server_budget(cluster: &Cluster, mb: u32) -> SluiceProcess {
+    ConfigBuilder::for_cluster(cluster)
+        .set("pool_mode", "transaction")
+        .set("default_pool_size", "1")
+        .sluice("max_held_memory_mb", &mb.to_string())
+        .start()
+}
+
+/// The client is still served after a refusal.
+async fn goes_on(client: &mut RawClient, what: &str) {
+    let reply = exchange(client, &query("select 'still here'"), what).await;
+    assert_eq!(reply.rows, vec![Some("still here".to_owned())], "{reply:?}");
+}
+
 /// A simple Query `select length('xxx…')` of `bytes` bytes on the wire,
 /// and the length it answers.
 fn sized_query(bytes: usize) -> (Vec<u8>, usize) {
@@ -2169,11 +2184,7 @@ async fn large_messages_share_one_memory_budget() {
 #[tokio::test]
 async fn prepared_statement_texts_share_the_memory_budget() {
     let cluster = app_cluster(ServerAuth::Trust);
-    let sluice = ConfigBuilder::for_cluster(&cluster)
-        .set("pool_mode", "transaction")
-        .set("default_pool_size", "1")
-        .sluice("max_held_memory_mb", "8")
-        .start();
+    let sluice = one_server_budget(&cluster, 8);
     let text = |tag: &str, mib: usize| format!("select '{tag}' /* {} */", "x".repeat(mib << 20));
     let mut a = raw_login(&sluice, APP_USER).await;
     let mut b = raw_login(&sluice, APP_USER).await;
@@ -2193,8 +2204,7 @@ async fn prepared_statement_texts_share_the_memory_budget() {
     )
     .await;
     assert_eq!(reply.errors, vec!["53200".to_owned()], "{reply:?}");
-    let reply = exchange(&mut b, &query("select 'still here'"), "B goes on").await;
-    assert_eq!(reply.rows, vec![Some("still here".to_owned())], "{reply:?}");
+    goes_on(&mut b, "B goes on").await;
     // A's texts go when A closes them: B's fits then.
     let closes = [close_statement("a1"), close_statement("a2"), sync()].concat();
     let reply = exchange(&mut a, &closes, "A closes two").await;
@@ -2321,8 +2331,7 @@ async fn statement_names_and_copies_share_the_memory_budget() {
     }
     let reply = exchange(&mut b, &run, "B's copy").await;
     assert_eq!(reply.errors, vec!["53200".to_owned()], "{reply:?}");
-    let reply = exchange(&mut b, &query("select 'still here'"), "B goes on").await;
-    assert_eq!(reply.rows, vec![Some("still here".to_owned())], "{reply:?}");
+    goes_on(&mut b, "B goes on").await;
 }
 
 /// A statement costs its entry as well as its text and name: short names
@@ -2331,11 +2340,7 @@ async fn statement_names_and_copies_share_the_memory_budget() {
 #[tokio::test]
 async fn many_short_names_reach_the_memory_budget() {
     let cluster = app_cluster(ServerAuth::Trust);
-    let sluice = ConfigBuilder::for_cluster(&cluster)
-        .set("pool_mode", "transaction")
-        .set("default_pool_size", "1")
-        .sluice("max_held_memory_mb", "4")
-        .start();
+    let sluice = one_server_budget(&cluster, 4);
     let mut client = raw_login(&sluice, APP_USER).await;
     let mut refused_at = None;
     for batch in 0..90 {
@@ -2356,13 +2361,7 @@ async fn many_short_names_reach_the_memory_budget() {
         refused_at >= 30,
         "refused after only {refused_at},000 names"
     );
-    let reply = exchange(
-        &mut client,
-        &query("select 'still here'"),
-        "the client goes on",
-    )
-    .await;
-    assert_eq!(reply.rows, vec![Some("still here".to_owned())], "{reply:?}");
+    goes_on(&mut client, "the client goes on").await;
 }
 
 /// Session settings follow their client from server to server, so sluice
@@ -2373,11 +2372,7 @@ async fn many_short_names_reach_the_memory_budget() {
 #[tokio::test]
 async fn session_settings_share_the_memory_budget() {
     let cluster = app_cluster(ServerAuth::Trust);
-    let sluice = ConfigBuilder::for_cluster(&cluster)
-        .set("pool_mode", "transaction")
-        .set("default_pool_size", "1")
-        .sluice("max_held_memory_mb", "4")
-        .start();
+    let sluice = one_server_budget(&cluster, 4);
     let mut hoarder = raw_login(&sluice, APP_USER).await;
     let value = "v".repeat(500_000);
     let mut refused = None;
