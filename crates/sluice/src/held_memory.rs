@@ -9,11 +9,12 @@
 //! relay's window (`BUFFER_LIMIT`, 256 KiB) takes nothing from the budget,
 //! so ordinary traffic never touches it; one larger takes a `Grant` of its
 //! size before more of it is read, and a client whose message would pass
-//! `max_held_memory_mb` is refused (53200) while the others go on. The
-//! texts of prepared statements count too (each distinct text once, for as
-//! long as it lives): each client may name 16 MiB of them, so a few
-//! hundred clients could do the same with Parses (review 32); a Parse past
-//! the budget fails with 53200 and the client goes on.
+//! `max_held_memory_mb` is refused (53200) while the others go on. What
+//! else clients make sluice keep counts too (reviews 32 to 35): prepared
+//! statements (each distinct text once, with its entry, while it lives),
+//! clients' statement names, and the session settings carried for each
+//! client. A Parse past the budget fails with 53200 and the client goes
+//! on; settings past it end their client.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 

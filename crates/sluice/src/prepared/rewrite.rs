@@ -23,7 +23,7 @@ type Named = (Arc<[u8]>, Arc<Statement>);
 
 /// A copy of a statement was refused for memory; the refusal is sent.
 #[derive(Debug)]
-pub struct Refused;
+pub struct CopyRefused;
 
 /// Rewrites one client's messages for the server it holds now.
 pub struct Rewriter<'a> {
@@ -188,7 +188,7 @@ impl Rewriter<'_> {
                 self.expected.push(Expect::pass(Reply::Bind));
                 return Ok(None);
             }
-            Err(Refused) => return Ok(None),
+            Err(CopyRefused) => return Ok(None),
         };
         MessageBuilder::new(self.out, tags::frontend::BIND)
             .bytes(portal)
@@ -369,7 +369,7 @@ impl Rewriter<'_> {
     /// it is not there yet. `Err`: a copy it needs would pass
     /// `max_held_memory_mb`, and a refusal (53200) went in the message's
     /// place.
-    fn lookup(&mut self, name: &[u8]) -> Result<Option<Named>, Refused> {
+    fn lookup(&mut self, name: &[u8]) -> Result<Option<Named>, CopyRefused> {
         if name.is_empty() || self.capacity == 0 {
             return Ok(None);
         }
@@ -421,12 +421,12 @@ impl Rewriter<'_> {
     /// counted in `max_held_memory_mb` and refused past it (review 33: 30
     /// clients each re-keyed the same 4 MiB of text under their own
     /// search_path, 126 MB past an 8 MiB budget).
-    fn copy(&mut self, statement: &Statement, key: &str) -> Result<Arc<Statement>, Refused> {
+    fn copy(&mut self, statement: &Statement, key: &str) -> Result<Arc<Statement>, CopyRefused> {
         self.registry
             .try_intern(&statement.text, Some(key))
             .map_err(|refused| {
                 self.refuse(crate::held_memory::Refused::CODE, refused.to_string());
-                Refused
+                CopyRefused
             })
     }
 
