@@ -2402,3 +2402,159 @@ async fn session_settings_share_the_memory_budget() {
     .await;
     assert_eq!(left, "", "the hoarder's settings reached the next client");
 }
+
+/// The FATAL error a client gets before its connection ends: its code and
+/// message (after whatever else came first: a setting is read back after
+/// its transaction's ReadyForQuery went out).
+async fn fatal_before_close(client: &mut RawClient, what: &str) -> (String, String) {
+    let mut last = None;
+    loop {
+        match client.read_message(WAIT).await {
+            RawReply::Message(b'E', body) => {
+                let fields = error_fields(&body);
+                let field = |f| error_field(&fields, f).unwrap_or("").to_owned();
+                last = Some((field(b'C'), field(b'M')));
+            }
+            RawReply::Message(..) => {}
+            RawReply::Closed => return last.unwrap_or_else(|| panic!("{what}: closed, no error")),
+            other => panic!("{what}: {other:?}"),
+        }
+    }
+}
+
+/// A session setting too large to read back (to be given again on
+/// another server) ends its client with 54000, and the server stays: it
+/// is cleaned and serves the next client. Before, the read-back's row
+/// passed sluice's 1 MiB limit for it: the client's setting was lost
+/// without a word (its next query found it unknown) and the server was
+/// closed, so any client could churn the pool's servers, one per query.
+#[tokio::test]
+async fn a_setting_too_large_to_carry_ends_its_client_not_the_server() {
+    let cluster = app_cluster(ServerAuth::Trust);
+    let sluice = ConfigBuilder::for_cluster(&cluster)
+        .set("pool_mode", "transaction")
+        .set("default_pool_size", "1")
+        .start();
+    let other = app_client(&sluice).await;
+    let pid = "select pg_backend_pid()::text";
+    let server = bounded_scalar(&other, pid, "the server's pid").await;
+    // (a value that fits is carried from one transaction to the next)
+    let mut fits = raw_login(&sluice, APP_USER).await;
+    let value = "v".repeat(400_000);
+    fits.simple_query(&format!("set myapp.ok = '{value}'"), WAIT)
+        .await;
+    let _ = bounded_scalar(&other, "select 1::text", "the other client between").await;
+    let length = fits
+        .simple_query("select length(current_setting('myapp.ok'))::text", WAIT)
+        .await;
+    assert_eq!(
+        length,
+        vec![Some("400000".to_owned())],
+        "a 400 KB setting carried"
+    );
+    let hogs = [
+        (
+            format!("set myapp.big = '{}'", "v".repeat(600_000)),
+            "\"myapp.big\"",
+        ),
+        (
+            "select length(set_config('myapp.huge', repeat('x', 20000000), false))".to_owned(),
+            "\"myapp.huge\"",
+        ),
+        (
+            format!(
+                "select {}",
+                (0..40)
+                    .map(|i| format!(
+                        "length(set_config('myapp.t{i}', repeat('x', 450000), false))"
+                    ))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ),
+            "16 MiB",
+        ),
+    ];
+    for (sql, says) in &hogs {
+        let mut hog = raw_login(&sluice, APP_USER).await;
+        hog.send(&query(sql)).await.expect("send");
+        let (code, message) = fatal_before_close(&mut hog, says).await;
+        assert_eq!(code, "54000", "{says}: {message}");
+        assert!(message.contains(says), "{says}: {message}");
+        assert_eq!(
+            bounded_scalar(&other, pid, "the server after a setting too large").await,
+            server,
+            "{says}: the server was closed"
+        );
+        let left = bounded_scalar(
+            &other,
+            "select coalesce(current_setting('myapp.big', true), '') || \
+             coalesce(current_setting('myapp.huge', true), '') || \
+             coalesce(current_setting('myapp.t0', true), '')",
+            "the next client's view of the settings",
+        )
+        .await;
+        assert_eq!(left, "", "{says}: the setting reached the next client");
+    }
+    let length = fits
+        .simple_query("select length(current_setting('myapp.ok'))::text", WAIT)
+        .await;
+    assert_eq!(length, vec![Some("400000".to_owned())], "still carried");
+}
+
+/// A client's settings follow it however many there are (review 35: past
+/// 1,664, a SELECT's most targets, giving them back on the next server
+/// ended the client); a transaction naming more custom settings than
+/// sluice reads back ends its client with 54000 (before, the others were
+/// lost without a word).
+#[tokio::test]
+async fn many_settings_follow_their_client() {
+    let cluster = app_cluster(ServerAuth::Trust);
+    let sluice = ConfigBuilder::for_cluster(&cluster)
+        .set("pool_mode", "transaction")
+        .set("default_pool_size", "1")
+        .start();
+    let other = app_client(&sluice).await;
+    let sets = |range: std::ops::Range<usize>| {
+        range
+            .map(|i| format!("set myapp.m{i} = '{i}'"))
+            .collect::<Vec<_>>()
+            .join(";")
+    };
+    let mut many = raw_login(&sluice, APP_USER).await;
+    many.simple_query(&sets(0..900), WAIT).await;
+    many.simple_query(&sets(900..1700), WAIT).await;
+    let left = bounded_scalar(
+        &other,
+        "select coalesce(current_setting('myapp.m5', true), '')",
+        "the other client between",
+    )
+    .await;
+    assert_eq!(left, "", "the settings reached the other client");
+    let read = many
+        .simple_query(
+            "select current_setting('myapp.m0') || ',' || current_setting('myapp.m1699')",
+            WAIT,
+        )
+        .await;
+    assert_eq!(
+        read,
+        vec![Some("0,1699".to_owned())],
+        "1,700 settings carried"
+    );
+    let mut over = raw_login(&sluice, APP_USER).await;
+    over.send(&query(&sets(0..1001))).await.expect("send");
+    let (code, message) = fatal_before_close(&mut over, "1,001 settings at once").await;
+    assert_eq!(code, "54000", "{message}");
+    assert!(
+        message.contains("more than 1000 custom settings"),
+        "{message}"
+    );
+    let read = many
+        .simple_query("select current_setting('myapp.m1000')", WAIT)
+        .await;
+    assert_eq!(
+        read,
+        vec![Some("1000".to_owned())],
+        "the first client's, still"
+    );
+}

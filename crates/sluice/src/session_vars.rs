@@ -81,7 +81,71 @@ pub fn capture_sql(custom: &[String], mode: TextMode) -> String {
             value("pg_catalog.current_setting(n, true)")
         ));
     }
-    sql
+    // Each row is measured before it is sent: a value too large to carry
+    // comes as NULL with the reason in the third column, so the read-back
+    // never holds more than the limits and the server stays in step
+    // (before, a row past the read's 1 MiB message limit closed the
+    // server, and the client's setting was lost without a word).
+    let size = "pg_catalog.octet_length(u.name)::pg_catalog.int8 \
+                OPERATOR(pg_catalog.+) pg_catalog.octet_length(u.v)::pg_catalog.int8";
+    format!(
+        "SELECT CASE WHEN s.why IS NULL THEN s.name ELSE pg_catalog.left(s.name, 200) END, \
+         CASE WHEN s.why IS NULL THEN s.v END, s.why FROM (SELECT u.name, u.v, \
+         CASE WHEN {size} OPERATOR(pg_catalog.>) {CARRIED_VALUE_LIMIT} THEN 'value' \
+         WHEN pg_catalog.sum({size}) OVER () OPERATOR(pg_catalog.>) {CARRIED_TOTAL_LIMIT} \
+         THEN 'total' END AS why FROM ({sql}) AS u(name, v)) AS s"
+    )
+}
+
+/// The largest setting `capture_sql` reads back (its name and value as
+/// read, hex where the encoding asks for it: a UTF-8 session's value of
+/// up to 512 KiB, another's of up to 256 KiB), and all of a session's
+/// together. Past either, the client cannot be given its settings again
+/// on another server: it is told (54000) and let go.
+pub const CARRIED_VALUE_LIMIT: usize = 512 * 1024;
+pub const CARRIED_TOTAL_LIMIT: usize = 16 * 1024 * 1024;
+
+/// Why a row of `capture_sql` came without its value.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum TooLarge {
+    /// This setting's name and value pass `CARRIED_VALUE_LIMIT`.
+    Value(String),
+    /// All of them pass `CARRIED_TOTAL_LIMIT`.
+    Total,
+    /// One transaction named more custom settings than are read back.
+    Names(usize),
+}
+
+impl TooLarge {
+    /// The reason of a row's third column, if it has one.
+    pub fn of_row(name: &str, why: Option<&str>) -> Option<Self> {
+        match why? {
+            "value" => Some(Self::Value(name.to_owned())),
+            _ => Some(Self::Total),
+        }
+    }
+
+    /// What the client is told.
+    pub fn message(&self) -> String {
+        match self {
+            Self::Value(name) => format!(
+                "the value of setting \"{name}\" is too large to follow this connection \
+                 from one transaction to the next: a pooled connection carries a value \
+                 of up to {} KiB as read back (transaction mode)",
+                CARRIED_VALUE_LIMIT / 1024
+            ),
+            Self::Total => format!(
+                "this connection's session settings are too large to follow it from one \
+                 transaction to the next: a pooled connection carries up to {} MiB of them \
+                 (transaction mode)",
+                CARRIED_TOTAL_LIMIT / (1024 * 1024)
+            ),
+            Self::Names(most) => format!(
+                "this transaction named more than {most} custom settings: the others \
+                 cannot follow this connection to the next transaction (transaction mode)"
+            ),
+        }
+    }
 }
 
 /// A value `capture_sql` read in `mode`: as it came, or from its hex (the
@@ -252,6 +316,9 @@ pub fn same(a: &Option<Arc<SessionVars>>, b: &Option<Arc<SessionVars>>) -> bool 
     }
 }
 
+/// Targets in one SELECT of `apply_sql` (PostgreSQL allows 1,664).
+const SETS_PER_SELECT: usize = 1000;
+
 /// SQL turning a server whose session settings are `server` into one with
 /// `client`'s; one simple query, so it applies whole or not at all.
 /// Settings are made as the session's own user, the session authorization
@@ -317,10 +384,12 @@ pub fn apply_sql(
         .map(|(name, value)| set(name, value))
         .collect();
     // (each identity change a statement of its own, in this order)
-    let mut statements = Vec::new();
-    if !sets.is_empty() {
-        statements.push(format!("SELECT {}", sets.join(", ")));
-    }
+    // (a SELECT takes at most 1,664 targets: a client with more settings
+    // than that lost its connection at its next server, review 35)
+    let mut statements: Vec<String> = sets
+        .chunks(SETS_PER_SELECT)
+        .map(|sets| format!("SELECT {}", sets.join(", ")))
+        .collect();
     if let Some(auth) = client.get(AUTH)
         && now_auth != Some(auth)
     {
@@ -386,6 +455,30 @@ mod tests {
     }
 
     #[test]
+    fn many_settings_are_given_back_in_selects_postgresql_takes() {
+        let client = SessionVars::from_pairs((0..2500).map(|i| (format!("app.s{i}"), "1")));
+        let sql = apply_sql(None, Some(&client), TextMode::Raw).expect("something to set");
+        let selects: Vec<&str> = sql.split(';').filter(|s| s.starts_with("SELECT")).collect();
+        assert_eq!(selects.len(), 3, "{sql:.200}");
+        assert!(
+            selects
+                .iter()
+                .all(|s| s.matches("set_config").count() <= 1000)
+        );
+        assert_eq!(sql.matches("set_config").count(), 2500);
+    }
+
+    #[test]
+    fn a_row_without_its_value_says_why() {
+        assert_eq!(TooLarge::of_row("app.x", None), None);
+        let value = TooLarge::of_row("app.x", Some("value")).expect("too large");
+        assert!(value.message().contains("\"app.x\""), "{}", value.message());
+        let total = TooLarge::of_row("app.x", Some("total")).expect("too large");
+        assert_eq!(total, TooLarge::Total);
+        assert!(total.message().contains("16 MiB"), "{}", total.message());
+    }
+
+    #[test]
     fn values_of_another_encoding_travel_as_utf8_hex_and_escapes() {
         assert_eq!(
             decode_value("636166c3a9".into(), TextMode::Unicode),
@@ -394,6 +487,7 @@ mod tests {
         assert_eq!(decode_value("caf\u{e9}".into(), TextMode::Raw), "caf\u{e9}");
         assert!(capture_sql(&["app.x".into()], TextMode::Unicode).contains("convert_to"));
         assert!(!capture_sql(&["app.x".into()], TextMode::Raw).contains("convert_to"));
+        assert!(capture_sql(&[], TextMode::Raw).contains(&CARRIED_VALUE_LIMIT.to_string()));
         let client = SessionVars::from_pairs([("app.x", "caf\u{e9}")]);
         let sql = apply_sql(None, Some(&client), TextMode::Unicode).expect("something to set");
         assert!(sql.contains("E'caf\\u00e9'"), "{sql}");

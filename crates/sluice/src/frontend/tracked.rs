@@ -41,6 +41,9 @@ pub(super) struct Tracking {
     pub(super) listen_txn: ListenLedger,
     /// Custom settings the link may have set (read back by name).
     pub(super) custom_names: Vec<String>,
+    /// More than `MAX_CUSTOM_NAMES` were named: the others cannot be read
+    /// back, so the client cannot have them on its next server.
+    pub(super) custom_overflow: bool,
     /// Why the client keeps this server past its transaction, if it does.
     pub(super) pinned: Option<PinReason>,
     /// How many bytes had been queued for the server (written and in
@@ -82,6 +85,7 @@ impl Default for Tracking {
             listens: Vec::new(),
             listen_txn: ListenLedger::default(),
             custom_names: Vec::new(),
+            custom_overflow: false,
             pinned: None,
             flush_mark: u64::MAX,
             sequences_mine: false,
@@ -178,6 +182,7 @@ impl Tracking {
         self.listens.clear();
         self.listen_txn.clear();
         self.custom_names.clear();
+        self.custom_overflow = false;
         self.pinned = None;
         self.flush_mark = u64::MAX;
         self.sequences_mine = false;
@@ -723,12 +728,14 @@ fn parse_query(message: &[u8]) -> Option<&[u8]> {
 fn note_effects(t: &mut Tracking, effects: Effects, text: &[u8]) {
     if effects.settings {
         for name in sql::custom_names(text) {
+            if t.custom_names.contains(&name) {
+                continue;
+            }
             if t.custom_names.len() >= MAX_CUSTOM_NAMES {
+                t.custom_overflow = true;
                 break;
             }
-            if !t.custom_names.contains(&name) {
-                t.custom_names.push(name);
-            }
+            t.custom_names.push(name);
         }
     }
     t.effects.merge(effects);
@@ -1477,6 +1484,7 @@ pub(super) async fn after_transaction(
         }
     }
     t.custom_names.clear();
+    t.custom_overflow = false;
     let was = t.pinned;
     t.pinned = reason.any().then_some(reason);
     if t.pinned != was {
@@ -1544,9 +1552,19 @@ async fn capture_settings(
     let Ok(Ok(rows)) = read else {
         return Ok(false);
     };
+    let too_large = rows.iter().find_map(|row| match row.as_slice() {
+        [Some(name), _, why] => crate::session_vars::TooLarge::of_row(name, why.as_deref()),
+        _ => None,
+    });
+    let too_large = too_large.or(t
+        .custom_overflow
+        .then_some(crate::session_vars::TooLarge::Names(MAX_CUSTOM_NAMES)));
+    if let Some(too_large) = too_large {
+        return Err(forget_session(lease, "54000", too_large.message()).await);
+    }
     let vars = crate::session_vars::SessionVars::from_pairs(rows.into_iter().filter_map(|row| {
         match row.as_slice() {
-            [Some(name), Some(value)] => Some((
+            [Some(name), Some(value), None] => Some((
                 name.clone(),
                 crate::session_vars::decode_value(value.clone(), mode),
             )),
@@ -1582,21 +1600,29 @@ async fn capture_settings(
         .as_deref()
         .map_or(0, crate::session_vars::SessionVars::cost);
     if let Err(refused) = client.carried().session_held.resize(cost) {
-        // (PostgreSQL would keep them; sluice cannot, for everyone's sake.
-        // The server forgets them before anyone else gets it.)
-        if reset(lease, "DISCARD ALL").await {
-            lease.server().session = None;
-            lease.server().statements.clear();
-        }
-        return Err(super::error::ClientError::new(
-            crate::held_memory::Refused::CODE,
-            format!("session settings of {cost} bytes cannot follow this connection: {refused}"),
-        ));
+        // (PostgreSQL would keep them; sluice cannot, for everyone's sake.)
+        let why =
+            format!("session settings of {cost} bytes cannot follow this connection: {refused}");
+        return Err(forget_session(lease, crate::held_memory::Refused::CODE, why).await);
     }
     lease.server().session = vars.clone();
     client.set_session(vars);
     client.settings_proven = true;
     Ok(true)
+}
+
+/// The error ending a client whose settings cannot follow it: the server
+/// forgets them (and the client's statements) before anyone else gets it.
+async fn forget_session(
+    lease: &mut crate::backend::pool::Lease,
+    code: &'static str,
+    why: String,
+) -> super::error::ClientError {
+    if reset(lease, "DISCARD ALL").await {
+        lease.server().session = None;
+        lease.server().statements.clear();
+    }
+    super::error::ClientError::new(code, why)
 }
 
 /// A client's `idle_session_timeout` stays its own: on a server idle in
