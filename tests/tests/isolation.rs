@@ -2474,9 +2474,23 @@ async fn a_setting_too_large_to_carry_ends_its_client_not_the_server() {
             "16 MiB",
         ),
     ];
-    for (sql, says) in &hogs {
+    // (its server's DISCARD ALL, slow with 400 temp tables, not under the
+    // client's 10 ms statement_timeout: review 36 had the timeout fire
+    // then, and the next client's first query got it, 57014)
+    let temp = (0..400)
+        .map(|i| format!("create temp table t{i} (x int)"))
+        .collect::<Vec<_>>()
+        .join(";");
+    let hogs = hogs.into_iter().chain([(
+        format!(
+            "{temp}; set statement_timeout = 10; \
+             select length(set_config('myapp.big', repeat('x', 600000), false))"
+        ),
+        "\"myapp.big\"",
+    )]);
+    for (sql, says) in hogs {
         let mut hog = raw_login(&sluice, APP_USER).await;
-        hog.send(&query(sql)).await.expect("send");
+        hog.send(&query(&sql)).await.expect("send");
         let (code, message) = fatal_before_close(&mut hog, says).await;
         assert_eq!(code, "54000", "{says}: {message}");
         assert!(message.contains(says), "{says}: {message}");
@@ -2499,6 +2513,52 @@ async fn a_setting_too_large_to_carry_ends_its_client_not_the_server() {
         .simple_query("select length(current_setting('myapp.ok'))::text", WAIT)
         .await;
     assert_eq!(length, vec![Some("400000".to_owned())], "still carried");
+}
+
+/// A setting is measured as it is sent: a UTF-8 client of a WIN1252
+/// database gets `€` (one byte there) as three. Review 36: 400,000 of them
+/// passed the check (400 KB) and not the read (1.2 MB): the setting was
+/// lost without a word and the server closed, as before the check.
+#[tokio::test]
+async fn a_setting_is_measured_as_it_is_sent() {
+    let cluster = app_cluster(ServerAuth::Trust);
+    cluster
+        .psql(
+            "postgres",
+            "create database w1252 encoding 'WIN1252' template template0 \
+             lc_collate 'C' lc_ctype 'C'",
+        )
+        .expect("a WIN1252 database");
+    let sluice = ConfigBuilder::new()
+        .database_on(&cluster, "w1252", "")
+        .set("pool_mode", "transaction")
+        .set("default_pool_size", "1")
+        .start();
+    let other = connect_as(sluice.port(), APP_USER, "w1252").await;
+    let pid = "select pg_backend_pid()::text";
+    let server = bounded_scalar(&other, pid, "the server's pid").await;
+    let mut hog = RawClient::connect(sluice.port()).await;
+    hog.send(&startup_packet(&[
+        ("user", APP_USER),
+        ("database", "w1252"),
+        ("client_encoding", "UTF8"),
+    ]))
+    .await
+    .expect("send startup packet");
+    hog.read_until_ready(WAIT).await;
+    hog.send(&query(
+        "select length(set_config('myapp.euro', repeat('€', 400000), false))",
+    ))
+    .await
+    .expect("send");
+    let (code, message) = fatal_before_close(&mut hog, "400,000 €").await;
+    assert_eq!(code, "54000", "{message}");
+    assert!(message.contains("\"myapp.euro\""), "{message}");
+    assert_eq!(
+        bounded_scalar(&other, pid, "the server after").await,
+        server,
+        "the server was closed"
+    );
 }
 
 /// A client's settings follow it however many there are (review 35: past
@@ -2541,6 +2601,14 @@ async fn many_settings_follow_their_client() {
         vec![Some("0,1699".to_owned())],
         "1,700 settings carried"
     );
+    // (SET LOCALs and RESETs need no reading back: review 36 had 1,001 of
+    // them end a client)
+    let locals = (0..1001)
+        .map(|i| format!("set local myapp.l{i} = '{i}'; reset myapp.r{i}"))
+        .collect::<Vec<_>>()
+        .join(";");
+    many.simple_query(&format!("begin; {locals}; commit"), WAIT)
+        .await;
     let mut over = raw_login(&sluice, APP_USER).await;
     over.send(&query(&sets(0..1001))).await.expect("send");
     let (code, message) = fatal_before_close(&mut over, "1,001 settings at once").await;

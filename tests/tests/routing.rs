@@ -694,6 +694,169 @@ async fn nothing_after_a_read_only_transaction_runs_on_the_replica() {
         .expect("a new connection writes");
 }
 
+/// A lone `BEGIN READ ONLY` opens its block where its first request goes:
+/// a block made read-write or serializable before its first query, as
+/// PostgreSQL allows, runs on the primary (before, it was on a replica
+/// already, whose standby refused: 25006, 0A000); otherwise on the
+/// replica, where PostgreSQL's own rules hold (a write is refused, a
+/// read-write switch after a query is too). The client hears BEGIN or
+/// START TRANSACTION, in a block, as from PostgreSQL.
+#[tokio::test]
+async fn a_read_only_block_goes_where_its_first_request_can_run() {
+    let (primary, replica) = primary_and_replica();
+    let (sluice, client) = reading_client(&primary, &replica, &[("read_your_writes", "off")]).await;
+    let steps = |sql: &'static [&'static str]| sql;
+    // Made read-write: the write runs (on the primary) and commits.
+    let mut ports = Vec::new();
+    for sql in steps(&[
+        "begin read only",
+        "set transaction read write",
+        "insert into items values (30, 'read-write after all') returning inet_server_port()::text",
+        "commit",
+    ]) {
+        let rows = client
+            .simple_query(sql)
+            .await
+            .unwrap_or_else(|e| panic!("{sql}: {e}"));
+        ports.extend(rows.into_iter().filter_map(|m| match m {
+            SimpleQueryMessage::Row(r) => r.get(0).map(str::to_owned),
+            _ => None,
+        }));
+    }
+    assert_eq!(ports, [primary.port().to_string()], "the write's server");
+    // Serializable: on the primary too.
+    client
+        .batch_execute("start transaction read only")
+        .await
+        .expect("start");
+    let seen = scalar_text(
+        &client,
+        "set transaction isolation level serializable; \
+         select current_setting('transaction_isolation') || ',' || pg_is_in_recovery()::text",
+    )
+    .await;
+    assert_eq!(seen, "serializable,false");
+    client.batch_execute("commit").await.expect("commit");
+    // A plain read-only block stays on the replica, with PostgreSQL's rules.
+    client
+        .batch_execute("begin read only")
+        .await
+        .expect("begin");
+    assert!(
+        in_recovery(&client, "select pg_is_in_recovery()").await,
+        "the block's read"
+    );
+    let late = client
+        .batch_execute("set transaction read write")
+        .await
+        .expect_err("read-write after a query");
+    assert_eq!(late.code().map(|c| c.code()), Some("25001"), "{late}");
+    client.batch_execute("rollback").await.expect("rollback");
+    client
+        .batch_execute("begin read only")
+        .await
+        .expect("begin");
+    let write = client
+        .batch_execute("insert into items values (31, 'no')")
+        .await
+        .expect_err("a write in a read-only block");
+    assert_eq!(write.code().map(|c| c.code()), Some("25006"), "{write}");
+    client.batch_execute("rollback").await.expect("rollback");
+    // A driver's read-only transaction (tokio-postgres: START TRANSACTION
+    // READ ONLY, then extended-protocol queries), once the replica has the
+    // row.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while scalar_text(&client, "select count(*) from items where id = 30").await != "1" {
+        assert!(Instant::now() < deadline, "the replica never had the row");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let mut driver = connect_as(sluice.port(), APP_USER, "postgres").await;
+    let tx = driver
+        .build_transaction()
+        .read_only(true)
+        .start()
+        .await
+        .expect("start a read-only transaction");
+    let row = tx
+        .query_one(
+            "select pg_is_in_recovery(), count(*) from items where id = $1",
+            &[&30i32],
+        )
+        .await
+        .expect("read in the block");
+    assert!(
+        row.get::<_, bool>(0),
+        "the driver's block is on the replica"
+    );
+    assert_eq!(
+        row.get::<_, i64>(1),
+        1,
+        "the replica has the row written above"
+    );
+    tx.commit().await.expect("commit");
+    // What the client hears: the tags PostgreSQL sends, in a block.
+    let mut raw = RawClient::connect(sluice.port()).await;
+    raw.startup(APP_USER, "postgres").await;
+    raw.read_until_ready(Duration::from_secs(10)).await;
+    for (sql, tag, first, replica) in [
+        (
+            "start transaction read only",
+            "START TRANSACTION",
+            None,
+            "true",
+        ),
+        // (sluice answers a first DEALLOCATE ALL itself: in the block too;
+        // it is no read, so the block opens on the primary)
+        (
+            "/* hi */ BEGIN WORK READ ONLY;",
+            "BEGIN",
+            Some("deallocate all"),
+            "false",
+        ),
+    ] {
+        assert_eq!(
+            heard(&mut raw, sql).await,
+            [format!("C{tag}"), "ZT".to_owned()],
+            "{sql}"
+        );
+        if let Some(first) = first {
+            assert_eq!(
+                heard(&mut raw, first).await,
+                ["CDEALLOCATE ALL", "ZT"],
+                "{sql}"
+            );
+        }
+        let read = raw
+            .simple_query("select pg_is_in_recovery()::text", Duration::from_secs(10))
+            .await;
+        assert_eq!(read, vec![Some(replica.to_owned())], "{sql}");
+        raw.simple_query("commit", Duration::from_secs(10)).await;
+    }
+}
+
+/// The messages a simple Query gets, up to ReadyForQuery: each as its
+/// kind and body (ReadyForQuery's status).
+async fn heard(raw: &mut RawClient, sql: &str) -> Vec<String> {
+    raw.send(&sluice_tests::msg::query(sql))
+        .await
+        .expect("send");
+    let mut heard = Vec::new();
+    loop {
+        match raw.read_message(Duration::from_secs(10)).await {
+            RawReply::Message(b'Z', body) => {
+                heard.push(format!("Z{}", char::from(body[0])));
+                return heard;
+            }
+            RawReply::Message(kind, body) => heard.push(format!(
+                "{}{}",
+                char::from(kind),
+                String::from_utf8_lossy(&body).trim_end_matches('\0')
+            )),
+            other => panic!("{sql}: {other:?}"),
+        }
+    }
+}
+
 /// The replica listed first: before the checks have found the primary, a
 /// write waits for it instead of going to the first host.
 #[tokio::test]

@@ -46,8 +46,13 @@ pub fn capture_sql(custom: &[String], mode: TextMode) -> String {
             format!("pg_catalog.encode(pg_catalog.convert_to({expr}, 'SQL_ASCII'), 'hex')")
         }
     };
+    // (and the transaction's own modes: pg_settings says "session" for
+    // them after a SET TRANSACTION, but they end with their transaction;
+    // given back as session settings, a standby refused
+    // `transaction_read_only = off` and the client was ended)
     let tracked = TRACKED
         .iter()
+        .chain(&TRANSACTION_MODES)
         .map(|n| format!("'{n}'"))
         .collect::<Vec<_>>()
         .join(",");
@@ -86,8 +91,19 @@ pub fn capture_sql(custom: &[String], mode: TextMode) -> String {
     // never holds more than the limits and the server stays in step
     // (before, a row past the read's 1 MiB message limit closed the
     // server, and the client's setting was lost without a word).
-    let size = "pg_catalog.octet_length(u.name)::pg_catalog.int8 \
-                OPERATOR(pg_catalog.+) pg_catalog.octet_length(u.v)::pg_catalog.int8";
+    // (as sent: a session in UTF-8 gets the database's text converted,
+    // which may make it three times longer; review 36, a WIN1252 `€`)
+    let length = |expr: &str| match mode {
+        TextMode::Raw => format!(
+            "pg_catalog.octet_length(pg_catalog.convert_to({expr}, 'UTF8'))::pg_catalog.int8"
+        ),
+        _ => format!("pg_catalog.octet_length({expr})::pg_catalog.int8"),
+    };
+    let size = format!(
+        "{} OPERATOR(pg_catalog.+) {}",
+        length("u.name"),
+        length("u.v")
+    );
     format!(
         "SELECT CASE WHEN s.why IS NULL THEN s.name ELSE pg_catalog.left(s.name, 200) END, \
          CASE WHEN s.why IS NULL THEN s.v END, s.why FROM (SELECT u.name, u.v, \
@@ -141,12 +157,20 @@ impl TooLarge {
                 CARRIED_TOTAL_LIMIT / (1024 * 1024)
             ),
             Self::Names(most) => format!(
-                "this transaction named more than {most} custom settings: the others \
-                 cannot follow this connection to the next transaction (transaction mode)"
+                "this transaction set more than {most} custom settings (SET or set_config): \
+                 a pooled connection reads back at most {most} a transaction, so they \
+                 cannot follow it to the next one (transaction mode)"
             ),
         }
     }
 }
+
+/// Settings of the transaction, not of the session.
+const TRANSACTION_MODES: [&str; 3] = [
+    "transaction_isolation",
+    "transaction_read_only",
+    "transaction_deferrable",
+];
 
 /// A value `capture_sql` read in `mode`: as it came, or from its hex (the
 /// bytes of UTF-8, or a SQL_ASCII database's own bytes kept one char per
@@ -486,7 +510,7 @@ mod tests {
         );
         assert_eq!(decode_value("caf\u{e9}".into(), TextMode::Raw), "caf\u{e9}");
         assert!(capture_sql(&["app.x".into()], TextMode::Unicode).contains("convert_to"));
-        assert!(!capture_sql(&["app.x".into()], TextMode::Raw).contains("convert_to"));
+        assert!(!capture_sql(&["app.x".into()], TextMode::Raw).contains("encode("));
         assert!(capture_sql(&[], TextMode::Raw).contains(&CARRIED_VALUE_LIMIT.to_string()));
         let client = SessionVars::from_pairs([("app.x", "caf\u{e9}")]);
         let sql = apply_sql(None, Some(&client), TextMode::Unicode).expect("something to set");

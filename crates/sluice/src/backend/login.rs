@@ -365,7 +365,9 @@ async fn query_rows(
     let mut out = BytesMut::with_capacity(sql.len() + 6);
     encode_query(&mut out, sql);
     server.stream.write_all(&out).await?;
-    Ok(read_rows(server, sql, usize::MAX, first_only).await?.0)
+    Ok(read_rows(server, sql, usize::MAX, first_only, b'I')
+        .await?
+        .0)
 }
 
 /// Runs `sql` with text parameters `$1…` (extended protocol, unnamed
@@ -403,17 +405,27 @@ pub async fn run_query_params(
         .finish();
     MessageBuilder::new(&mut out, frontend::SYNC).finish();
     server.stream.write_all(&out).await?;
-    read_rows(server, sql, max_rows, false).await
+    read_rows(server, sql, max_rows, false, b'I').await
+}
+
+/// Sends a client's Query message that opens a transaction block (a
+/// deferred `BEGIN`) and reads its answer: an error, or a server left
+/// outside a block, fails.
+pub async fn open_block(server: &mut ServerConn, query: &[u8]) -> Result<(), LoginError> {
+    server.stream.write_all(query).await?;
+    read_rows(server, "BEGIN", 0, false, b'T').await.map(drop)
 }
 
 /// Reads a query's results up to ReadyForQuery: its first `max_rows`
 /// DataRows and their count, or its error; with `first_only`, the rows
-/// of the first statement only.
+/// of the first statement only. The server must then be `status` ('I',
+/// between transactions; 'T', in a block).
 async fn read_rows(
     server: &mut ServerConn,
     sql: &str,
     max_rows: usize,
     first_only: bool,
+    status: u8,
 ) -> Result<(Vec<TextRow>, usize), LoginError> {
     let mut rows = Vec::new();
     let mut count = 0usize;
@@ -444,9 +456,9 @@ async fn read_rows(
             backend::READY_FOR_QUERY => {
                 return match failure {
                     Some(f) => Err(f),
-                    None if body.first() == Some(&b'I') => Ok((rows, count)),
+                    None if body.first() == Some(&status) => Ok((rows, count)),
                     None => Err(LoginError::Unsupported(format!(
-                        "internal query {sql:?} left a transaction open"
+                        "internal query {sql:?} left the server in the wrong transaction state"
                     ))),
                 };
             }

@@ -98,6 +98,10 @@ pub(super) struct Written {
     pub(super) lsn: Option<u64>,
 }
 
+/// How many dead servers in a row a request may meet before its client
+/// gets the error (each is closed: a pool of stale servers empties fast).
+pub(super) const LOST_RETRIES: u8 = 8;
+
 /// What a transaction-mode client keeps of its session while it holds no
 /// server: its named statements, its settings, its LISTENs.
 #[derive(Default)]
@@ -116,6 +120,10 @@ pub struct Carried {
     /// Bytes the client sent with its login, after it (a request written
     /// without waiting for ReadyForQuery): the session reads them first.
     pub early: bytes::BytesMut,
+    /// A lone `BEGIN … READ ONLY` sluice answered without a server (the
+    /// Query message, as sent): the block opens on the server its first
+    /// request goes to (see `Client::defer_begin`).
+    pub deferred_begin: Option<bytes::Bytes>,
 }
 
 /// A client's subscription to its pool's LISTEN hub; leaving unsubscribes.

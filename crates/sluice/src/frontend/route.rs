@@ -96,6 +96,17 @@ pub fn request(
     Route::Primary
 }
 
+/// Whether the word `transaction` appears anywhere in `buf` (any case,
+/// even in a string or a comment): the first request of a READ ONLY block
+/// that may change the block (`SET TRANSACTION …`, `transaction_read_only`,
+/// `transaction_isolation`) goes to the primary. Read only for such a
+/// request, whose bytes are few.
+pub fn mentions_transaction(buf: &[u8]) -> bool {
+    const WORD: &[u8] = b"transaction";
+    buf.windows(WORD.len())
+        .any(|w| w.eq_ignore_ascii_case(WORD))
+}
+
 /// Largest simple Query kept to run again on the primary.
 const RETRY_LIMIT: usize = 64 * 1024;
 
@@ -272,6 +283,19 @@ mod tests {
 
     fn parse(name: &str, sql: &str) -> Vec<u8> {
         msg(f::PARSE, format!("{name}\0{sql}\0\0\0").as_bytes())
+    }
+
+    #[test]
+    fn a_block_change_is_seen_in_any_case() {
+        assert!(mentions_transaction(&query("SET TRANSACTION READ WRITE")));
+        assert!(mentions_transaction(&parse(
+            "s",
+            "set transaction_isolation = 'serializable'"
+        )));
+        assert!(mentions_transaction(
+            b"select set_config('Transaction_Read_Only', 'off', true)"
+        ));
+        assert!(!mentions_transaction(&query("select 1")));
     }
 
     fn bind(statement: &str) -> Vec<u8> {

@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use bytes::BytesMut;
 
-use super::client::{Client, Listening, RouteCache, Written};
+use super::client::{Client, LOST_RETRIES, Listening, RouteCache, Written};
 use super::error::ClientError;
 use super::relay::{self, RelayEnd};
 use super::relay_io::READ_CHUNK;
@@ -174,6 +174,15 @@ impl Client {
         let named = |name: &[u8]| carried?.statements.get(name).cloned();
         let own = topology.classifier();
         if super::route::request(buf, own.as_deref(), named) == sluice_router::Route::Primary {
+            return primary(true);
+        }
+        if carried.is_some_and(|c| c.deferred_begin.is_some())
+            && super::route::mentions_transaction(buf)
+        {
+            // The first request of a READ ONLY block sluice opened without
+            // a server may change the block (`SET TRANSACTION READ WRITE`,
+            // `ISOLATION LEVEL SERIALIZABLE`, a snapshot), which a standby
+            // refuses: the block opens on the primary.
             return primary(true);
         }
         // From now on its writes are worth the read-your-writes position.
@@ -396,7 +405,13 @@ impl Client {
         let mut queued = self.queued_since.take();
         // (Waiting, in SHOW CLIENTS, out a pause too, as on PgBouncer.)
         self.app.cancels.set_waiting(self.cancel, true);
-        let cancellable = cancellable(buf);
+        // (in a block sluice opened without a server, a cancel would
+        // leave it failed, which sluice does not follow: the request runs)
+        let deferred = self
+            .carried
+            .as_ref()
+            .is_some_and(|c| c.deferred_begin.is_some());
+        let cancellable = !deferred && cancellable(buf);
         if self.app.control.anything_paused() {
             match self.wait_while_paused(queued, cancellable).await {
                 Ok(Paused::Over(since)) => queued = since,
@@ -415,6 +430,10 @@ impl Client {
             read,
             standby_wait,
         } = self.route(buf);
+        if pool.host != 0 && !deferred && self.may_defer_begin(buf) {
+            self.app.cancels.set_waiting(self.cancel, false);
+            return self.defer_begin(buf).await;
+        }
         if standby_wait {
             match self.wait_for_standby().await {
                 Ok(p) => pool = p,
@@ -594,6 +613,8 @@ impl Client {
         } else {
             None
         };
+        // (not a block's first request: its BEGIN ran before it)
+        let again = again.filter(|_| !deferred);
         self.retry_query = again.map(|n| bytes::Bytes::copy_from_slice(&buf[..n]));
         if self.retry_query.is_some() || lease.host() != 0 {
             // (a cancel is counted from this request on: see
@@ -604,6 +625,13 @@ impl Client {
         self.on_routed_primary = topology.is_some() && !on_replica;
         self.primary_read = read && self.on_routed_primary;
         let end = relay::run(self, buf, lease).await;
+        if !matches!(end, RelayEnd::Again)
+            && let Some(c) = self.carried.as_mut()
+        {
+            // (the block is open on the server, or the client is told why
+            // not, or gone)
+            c.deferred_begin = None;
+        }
         if let RelayEnd::Again = end {
             // (the request is still whole in `buf`)
             self.retry_query = None;
@@ -903,6 +931,52 @@ impl Client {
     async fn answer_cancelled(&mut self) -> Option<SessionEnd> {
         let mut out = cancelled_error();
         sluice_wire::ready_for_query(&mut out, sluice_wire::TransactionStatus::Idle);
+        self.write_local(&out).await.err()
+    }
+
+    /// Whether the request at the start of `buf`, routed to a replica, is
+    /// a lone `BEGIN … READ ONLY` (or `START TRANSACTION … READ ONLY`)
+    /// whose block can wait for its first request before taking a server
+    /// (transaction mode, the entry not asking for standbys, no block
+    /// waiting already: a second BEGIN gets the server's warning).
+    fn may_defer_begin(&self, buf: &[u8]) -> bool {
+        let settings = self.pool.settings();
+        if settings.mode != sluice_config::PoolMode::Transaction || settings.standby != Standby::No
+        {
+            return false;
+        }
+        match sluice_wire::whole_message(buf) {
+            Some((sluice_wire::tags::frontend::QUERY, body))
+                if body.len() <= DEFERRED_BEGIN_LIMIT =>
+            {
+                sluice_router::begins_read_only(body.strip_suffix(b"\0").unwrap_or(body))
+            }
+            _ => false,
+        }
+    }
+
+    /// A lone `BEGIN … READ ONLY` that would open its block on a replica
+    /// is answered here, and the block opens on the server its first
+    /// request goes to (`relay::sync::open_block`): a replica, unless
+    /// that request may change the block in a way a standby refuses
+    /// (`SET TRANSACTION READ WRITE`, `ISOLATION LEVEL SERIALIZABLE`: the
+    /// primary). Before, such a block was opened on a replica at once, and
+    /// its `SET TRANSACTION READ WRITE` got the standby's error where
+    /// PostgreSQL allows it (review 25). The block's start, as
+    /// `transaction_timestamp()` reads it, is its first request's.
+    async fn defer_begin(&mut self, buf: &mut BytesMut) -> Option<SessionEnd> {
+        let (_, body) = sluice_wire::whole_message(buf)?;
+        let len = sluice_wire::HEADER_LEN + body.len();
+        let text = body.strip_suffix(b"\0").unwrap_or(body);
+        let tag = crate::prepared::sql::transaction_start_tag(text);
+        let message = bytes::Bytes::copy_from_slice(&buf[..len]);
+        bytes::Buf::advance(buf, len);
+        self.carried.get_or_insert_with(Box::default).deferred_begin = Some(message);
+        let mut out = BytesMut::with_capacity(32);
+        sluice_wire::MessageBuilder::new(&mut out, sluice_wire::tags::backend::COMMAND_COMPLETE)
+            .cstr(tag)
+            .finish();
+        sluice_wire::ready_for_query(&mut out, sluice_wire::TransactionStatus::InTransaction);
         self.write_local(&out).await.err()
     }
 
@@ -1364,6 +1438,10 @@ async fn run_with(client: &mut Client, buf: &mut BytesMut) -> SessionEnd {
             Err(e) => return SessionEnd::Error(e),
         }
         if tracked
+            && client
+                .carried
+                .as_ref()
+                .is_none_or(|c| c.deferred_begin.is_none())
             && matches!(
                 buf.first(),
                 Some(&(sluice_wire::tags::frontend::PARSE | sluice_wire::tags::frontend::CLOSE))
@@ -1413,9 +1491,9 @@ async fn check_server(lease: &mut Lease, sql: &str) -> bool {
     }
 }
 
-/// How many dead servers in a row a request may meet before its client
-/// gets the error (each is closed: a pool of stale servers empties fast).
-const LOST_RETRIES: u8 = 8;
+/// The longest lone `BEGIN … READ ONLY` (comments and all) whose block
+/// waits for its first request (`Client::defer_begin`).
+const DEFERRED_BEGIN_LIMIT: usize = 1024;
 
 /// How often a held transaction looks for a primary.
 const HOLD_POLL: Duration = Duration::from_millis(50);

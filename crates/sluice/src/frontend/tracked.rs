@@ -1331,8 +1331,9 @@ pub(super) enum AfterTx {
     Pinned,
     /// It cannot be trusted: close it.
     Close,
-    /// The client's session settings pass `max_held_memory_mb`: it is
-    /// told and let go, and the server with it.
+    /// The client's session settings pass `max_held_memory_mb`, or cannot
+    /// be read back: it is told and let go, and the server is cleaned
+    /// (`abandon_sql`) or closed.
     Refused(super::error::ClientError),
 }
 
@@ -1480,7 +1481,14 @@ pub(super) async fn after_transaction(
         match capture_settings(lease, client, t, reset_all).await {
             Ok(true) => {}
             Ok(false) => return AfterTx::Close,
-            Err(refused) => return AfterTx::Refused(refused),
+            Err(refused) => {
+                // (the server forgets the settings before anyone else gets
+                // it: DISCARD ALL as the client is let go, or it is closed;
+                // review 36: a DISCARD ALL that timed out here left the
+                // server a reply behind, and it went back)
+                t.effects.settings = true;
+                return AfterTx::Refused(refused);
+            }
         }
     }
     t.custom_names.clear();
@@ -1560,7 +1568,7 @@ async fn capture_settings(
         .custom_overflow
         .then_some(crate::session_vars::TooLarge::Names(MAX_CUSTOM_NAMES)));
     if let Some(too_large) = too_large {
-        return Err(forget_session(lease, "54000", too_large.message()).await);
+        return Err(super::error::ClientError::new("54000", too_large.message()));
     }
     let vars = crate::session_vars::SessionVars::from_pairs(rows.into_iter().filter_map(|row| {
         match row.as_slice() {
@@ -1601,28 +1609,15 @@ async fn capture_settings(
         .map_or(0, crate::session_vars::SessionVars::cost);
     if let Err(refused) = client.carried().session_held.resize(cost) {
         // (PostgreSQL would keep them; sluice cannot, for everyone's sake.)
-        let why =
-            format!("session settings of {cost} bytes cannot follow this connection: {refused}");
-        return Err(forget_session(lease, crate::held_memory::Refused::CODE, why).await);
+        return Err(super::error::ClientError::new(
+            crate::held_memory::Refused::CODE,
+            format!("session settings of {cost} bytes cannot follow this connection: {refused}"),
+        ));
     }
     lease.server().session = vars.clone();
     client.set_session(vars);
     client.settings_proven = true;
     Ok(true)
-}
-
-/// The error ending a client whose settings cannot follow it: the server
-/// forgets them (and the client's statements) before anyone else gets it.
-async fn forget_session(
-    lease: &mut crate::backend::pool::Lease,
-    code: &'static str,
-    why: String,
-) -> super::error::ClientError {
-    if reset(lease, "DISCARD ALL").await {
-        lease.server().session = None;
-        lease.server().statements.clear();
-    }
-    super::error::ClientError::new(code, why)
 }
 
 /// A client's `idle_session_timeout` stays its own: on a server idle in

@@ -1317,6 +1317,15 @@ pub fn starts_transaction(text: &[u8]) -> bool {
         && statements(text).len() == 1
 }
 
+/// The command tag PostgreSQL answers a transaction start with.
+pub fn transaction_start_tag(text: &[u8]) -> &'static str {
+    if word(text).0.eq_ignore_ascii_case(b"start") {
+        "START TRANSACTION"
+    } else {
+        "BEGIN"
+    }
+}
+
 /// Whether `text` starts with a statement PostgreSQL runs in a failed
 /// transaction block (it ends the block): ROLLBACK, COMMIT, END, ABORT,
 /// PREPARE TRANSACTION.
@@ -1430,16 +1439,20 @@ fn channel(name: &[u8]) -> Option<String> {
     (end > 0).then(|| name[..end].to_owned())
 }
 
-/// Names of custom (dotted) settings that `text` may set: the variable of
-/// a SET or RESET, and the first argument of set_config('…', …). Custom
+/// Names of custom (dotted) settings that `text` may set for the session:
+/// the variable of a SET (not SET LOCAL, which ends with its
+/// transaction), and the first argument of set_config('…', …). Custom
 /// placeholders are missing from pg_settings, so sluice reads them back by
-/// name.
+/// name. (A RESET needs no name: what the client held is read back
+/// anyway, and a name it did not hold is gone; review 36: a transaction
+/// of 1,001 SET LOCALs or RESETs was counted past `MAX_CUSTOM_NAMES`.)
 pub fn custom_names(text: &[u8]) -> Vec<String> {
     let mut names: Vec<String> = statements(text)
         .into_iter()
         .filter_map(|s| {
             let (first, rest) = word(s);
-            (first.eq_ignore_ascii_case(b"set") || first.eq_ignore_ascii_case(b"reset"))
+            let local = word(rest).0.eq_ignore_ascii_case(b"local");
+            (first.eq_ignore_ascii_case(b"set") && !local)
                 .then(|| set_variable(rest))
                 .flatten()
         })
@@ -1548,6 +1561,14 @@ mod tests {
                 String::from_utf8_lossy(text)
             );
         }
+        assert_eq!(
+            transaction_start_tag(b"/* x */ START TRANSACTION READ ONLY"),
+            "START TRANSACTION"
+        );
+        assert_eq!(
+            transaction_start_tag(b"-- x\nbegin work read only"),
+            "BEGIN"
+        );
     }
 
     #[test]
@@ -2103,7 +2124,7 @@ mod custom_name_tests {
         );
         assert_eq!(
             custom_names("SET app.café TO 'x'; RESET \"app\".\"Été\"".as_bytes()),
-            ["app.café", "app.Été"]
+            ["app.café"]
         );
         // (a quoted name may hold the dot; parts are cut to 63 bytes, as
         // PostgreSQL cuts identifiers; PostgreSQL 16 reads a vertical tab
@@ -2122,8 +2143,10 @@ mod custom_name_tests {
         );
         // (white space and comments may stand around the dot)
         assert_eq!(
-            custom_names(b"set app . tenant = 'a'; set local app. x = 1; reset app /* c */ .\"Y\""),
-            ["app.tenant", "app.x", "app.y"]
+            custom_names(
+                b"set app . tenant = 'a'; set session app. x = 1; reset app /* c */ .\"Y\""
+            ),
+            ["app.tenant", "app.x"]
         );
     }
 }

@@ -60,6 +60,20 @@ pub async fn run(client: &mut Client, cbuf: &mut BytesMut, mut lease: Lease) -> 
             Err(end) => return end,
         }
     }
+    let in_block = match client
+        .carried
+        .as_ref()
+        .and_then(|c| c.deferred_begin.clone())
+    {
+        Some(begin) => match Box::pin(sync::open_block(client, lease, &begin)).await {
+            Ok(l) => {
+                lease = l;
+                true
+            }
+            Err(end) => return end,
+        },
+        None => false,
+    };
     let settings = lease.settings.clone();
     // The server goes back between transactions (transaction mode) or
     // statements (statement mode, which also refuses transaction blocks).
@@ -73,6 +87,10 @@ pub async fn run(client: &mut Client, cbuf: &mut BytesMut, mut lease: Lease) -> 
         client.on_routed_primary,
         client.primary_read,
     );
+    if in_block {
+        // (what sluice answers itself says so from the first request on)
+        cycle.status = sluice_wire::TransactionStatus::InTransaction;
+    }
     // Lent when the acquire read the clock: no read of its own here.
     let linked_at = lease.server().lent_at;
     // Transaction and statement mode: statements, session state and

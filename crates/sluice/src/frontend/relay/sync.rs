@@ -91,6 +91,39 @@ pub(super) async fn sync_session(
     Ok(lease)
 }
 
+/// Opens the READ ONLY block sluice answered without a server
+/// (`Client::defer_begin`) on the server its first request goes to: the
+/// client's own BEGIN, its answer dropped (the client had it). A server
+/// gone meanwhile lets the request, unsent, take another (as many times
+/// in a row as a lost server allows); any other failure ends the client,
+/// which believes itself in a block it does not have.
+pub(super) async fn open_block(
+    client: &mut Client,
+    mut lease: Lease,
+    begin: &[u8],
+) -> Result<Lease, RelayEnd> {
+    let opened = tokio::time::timeout(
+        crate::frontend::client::CLEANUP_TIMEOUT,
+        crate::backend::login::open_block(lease.server(), begin),
+    )
+    .await;
+    let e = match opened {
+        Ok(Ok(())) => return Ok(lease),
+        Ok(Err(e)) => e,
+        Err(_) => crate::backend::login::LoginError::Unsupported("BEGIN timed out".into()),
+    };
+    client.app.cancels.unlink(client.cancel);
+    lease.close();
+    if server_gone(&e) && client.lost_retries + 1 < crate::frontend::client::LOST_RETRIES {
+        client.lost_retries += 1;
+        return Err(RelayEnd::Again);
+    }
+    Err(RelayEnd::Error(ClientError::new(
+        "08006",
+        format!("the transaction block could not be opened on its server: {e}"),
+    )))
+}
+
 /// Servers a request may try when each refuses the client's settings.
 const SYNC_TRIES: u8 = 3;
 

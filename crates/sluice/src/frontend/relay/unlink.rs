@@ -336,7 +336,11 @@ async fn finish_abandoned(
         return;
     }
     if let Some(sql) = cleanup {
-        if !reset(&mut lease, sql).await
+        // (not under the client's statement_timeout, which DISCARD ALL
+        // resets midway: a timeout that fires then stays pending, and the
+        // next client's first query got it, 57014; review 36)
+        if !reset(&mut lease, "SET statement_timeout = 0").await
+            || !reset(&mut lease, sql).await
             || (reseed && !reset(&mut lease, &tracked::reseed_sql()).await)
         {
             lease.close();
