@@ -834,6 +834,56 @@ async fn a_read_only_block_goes_where_its_first_request_can_run() {
     }
 }
 
+/// A client in a READ ONLY block that holds no server yet is in a
+/// transaction: PAUSE waits for its block to end, and the block goes on
+/// through the pause (review 37: PAUSE returned at once, and the block's
+/// first query then waited for RESUME). A BEGIN with bytes that are no
+/// text goes to the server, which refuses it as before (review 37: sluice
+/// answered BEGIN, then ended the client when the server refused it).
+#[tokio::test]
+async fn a_read_only_block_without_a_server_yet_holds_pause() {
+    let (primary, replica) = primary_and_replica();
+    let (sluice, _client) =
+        reading_client(&primary, &replica, &[("read_your_writes", "off")]).await;
+    let mut raw = RawClient::connect(sluice.port()).await;
+    raw.startup(APP_USER, "postgres").await;
+    raw.read_until_ready(Duration::from_secs(10)).await;
+    assert_eq!(heard(&mut raw, "begin read only").await, ["CBEGIN", "ZT"]);
+    let admin = connect_as(sluice.port(), APP_USER, "pgbouncer").await;
+    let pause =
+        tokio::spawn(async move { admin.simple_query("PAUSE postgres").await.map(|_| admin) });
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(!pause.is_finished(), "PAUSE did not wait for the block");
+    let read = tokio::time::timeout(
+        Duration::from_secs(5),
+        raw.simple_query("select pg_is_in_recovery()::text", Duration::from_secs(10)),
+    )
+    .await
+    .expect("the block's query waited for the pause");
+    assert_eq!(read, vec![Some("true".to_owned())]);
+    raw.simple_query("commit", Duration::from_secs(10)).await;
+    let admin = tokio::time::timeout(Duration::from_secs(10), pause)
+        .await
+        .expect("PAUSE ends once the block does")
+        .expect("join")
+        .expect("PAUSE");
+    admin.simple_query("RESUME postgres").await.expect("RESUME");
+    // (not text: the server's own error, and the client goes on)
+    let mut bytes = b"Q\0\0\0\0BEGIN READ ONLY /* \xff\xfe */\0".to_vec();
+    let len = (bytes.len() - 1) as i32;
+    bytes[1..5].copy_from_slice(&len.to_be_bytes());
+    raw.send(&bytes).await.expect("send");
+    assert_eq!(
+        raw.kinds_until_ready_or_close(Duration::from_secs(10))
+            .await,
+        "E22021Z"
+    );
+    let read = raw
+        .simple_query("select 'still here'", Duration::from_secs(10))
+        .await;
+    assert_eq!(read, vec![Some("still here".to_owned())]);
+}
+
 /// The messages a simple Query gets, up to ReadyForQuery: each as its
 /// kind and body (ReadyForQuery's status).
 async fn heard(raw: &mut RawClient, sql: &str) -> Vec<String> {

@@ -123,7 +123,7 @@ pub struct Carried {
     /// A lone `BEGIN … READ ONLY` sluice answered without a server (the
     /// Query message, as sent): the block opens on the server its first
     /// request goes to (see `Client::defer_begin`).
-    pub deferred_begin: Option<bytes::Bytes>,
+    pub deferred_begin: Option<crate::backend::pool::DeferredBlock>,
 }
 
 /// A client's subscription to its pool's LISTEN hub; leaving unsubscribes.

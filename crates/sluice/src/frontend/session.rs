@@ -393,7 +393,25 @@ impl Client {
         if buf.first() == Some(&sluice_wire::tags::frontend::TERMINATE) {
             return Some(SessionEnd::ClientLeft);
         }
-        if self.app.phase() >= Phase::WaitForServers {
+        // In a READ ONLY block sluice answered without a server, the client
+        // is in a transaction: PAUSE and a safe shutdown wait for it (they
+        // count `DeferredBlock`s), so it goes on through them.
+        let deferred = self
+            .carried
+            .as_ref()
+            .and_then(|c| c.deferred_begin.as_ref());
+        if let Some(block) = deferred {
+            // (idle in its block: what the relay's clock would have said)
+            let limit = self.pool.settings().idle_transaction_timeout;
+            if !limit.is_zero() && block.since.elapsed() > limit {
+                return Some(SessionEnd::Error(ClientError::new(
+                    "25P03",
+                    "idle transaction timeout",
+                )));
+            }
+        }
+        let deferred = deferred.is_some();
+        if self.app.phase() >= Phase::WaitForServers && !deferred {
             return Some(SessionEnd::Error(ClientError::new(
                 "57P01",
                 "server shutting down",
@@ -407,12 +425,8 @@ impl Client {
         self.app.cancels.set_waiting(self.cancel, true);
         // (in a block sluice opened without a server, a cancel would
         // leave it failed, which sluice does not follow: the request runs)
-        let deferred = self
-            .carried
-            .as_ref()
-            .is_some_and(|c| c.deferred_begin.is_some());
         let cancellable = !deferred && cancellable(buf);
-        if self.app.control.anything_paused() {
+        if self.app.control.anything_paused() && !deferred {
             match self.wait_while_paused(queued, cancellable).await {
                 Ok(Paused::Over(since)) => queued = since,
                 Ok(Paused::Cancelled) => {
@@ -574,7 +588,10 @@ impl Client {
             lease.release();
             return self.answer_cancelled_wait(buf).await;
         }
-        if self.app.control.anything_paused() && self.app.control.is_paused(&self.pool.database) {
+        if self.app.control.anything_paused()
+            && !deferred
+            && self.app.control.is_paused(&self.pool.database)
+        {
             // PAUSE came while it waited in the pool's line (a server
             // given back goes to the first waiter): the server goes back
             // untouched, and the request, nothing of it sent, waits out
@@ -941,15 +958,24 @@ impl Client {
     /// waiting already: a second BEGIN gets the server's warning).
     fn may_defer_begin(&self, buf: &[u8]) -> bool {
         let settings = self.pool.settings();
-        if settings.mode != sluice_config::PoolMode::Transaction || settings.standby != Standby::No
+        // (with idle_transaction_timeout, a block idle before its first
+        // query must end on time, which the relay's clock does: it opens
+        // at once, as before)
+        if settings.mode != sluice_config::PoolMode::Transaction
+            || settings.standby != Standby::No
+            || !settings.idle_transaction_timeout.is_zero()
         {
             return false;
         }
+        // (ASCII only: text the server would refuse, bytes that are no
+        // text in the client's encoding, is sent to it, not answered
+        // BEGIN here; review 37)
         match sluice_wire::whole_message(buf) {
             Some((sluice_wire::tags::frontend::QUERY, body))
                 if body.len() <= DEFERRED_BEGIN_LIMIT =>
             {
-                sluice_router::begins_read_only(body.strip_suffix(b"\0").unwrap_or(body))
+                let text = body.strip_suffix(b"\0").unwrap_or(body);
+                text.is_ascii() && !text.contains(&0) && sluice_router::begins_read_only(text)
             }
             _ => false,
         }
@@ -971,7 +997,8 @@ impl Client {
         let tag = crate::prepared::sql::transaction_start_tag(text);
         let message = bytes::Bytes::copy_from_slice(&buf[..len]);
         bytes::Buf::advance(buf, len);
-        self.carried.get_or_insert_with(Box::default).deferred_begin = Some(message);
+        let block = crate::backend::pool::DeferredBlock::new(&self.pool, message);
+        self.carried.get_or_insert_with(Box::default).deferred_begin = Some(block);
         let mut out = BytesMut::with_capacity(32);
         sluice_wire::MessageBuilder::new(&mut out, sluice_wire::tags::backend::COMMAND_COMPLETE)
             .cstr(tag)

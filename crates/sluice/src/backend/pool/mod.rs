@@ -29,6 +29,7 @@ use super::target::{ServerCredential, ServerTarget};
 use super::worker_id::current_worker;
 use crate::params::ParamSet;
 
+mod deferred;
 mod lease;
 mod opening;
 mod upkeep;
@@ -37,6 +38,7 @@ mod waiting;
 #[cfg(test)]
 pub(crate) mod tests;
 
+pub use deferred::DeferredBlock;
 pub use lease::{Closing, Lease, ServerRow};
 pub use waiting::Waiting;
 use waiting::{Grant, Waiter, expire_waiters, out_of_descriptors};
@@ -235,6 +237,8 @@ pub struct Pool {
     db_limit: Arc<ConnLimit>,
     user_limit: Arc<ConnLimit>,
     state: Mutex<PoolState>,
+    /// Clients in a block that holds no server yet (`DeferredBlock`).
+    deferred: std::sync::atomic::AtomicU32,
 }
 
 /// A pool dropped with servers still counted (a host pool RELOAD took out
@@ -299,6 +303,7 @@ impl Pool {
             notify: Default::default(),
             db_limit,
             user_limit,
+            deferred: Default::default(),
             state: Mutex::new(PoolState {
                 settings: Arc::new(settings),
                 target: Arc::new(target),

@@ -60,11 +60,11 @@ pub async fn run(client: &mut Client, cbuf: &mut BytesMut, mut lease: Lease) -> 
             Err(end) => return end,
         }
     }
-    let in_block = match client
+    let deferred = client
         .carried
         .as_ref()
-        .and_then(|c| c.deferred_begin.clone())
-    {
+        .and_then(|c| c.deferred_begin.as_ref());
+    let in_block = match deferred.map(|d| d.message.clone()) {
         Some(begin) => match Box::pin(sync::open_block(client, lease, &begin)).await {
             Ok(l) => {
                 lease = l;
