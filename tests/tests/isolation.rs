@@ -2078,6 +2078,12 @@ async fn goes_on(client: &mut RawClient, what: &str) {
     assert_eq!(reply.rows, vec![Some("still here".to_owned())], "{reply:?}");
 }
 
+/// `sql`'s first column, on a raw client, is `expected`.
+async fn reads(client: &mut RawClient, sql: &str, expected: &str, what: &str) {
+    let rows = client.simple_query(sql, WAIT).await;
+    assert_eq!(rows, vec![Some(expected.to_owned())], "{what}");
+}
+
 /// A simple Query `select length('xxx…')` of `bytes` bytes on the wire,
 /// and the length it answers.
 fn sized_query(bytes: usize) -> (Vec<u8>, usize) {
@@ -2431,10 +2437,7 @@ async fn fatal_before_close(client: &mut RawClient, what: &str) -> (String, Stri
 #[tokio::test]
 async fn a_setting_too_large_to_carry_ends_its_client_not_the_server() {
     let cluster = app_cluster(ServerAuth::Trust);
-    let sluice = ConfigBuilder::for_cluster(&cluster)
-        .set("pool_mode", "transaction")
-        .set("default_pool_size", "1")
-        .start();
+    let sluice = one_server(&cluster);
     let other = app_client(&sluice).await;
     let pid = "select pg_backend_pid()::text";
     let server = bounded_scalar(&other, pid, "the server's pid").await;
@@ -2444,14 +2447,8 @@ async fn a_setting_too_large_to_carry_ends_its_client_not_the_server() {
     fits.simple_query(&format!("set myapp.ok = '{value}'"), WAIT)
         .await;
     let _ = bounded_scalar(&other, "select 1::text", "the other client between").await;
-    let length = fits
-        .simple_query("select length(current_setting('myapp.ok'))::text", WAIT)
-        .await;
-    assert_eq!(
-        length,
-        vec![Some("400000".to_owned())],
-        "a 400 KB setting carried"
-    );
+    let carried = "select length(current_setting('myapp.ok'))::text";
+    reads(&mut fits, carried, "400000", "a 400 KB setting carried").await;
     let hogs = [
         (
             format!("set myapp.big = '{}'", "v".repeat(600_000)),
@@ -2509,10 +2506,7 @@ async fn a_setting_too_large_to_carry_ends_its_client_not_the_server() {
         .await;
         assert_eq!(left, "", "{says}: the setting reached the next client");
     }
-    let length = fits
-        .simple_query("select length(current_setting('myapp.ok'))::text", WAIT)
-        .await;
-    assert_eq!(length, vec![Some("400000".to_owned())], "still carried");
+    reads(&mut fits, carried, "400000", "still carried").await;
 }
 
 /// A setting is measured as it is sent: a UTF-8 client of a WIN1252
@@ -2569,10 +2563,7 @@ async fn a_setting_is_measured_as_it_is_sent() {
 #[tokio::test]
 async fn many_settings_follow_their_client() {
     let cluster = app_cluster(ServerAuth::Trust);
-    let sluice = ConfigBuilder::for_cluster(&cluster)
-        .set("pool_mode", "transaction")
-        .set("default_pool_size", "1")
-        .start();
+    let sluice = one_server(&cluster);
     let other = app_client(&sluice).await;
     let sets = |range: std::ops::Range<usize>| {
         range
@@ -2590,17 +2581,8 @@ async fn many_settings_follow_their_client() {
     )
     .await;
     assert_eq!(left, "", "the settings reached the other client");
-    let read = many
-        .simple_query(
-            "select current_setting('myapp.m0') || ',' || current_setting('myapp.m1699')",
-            WAIT,
-        )
-        .await;
-    assert_eq!(
-        read,
-        vec![Some("0,1699".to_owned())],
-        "1,700 settings carried"
-    );
+    let both = "select current_setting('myapp.m0') || ',' || current_setting('myapp.m1699')";
+    reads(&mut many, both, "0,1699", "1,700 settings carried").await;
     // (SET LOCALs and RESETs need no reading back: review 36 had 1,001 of
     // them end a client)
     let locals = (0..1001)
@@ -2617,12 +2599,6 @@ async fn many_settings_follow_their_client() {
         message.contains("more than 1000 custom settings"),
         "{message}"
     );
-    let read = many
-        .simple_query("select current_setting('myapp.m1000')", WAIT)
-        .await;
-    assert_eq!(
-        read,
-        vec![Some("1000".to_owned())],
-        "the first client's, still"
-    );
+    let kept = "select current_setting('myapp.m1000')";
+    reads(&mut many, kept, "1000", "the first client's, still").await;
 }
