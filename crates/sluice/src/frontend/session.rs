@@ -444,9 +444,13 @@ impl Client {
             read,
             standby_wait,
         } = self.route(buf);
-        if pool.host != 0 && !deferred && self.may_defer_begin(buf) {
+        if pool.host != 0
+            && !deferred
+            && self.may_defer_begin(buf)
+            && let Some(block) = self.count_block(buf)
+        {
             self.app.cancels.set_waiting(self.cancel, false);
-            return self.defer_begin(buf).await;
+            return self.defer_begin(buf, block).await;
         }
         if standby_wait {
             match self.wait_for_standby().await {
@@ -990,14 +994,15 @@ impl Client {
     /// its `SET TRANSACTION READ WRITE` got the standby's error where
     /// PostgreSQL allows it (review 25). The block's start, as
     /// `transaction_timestamp()` reads it, is its first request's.
-    async fn defer_begin(&mut self, buf: &mut BytesMut) -> Option<SessionEnd> {
-        let (_, body) = sluice_wire::whole_message(buf)?;
-        let len = sluice_wire::HEADER_LEN + body.len();
-        let text = body.strip_suffix(b"\0").unwrap_or(body);
+    async fn defer_begin(
+        &mut self,
+        buf: &mut BytesMut,
+        block: crate::backend::pool::DeferredBlock,
+    ) -> Option<SessionEnd> {
+        let text = &block.message[sluice_wire::HEADER_LEN..];
+        let text = text.strip_suffix(b"\0").unwrap_or(text);
         let tag = crate::prepared::sql::transaction_start_tag(text);
-        let message = bytes::Bytes::copy_from_slice(&buf[..len]);
-        bytes::Buf::advance(buf, len);
-        let block = crate::backend::pool::DeferredBlock::new(&self.pool, message);
+        bytes::Buf::advance(buf, block.message.len());
         self.carried.get_or_insert_with(Box::default).deferred_begin = Some(block);
         let mut out = BytesMut::with_capacity(32);
         sluice_wire::MessageBuilder::new(&mut out, sluice_wire::tags::backend::COMMAND_COMPLETE)
@@ -1005,6 +1010,20 @@ impl Client {
             .finish();
         sluice_wire::ready_for_query(&mut out, sluice_wire::TransactionStatus::InTransaction);
         self.write_local(&out).await.err()
+    }
+
+    /// The BEGIN at the start of `buf` counted on the pool as a block, unless
+    /// a PAUSE of its database came meanwhile: counted first, then the
+    /// pause looked at, so that a PAUSE that saw no block sees none begin
+    /// after it (review 38: a PAUSE between the client's look at it and
+    /// the count reported all released, and the block then ran). Without
+    /// the block, the BEGIN takes a server as before, and the look after
+    /// the acquire sends it back to wait.
+    fn count_block(&self, buf: &[u8]) -> Option<crate::backend::pool::DeferredBlock> {
+        let (_, body) = sluice_wire::whole_message(buf)?;
+        let message = bytes::Bytes::copy_from_slice(&buf[..sluice_wire::HEADER_LEN + body.len()]);
+        let block = crate::backend::pool::DeferredBlock::new(&self.pool, message);
+        (!self.app.control.is_paused(&self.pool.database)).then_some(block)
     }
 
     /// Writes replies sluice made itself, bounded by `LOCAL_WRITE_TIMEOUT`.

@@ -33,8 +33,9 @@ pub(super) async fn pause(app: &App, line: &Line<'_>, out: &mut BytesMut) {
         error(
             out,
             "57014",
-            "PAUSE timed out waiting for servers to be released; the pause stays in force \
-             (RESUME ends it)",
+            "PAUSE timed out waiting for servers to be released, or for clients in a READ \
+             ONLY block that holds no server yet (before its first query); the pause stays \
+             in force (RESUME ends it)",
         );
     }
 }

@@ -22,7 +22,7 @@ pub struct DeferredBlock {
 
 impl DeferredBlock {
     pub fn new(pool: &Arc<Pool>, message: bytes::Bytes) -> Self {
-        pool.deferred.fetch_add(1, Ordering::AcqRel);
+        pool.deferred.fetch_add(1, Ordering::SeqCst);
         Self {
             pool: pool.clone(),
             message,
@@ -33,14 +33,14 @@ impl DeferredBlock {
 
 impl Drop for DeferredBlock {
     fn drop(&mut self) {
-        self.pool.deferred.fetch_sub(1, Ordering::AcqRel);
+        self.pool.deferred.fetch_sub(1, Ordering::SeqCst);
     }
 }
 
 impl Pool {
     /// Clients of this pool in a block that holds no server yet.
     pub fn deferred_blocks(&self) -> u32 {
-        self.deferred.load(Ordering::Acquire)
+        self.deferred.load(Ordering::SeqCst)
     }
 }
 
