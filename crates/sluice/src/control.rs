@@ -219,11 +219,7 @@ fn shutdown_done(app: &App) -> bool {
         Phase::WaitForClients => {
             app.listening.load(Ordering::Acquire) == 0 && app.clients.load(Ordering::Acquire) == 0
         }
-        // (and no client in a block that holds no server yet)
-        Phase::WaitForServers => app
-            .pools()
-            .iter()
-            .all(|p| p.counts().active == 0 && p.deferred_blocks() == 0),
+        Phase::WaitForServers => app.pools().iter().all(|p| p.no_transactions()),
         Phase::Immediate => true,
     }
 }

@@ -93,12 +93,7 @@ async fn wait_released(app: &App, db: Option<&str>) -> bool {
             .into_iter()
             .filter(|p| db.is_none_or(|d| d == p.database))
             .collect();
-        // (a client in a READ ONLY block that holds no server yet is in a
-        // transaction all the same)
-        if pools
-            .iter()
-            .all(|p| p.counts().active == 0 && p.deferred_blocks() == 0)
-        {
+        if pools.iter().all(|p| p.no_transactions()) {
             for p in pools {
                 p.close_idle(crate::backend::pool::Closing::Paused);
             }

@@ -42,6 +42,12 @@ impl Pool {
     pub fn deferred_blocks(&self) -> u32 {
         self.deferred.load(Ordering::SeqCst)
     }
+
+    /// No server in use and no block waiting for one: what PAUSE and a
+    /// safe shutdown wait for.
+    pub fn no_transactions(&self) -> bool {
+        self.counts().active == 0 && self.deferred_blocks() == 0
+    }
 }
 
 #[cfg(test)]
