@@ -140,6 +140,12 @@ async fn headers_match_pgbouncer_1_25_column_by_column() {
         ("SHOW STATE", "key, value", "ss".to_owned()),
         ("SHOW VERSION", "version", "s".to_owned()),
         ("SHOW TOTALS", "name, value", "sN".to_owned()),
+        ("SHOW DNS_HOSTS", "hostname, ttl, addrs", "sqs".to_owned()),
+        (
+            "SHOW DNS_ZONES",
+            "zonename, serial, count",
+            "sqi".to_owned(),
+        ),
     ];
     for (command, names, types) in cases {
         expect_header(&header(p, command).await, names, &types, command);

@@ -370,6 +370,49 @@ async fn host_names_are_cached_per_dns_max_ttl_and_zone_checks_are_refused() {
         _ => None,
     });
     assert_eq!(dns_names.as_deref(), Some("1"), "{lists:?}");
+    // SHOW DNS_HOSTS lists the name: its TTL counting down from 60 and
+    // the address the server was reached at; no zone is ever watched.
+    let rows = |messages: Vec<tokio_postgres::SimpleQueryMessage>| -> Vec<Vec<String>> {
+        messages
+            .iter()
+            .filter_map(|m| match m {
+                tokio_postgres::SimpleQueryMessage::Row(r) => Some(
+                    (0..r.len())
+                        .map(|i| r.get(i).unwrap_or_default().to_owned())
+                        .collect(),
+                ),
+                _ => None,
+            })
+            .collect()
+    };
+    let hosts = rows(
+        console
+            .simple_query("SHOW DNS_HOSTS")
+            .await
+            .expect("SHOW DNS_HOSTS"),
+    );
+    assert_eq!(hosts.len(), 1, "{hosts:?}");
+    assert_eq!(hosts[0][0], "localhost");
+    let ttl: u64 = hosts[0][1].parse().expect("a number");
+    assert!(ttl > 40 && ttl <= 60, "{hosts:?}");
+    let port = format!(":{}", cluster.port());
+    assert!(
+        hosts[0][2]
+            .split(',')
+            .any(|a| a == format!("127.0.0.1{port}")),
+        "{hosts:?}"
+    );
+    assert!(
+        hosts[0][2].split(',').all(|a| a.ends_with(&port)),
+        "{hosts:?}"
+    );
+    let zones = rows(
+        console
+            .simple_query("SHOW DNS_ZONES")
+            .await
+            .expect("SHOW DNS_ZONES"),
+    );
+    assert!(zones.is_empty(), "{zones:?}");
 
     for (key, value) in [
         ("dns_zone_check_period", "60"),

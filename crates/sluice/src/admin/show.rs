@@ -479,6 +479,25 @@ pub fn version() -> ResultSet {
     rs
 }
 
+/// PgBouncer's SHOW DNS_HOSTS: each name in the lookup cache, the seconds
+/// until it is looked up again, and its addresses (none after a failure).
+/// A name is listed once per port it was looked up for.
+pub fn dns_hosts(app: &App) -> ResultSet {
+    let mut rs = ResultSet::new(&["hostname", "ttl", "addrs"], "sqs");
+    let ttl = crate::backend::dns::DnsTtl::from_settings(&app.config().settings);
+    for name in crate::backend::dns::cached(ttl) {
+        let addrs: Vec<String> = name.addrs.iter().map(ToString::to_string).collect();
+        rs.row(vec![v(name.host), v(name.ttl_left), v(addrs.join(","))]);
+    }
+    rs
+}
+
+/// PgBouncer's SHOW DNS_ZONES: zones are watched only with c-ares and
+/// `dns_zone_check_period`, which sluice refuses, so there are none.
+pub fn dns_zones() -> ResultSet {
+    ResultSet::new(&["zonename", "serial", "count"], "sqi")
+}
+
 pub fn mem() -> ResultSet {
     // sluice has no slab caches of its own; the allocator's state is not
     // what PgBouncer reports here, so the list is empty.

@@ -55,6 +55,45 @@ pub fn cached_names() -> usize {
     cache.as_ref().map_or(0, HashMap::len)
 }
 
+/// A name of the cache as SHOW DNS_HOSTS lists it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CachedName {
+    pub host: Box<str>,
+    /// Whole seconds until it is looked up again (0 once stale).
+    pub ttl_left: u64,
+    /// Its addresses (`ip:port`, `[ip6]:port`), none for a failed lookup.
+    pub addrs: Vec<SocketAddr>,
+}
+
+/// Every name in the cache, sorted by name then port (PgBouncer walks its
+/// tree of names in order).
+pub fn cached(ttl: DnsTtl) -> Vec<CachedName> {
+    let cache = CACHE.lock().unwrap_or_else(|p| p.into_inner());
+    let mut names: Vec<_> = cache
+        .iter()
+        .flatten()
+        .map(|((host, port), c)| {
+            let keep = if c.result.is_ok() {
+                ttl.answer
+            } else {
+                ttl.failure
+            };
+            let left = keep.saturating_sub(c.at.elapsed()).as_secs();
+            let addrs = c.result.as_ref().ok().cloned().unwrap_or_default();
+            (host.clone(), *port, left, addrs)
+        })
+        .collect();
+    names.sort_by(|a, b| (&a.0, a.1).cmp(&(&b.0, b.1)));
+    names
+        .into_iter()
+        .map(|(host, _, ttl_left, addrs)| CachedName {
+            host,
+            ttl_left,
+            addrs,
+        })
+        .collect()
+}
+
 /// The addresses of `host:port`, from the cache while fresh.
 pub async fn resolve(host: &str, port: u16, ttl: DnsTtl) -> io::Result<Vec<SocketAddr>> {
     if let Ok(ip) = host.parse::<IpAddr>() {
@@ -161,5 +200,25 @@ mod tests {
             lookup_cached(&("nowhere.invalid".into(), 1), ttl),
             Some(Err(_))
         ));
+        // SHOW DNS_HOSTS: both kept names, in order, the failure without
+        // addresses; the name looked up with a zero TTL is not there.
+        let shown = cached(ttl);
+        let local = shown
+            .iter()
+            .find(|n| &*n.host == "localhost")
+            .expect("localhost is listed");
+        assert!(local.ttl_left > 50 && local.ttl_left <= 60, "{local:?}");
+        assert!(local.addrs.iter().all(|a| a.port() == 6001), "{local:?}");
+        let failed = shown
+            .iter()
+            .find(|n| &*n.host == "nowhere.invalid")
+            .expect("the failure is listed");
+        assert!(failed.addrs.is_empty());
+        assert!(
+            shown
+                .iter()
+                .all(|n| n.addrs.iter().all(|a| a.port() != 6002))
+        );
+        assert!(cached(none).iter().all(|n| n.ttl_left == 0));
     }
 }

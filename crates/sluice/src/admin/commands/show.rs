@@ -8,7 +8,7 @@ use crate::admin::{error, hosts, show, sockets};
 use crate::app::App;
 
 const HELP: &str = "Console usage\n\
-\tSHOW HELP|CONFIG|DATABASES|POOLS|CLIENTS|SERVERS|USERS|STATS|STATS_TOTALS|STATS_AVERAGES|TOTALS|LISTS|STATE|VERSION|MEM|HOSTS|PEERS|PEER_POOLS|SOCKETS|ACTIVE_SOCKETS\n\
+\tSHOW HELP|CONFIG|DATABASES|POOLS|CLIENTS|SERVERS|USERS|STATS|STATS_TOTALS|STATS_AVERAGES|TOTALS|LISTS|STATE|VERSION|MEM|DNS_HOSTS|DNS_ZONES|HOSTS|PEERS|PEER_POOLS|SOCKETS|ACTIVE_SOCKETS\n\
 \tSET key = arg\n\
 \tRELOAD\n\
 \tPAUSE [<db>]\n\
@@ -40,6 +40,8 @@ pub(super) fn run(app: &App, line: &Line<'_>, out: &mut BytesMut) {
         "STATE" => show::state(app),
         "VERSION" => show::version(),
         "MEM" => show::mem(),
+        "DNS_HOSTS" => show::dns_hosts(app),
+        "DNS_ZONES" => show::dns_zones(),
         "CLIENTS" => sockets::clients(app),
         "SERVERS" => sockets::servers(app),
         "HOSTS" => hosts::hosts(app),
