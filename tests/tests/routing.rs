@@ -618,6 +618,118 @@ async fn a_client_always_reads_its_own_writes() {
     }
 }
 
+/// One read of row `id` through `reader`: (whether it found it, whether
+/// it ran on a replica).
+async fn read_row(reader: &Client, id: u32) -> (bool, bool) {
+    let rows = reader
+        .simple_query(&format!(
+            "select count(*), pg_is_in_recovery() from items where id = {id}"
+        ))
+        .await
+        .expect("read back");
+    rows.iter()
+        .find_map(|m| match m {
+            SimpleQueryMessage::Row(r) => Some((r.get(0) == Some("1"), r.get(1) == Some("t"))),
+            _ => None,
+        })
+        .expect("a row")
+}
+
+#[tokio::test]
+async fn with_read_your_writes_database_every_client_reads_every_clients_writes() {
+    // An application that writes on one connection and reads on another
+    // (its own pool, a job queue): each read right after another client's
+    // write, by another user, replay paused on the replica for a quarter
+    // of them.
+    let (primary, replica) = primary_and_replica_with(&[("synchronous_commit", "on")]);
+    let on_replica = superuser_connect(&replica, "postgres").await;
+    let sluice = routed(
+        &primary,
+        &replica,
+        "route_reads=1",
+        &[("read_your_writes", "database")],
+    );
+    wait_for_roles(&sluice, &primary, &replica).await;
+    let writer = connect_as(sluice.port(), primary.superuser(), "postgres").await;
+    let reader = connect_as(sluice.port(), APP_USER, "postgres").await;
+    let (mut stale, mut on_replicas) = (0, 0);
+    const PAIRS: u32 = 2_000;
+    for i in 0..PAIRS {
+        if i == PAIRS / 4 {
+            on_replica
+                .simple_query("select pg_wal_replay_pause()")
+                .await
+                .expect("pause replay");
+        }
+        if i == PAIRS / 2 {
+            on_replica
+                .simple_query("select pg_wal_replay_resume()")
+                .await
+                .expect("resume replay");
+        }
+        writer
+            .simple_query(&format!("insert into items values ({i}, 'w')"))
+            .await
+            .expect("write");
+        let (found, replica_read) = read_row(&reader, i).await;
+        stale += u32::from(!found);
+        on_replicas += u32::from(replica_read);
+    }
+    println!(
+        "read_your_writes = database: {PAIRS} reads right after another client's write, \
+         {stale} stale, {on_replicas} on the replica"
+    );
+    assert_eq!(stale, 0, "reads missed another client's write");
+    assert!(
+        on_replicas > PAIRS / 4,
+        "only {on_replicas} of {PAIRS} reads after a write ran on the replica"
+    );
+    // Once the replica has the last write, reads go there again.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !in_recovery(&reader, "select pg_is_in_recovery()").await {
+        assert!(
+            Instant::now() < deadline,
+            "reads never went back to the replica"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+
+    // With `session` (the default) only the client's own writes count:
+    // with replay paused, the reader reads the replica's past.
+    sluice.rewrite_config(
+        &routed_config(
+            &primary,
+            &replica,
+            "route_reads=1",
+            &[("read_your_writes", "session")],
+        )
+        .render(),
+    );
+    sluice.reload();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    on_replica
+        .simple_query("select pg_wal_replay_pause()")
+        .await
+        .expect("pause replay");
+    let mut missed = 0;
+    for i in PAIRS..PAIRS + 20 {
+        writer
+            .simple_query(&format!("insert into items values ({i}, 'w')"))
+            .await
+            .expect("write");
+        let (found, replica_read) = read_row(&reader, i).await;
+        missed += u32::from(!found && replica_read);
+    }
+    on_replica
+        .simple_query("select pg_wal_replay_resume()")
+        .await
+        .expect("resume replay");
+    assert_eq!(
+        missed, 20,
+        "session: another client's writes are not waited for"
+    );
+}
+
 /// Reads back every reply up to `n` ReadyForQuery messages: the SQLSTATE
 /// of each error, in order.
 async fn errors_in_replies(client: &mut RawClient, n: usize) -> Vec<String> {

@@ -145,6 +145,11 @@ named_choices! {
         /// After a client's write transaction, its reads go only to a
         /// replica that has replayed past it (else to the primary).
         Session = "session",
+        /// Every read goes only to a replica that has replayed every
+        /// transaction that may have written and ended on the primary
+        /// before the read began, whichever client of the database entry
+        /// ran it (else to the primary).
+        Database = "database",
         /// Reads go to any replica within the lag limits.
         Off = "off",
     }

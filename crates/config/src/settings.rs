@@ -295,7 +295,11 @@ define_settings! {
             Choice<ReadYourWrites>, reload,
             "With route_reads: after a client's transaction that wrote, its reads go only to a \
              replica that has replayed past the primary's first check after that commit, else \
-             to the primary (session); or to any replica within the lag limits (off).";
+             to the primary (session); every client's reads wait so for the writes of every \
+             client of the same database entry that ended before the read began (database: \
+             for applications that write on one connection and read on another; each write \
+             transaction costs one more round trip on the primary); or reads go to any replica \
+             within the lag limits (off).";
         replica_max_lag: Duration = secs(1) => "1", Seconds, reload,
             "Reads go only to replicas whose replay is at most this far behind the primary, \
              measured in time. (seconds)";

@@ -297,7 +297,7 @@ impl App {
 
     /// Lag limits for reads on replicas, and whether reads wait for the
     /// client's writes, as configured now.
-    pub fn read_limits(&self) -> (LagLimits, bool) {
+    pub fn read_limits(&self) -> (LagLimits, sluice_config::ReadYourWrites) {
         let config = self.config();
         let s = &config.settings;
         (
@@ -305,7 +305,7 @@ impl App {
                 bytes: u64::from(s.replica_max_lag_bytes),
                 time: s.replica_max_lag,
             },
-            s.read_your_writes == sluice_config::ReadYourWrites::Session,
+            s.read_your_writes,
         )
     }
 

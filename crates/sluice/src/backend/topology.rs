@@ -199,6 +199,11 @@ pub struct Topology {
     /// Reads a replica refused (25006) or lost, run again on the primary:
     /// misclassified statements show here.
     pub replica_retries: AtomicU64,
+    /// `read_your_writes = database`: when the newest transaction that may
+    /// have written ended on the primary (nanoseconds after `born`, 0:
+    /// none yet), set before its last reply is passed on.
+    write_end: AtomicU64,
+    born: Instant,
 }
 
 struct State {
@@ -213,6 +218,10 @@ struct State {
     leader_at: Option<Instant>,
     /// Members past `MAX_HOSTS` left out at the last member list.
     unfollowed: usize,
+    /// The newest position a client's server read after its write
+    /// (`pg_current_wal_insert_lsn()` as a commit position), and when that
+    /// read was sent: it covers every commit that ended before then.
+    measured: Option<(Instant, u64)>,
 }
 
 impl State {
@@ -263,6 +272,7 @@ impl Topology {
                 leader: Leader::Unknown,
                 leader_at: None,
                 unfollowed: 0,
+                measured: None,
             }),
             classifier: std::sync::RwLock::new((None, None)),
             next: AtomicU64::new(0),
@@ -270,6 +280,8 @@ impl Topology {
             reads_on_replicas: AtomicU64::new(0),
             reads_on_primary: AtomicU64::new(0),
             replica_retries: AtomicU64::new(0),
+            write_end: AtomicU64::new(0),
+            born: Instant::now(),
         }
     }
 
@@ -411,6 +423,7 @@ impl Topology {
                 if st.history_of.is_some_and(|(p, _)| p == i) {
                     st.primary_history.clear();
                     st.history_of = None;
+                    st.measured = None;
                 }
                 news.readdressed.push(i);
             } else {
@@ -480,6 +493,9 @@ impl Topology {
             if st.history_of != owner {
                 st.primary_history.clear();
                 st.history_of = owner;
+                // (a position of the old primary's may be one the new
+                // one's replicas never reach)
+                st.measured = None;
             }
             if st.primary_history.back().is_none_or(|&(_, l)| lsn >= l) {
                 if st.primary_history.len() >= HISTORY {
@@ -659,6 +675,47 @@ impl Topology {
         let st = self.lock();
         let i = st.primary_history.partition_point(|&(at, _)| at <= t);
         st.primary_history.get(i).map(|&(_, lsn)| lsn)
+    }
+
+    /// `read_your_writes = database`: a transaction that may have written
+    /// ended on the primary just now (called before its last reply goes
+    /// to its client).
+    pub fn note_write_end(&self) {
+        let nanos = u64::try_from(self.born.elapsed().as_nanos()).unwrap_or(u64::MAX);
+        self.write_end.fetch_max(nanos.max(1), Ordering::AcqRel);
+    }
+
+    /// `read_your_writes = database`: the primary's insert position
+    /// `insert`, read on a client's server by a query sent at `sent`.
+    pub fn note_measured(&self, sent: Instant, insert: u64) {
+        let lsn = self.commit_position(insert);
+        let mut st = self.lock();
+        if st.measured.is_none_or(|(at, l)| sent >= at && lsn >= l) {
+            st.measured = Some((sent, lsn));
+        }
+    }
+
+    /// `read_your_writes = database`: the position a replica must have
+    /// replayed for a read to see every write that ended before now on
+    /// this database, whoever made it; `Some(None)` if none has, `None`
+    /// if none that covers them is known yet (the read goes to the
+    /// primary). A position read after the newest write's end covers it
+    /// and every write that ended before it: a client's server's after
+    /// its write, or the primary's check.
+    pub fn database_position(&self) -> Option<Option<u64>> {
+        let end = self.write_end.load(Ordering::Acquire);
+        if end == 0 {
+            return Some(None);
+        }
+        let end = self.born + Duration::from_nanos(end);
+        let st = self.lock();
+        let measured = st.measured.filter(|&(at, _)| at > end).map(|(_, lsn)| lsn);
+        let i = st.primary_history.partition_point(|&(at, _)| at <= end);
+        let checked = st.primary_history.get(i).map(|&(_, lsn)| lsn);
+        match (measured, checked) {
+            (Some(a), Some(b)) => Some(Some(a.min(b))),
+            (one, other) => one.or(other).map(Some),
+        }
     }
 
     /// A position the primary reported as its insert position (read after
@@ -1016,6 +1073,43 @@ mod tests {
         assert_eq!(t.pick_replica(LIMITS, Some(180)), None, "replayed 100");
         t.record(1, sample(true, 180), t0 + Duration::from_millis(260), 3);
         assert_eq!(t.pick_replica(LIMITS, Some(180)), Some(1));
+    }
+
+    #[test]
+    fn reads_wait_for_every_clients_writes_when_asked() {
+        let t = Topology::new("db".into(), vec![addr(1), addr(2)], Vec::new());
+        let t0 = Instant::now();
+        t.record(0, sample(false, 100), t0, 3);
+        t.record(1, sample(true, 100), t0, 3);
+        assert_eq!(t.database_position(), Some(None), "nothing written yet");
+        std::thread::sleep(Duration::from_millis(1));
+        t.note_write_end();
+        assert_eq!(t.database_position(), None, "no position read since");
+        t.note_measured(t0, 150);
+        assert_eq!(t.database_position(), None, "read before the write ended");
+        std::thread::sleep(Duration::from_millis(1));
+        let after = Instant::now();
+        t.note_measured(after, 300);
+        assert_eq!(t.database_position(), Some(Some(300)));
+        // A check of the primary's after the write covers it as well: the
+        // lower of the two is enough.
+        t.record(0, sample(false, 250), after, 3);
+        assert_eq!(t.database_position(), Some(Some(250)));
+        std::thread::sleep(Duration::from_millis(1));
+        t.note_write_end();
+        assert_eq!(t.database_position(), None, "a newer write");
+        t.record(
+            0,
+            sample(false, 400),
+            Instant::now() + Duration::from_millis(1),
+            3,
+        );
+        assert_eq!(t.database_position(), Some(Some(400)));
+        assert_eq!(t.pick_replica(LIMITS, Some(400)), None, "replayed 100");
+        // Another primary forgets the old one's measurement.
+        t.record(0, Err("gone".into()), Instant::now(), 1);
+        t.record(1, sample(false, 120), Instant::now(), 3);
+        assert!(t.lock().measured.is_none());
     }
 
     #[test]

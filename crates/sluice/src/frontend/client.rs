@@ -41,6 +41,11 @@ pub struct Client {
     /// `commit_lsn`.
     pub(super) want_commit_lsn: bool,
     pub(super) commit_lsn: Option<u64>,
+    /// `read_your_writes = database`, set by the session before a lease
+    /// of the primary that may write: the relay tells this topology when
+    /// each of the period's transactions ends, and the WAL position read
+    /// after it (`commit_lsn`) goes there too.
+    pub(super) write_ends: Option<Arc<crate::backend::topology::Topology>>,
     /// A read routed to a replica, kept to run again on the primary if the
     /// replica refuses it (see `cycle::Retry`).
     pub(super) retry_query: Option<bytes::Bytes>,
@@ -85,7 +90,10 @@ pub(super) struct RouteCache {
     pub(super) epoch: u64,
     pub(super) topology: Option<Arc<crate::backend::topology::Topology>>,
     pub(super) settings: Arc<crate::backend::pool::PoolSettings>,
-    pub(super) limits: (crate::backend::topology::LagLimits, bool),
+    pub(super) limits: (
+        crate::backend::topology::LagLimits,
+        sluice_config::ReadYourWrites,
+    ),
     /// Host pools by host index, looked up on first use.
     pub(super) hosts: Vec<Option<Arc<Pool>>>,
 }
@@ -203,6 +211,7 @@ impl Client {
             idle_timeout: None,
             last_write: None,
             want_commit_lsn: false,
+            write_ends: None,
             commit_lsn: None,
             retry_query: None,
             force_primary: false,

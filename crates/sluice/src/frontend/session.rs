@@ -19,6 +19,7 @@ use crate::app::{App, Phase};
 use crate::backend::pool::{AcquireError, Lease, Pool, Standby, Waiting};
 use crate::clock::Mono;
 use crate::net::Stream;
+use sluice_config::ReadYourWrites;
 
 /// The pool of host `i` of `topology` for `main`'s clients, from `hosts`
 /// (a `RouteCache`'s) or looked up and kept there.
@@ -195,7 +196,7 @@ impl Client {
         // write: its position read right after it, or else the primary's
         // first check after it.
         let min_lsn = match self.last_write {
-            Some(w) if ryw => match w
+            Some(w) if ryw != ReadYourWrites::Off => match w
                 .lsn
                 .map(|l| topology.commit_position(l))
                 .or_else(|| topology.primary_lsn_after(w.at))
@@ -207,6 +208,18 @@ impl Client {
                 }
             },
             _ => None,
+        };
+        // Read-your-writes across clients: past every write that ended
+        // before this read, whoever wrote.
+        let min_lsn = match ryw {
+            ReadYourWrites::Database => match topology.database_position() {
+                Some(theirs) => min_lsn.max(theirs),
+                None => {
+                    topology.reads_on_primary.fetch_add(1, Relaxed);
+                    return read_on_primary();
+                }
+            },
+            _ => min_lsn,
         };
         // A replica known to be past it; else one that may be by now.
         let (picked, verify) = match topology.pick_replica(limits, min_lsn) {
@@ -607,8 +620,15 @@ impl Client {
             return None;
         }
         self.idle_timeout = Some(lease.settings.client_idle_timeout);
-        let ryw = may_write && self.app.routing_anywhere() && self.app.read_limits().1;
-        self.want_commit_lsn = ryw && lease.host() == 0 && self.reads_routed;
+        let ryw = match self.app.routing_anywhere() {
+            true => self.app.read_limits().1,
+            false => ReadYourWrites::Off,
+        };
+        let every_client = ryw == ReadYourWrites::Database;
+        self.want_commit_lsn = may_write
+            && ryw != ReadYourWrites::Off
+            && lease.host() == 0
+            && (self.reads_routed || every_client);
         self.commit_lsn = None;
         self.force_primary = false;
         // A read on a replica may run again on the primary (refused or
@@ -645,6 +665,11 @@ impl Client {
         let on_replica = lease.host() != 0;
         self.on_routed_primary = topology.is_some() && !on_replica;
         self.primary_read = read && self.on_routed_primary;
+        // (a session-mode client's transactions too: its reads are not
+        // routed, but others' are)
+        self.write_ends = topology
+            .clone()
+            .filter(|t| every_client && t.reads && self.on_routed_primary && !self.primary_read);
         let end = relay::run(self, buf, lease).await;
         if !matches!(end, RelayEnd::Again)
             && let Some(c) = self.carried.as_mut()

@@ -143,6 +143,7 @@ pub(super) async fn check_in(
         // Read-your-writes: the primary's position now covers what this
         // transaction committed.
         const SQL: &str = "select pg_catalog.pg_current_wal_insert_lsn()";
+        let sent = std::time::Instant::now();
         let read = tokio::time::timeout(CLEANUP_TIMEOUT, run_query_rows(lease.server(), SQL))
             .await
             .unwrap_or_else(|_| {
@@ -157,6 +158,10 @@ pub(super) async fn check_in(
                     .and_then(|r| r.first())
                     .and_then(|v| v.as_deref())
                     .and_then(crate::backend::topology::parse_lsn);
+                if let (Some(topology), Some(lsn)) = (&client.write_ends, client.commit_lsn) {
+                    // (it covers every write that ended before it was sent)
+                    topology.note_measured(sent, lsn);
+                }
             }
             Err(_) => kept = false,
         }
