@@ -556,47 +556,8 @@ async fn a_client_always_reads_its_own_writes() {
     wait_for_roles(&sluice, &primary, &replica).await;
     let client = connect_as(sluice.port(), APP_USER, "postgres").await;
     let on_replica = superuser_connect(&replica, "postgres").await;
-    let (mut stale, mut on_replicas) = (0, 0);
     const PAIRS: u32 = 10_000;
-    for i in 0..PAIRS {
-        if i == PAIRS / 4 {
-            on_replica
-                .simple_query("select pg_wal_replay_pause()")
-                .await
-                .expect("pause replay");
-        }
-        if i == PAIRS / 2 {
-            on_replica
-                .simple_query("select pg_wal_replay_resume()")
-                .await
-                .expect("resume replay");
-        }
-        client
-            .simple_query(&format!("insert into items values ({i}, 'w')"))
-            .await
-            .expect("write");
-        let rows = client
-            .simple_query(&format!(
-                "select count(*), pg_is_in_recovery() from items where id = {i}"
-            ))
-            .await
-            .expect("read back");
-        let (count, replica_read) = rows
-            .iter()
-            .find_map(|m| match m {
-                SimpleQueryMessage::Row(r) => {
-                    Some((r.get(0).unwrap_or("").to_owned(), r.get(1) == Some("t")))
-                }
-                _ => None,
-            })
-            .expect("a row");
-        if count != "1" {
-            stale += 1;
-        }
-        if replica_read {
-            on_replicas += 1;
-        }
-    }
+    let (stale, on_replicas) = writes_then_reads(&client, &client, &on_replica, PAIRS).await;
     println!(
         "read-your-writes: {PAIRS} reads right after a write, {stale} stale, {on_replicas} on the replica"
     );
@@ -635,6 +596,37 @@ async fn read_row(reader: &Client, id: u32) -> (bool, bool) {
         .expect("a row")
 }
 
+/// `pairs` times: a row written through `writer`, then read through
+/// `reader` (the same client or another), replay paused on the replica
+/// from a quarter to half of them. Returns (stale reads, reads on the
+/// replica).
+async fn writes_then_reads(
+    writer: &Client,
+    reader: &Client,
+    on_replica: &Client,
+    pairs: u32,
+) -> (u32, u32) {
+    let (mut stale, mut on_replicas) = (0, 0);
+    for i in 0..pairs {
+        let replay = match i {
+            i if i == pairs / 4 => "select pg_wal_replay_pause()",
+            i if i == pairs / 2 => "select pg_wal_replay_resume()",
+            _ => "",
+        };
+        if !replay.is_empty() {
+            on_replica.simple_query(replay).await.expect(replay);
+        }
+        writer
+            .simple_query(&format!("insert into items values ({i}, 'w')"))
+            .await
+            .expect("write");
+        let (found, replica_read) = read_row(reader, i).await;
+        stale += u32::from(!found);
+        on_replicas += u32::from(replica_read);
+    }
+    (stale, on_replicas)
+}
+
 #[tokio::test]
 async fn with_read_your_writes_database_every_client_reads_every_clients_writes() {
     // An application that writes on one connection and reads on another
@@ -652,29 +644,8 @@ async fn with_read_your_writes_database_every_client_reads_every_clients_writes(
     wait_for_roles(&sluice, &primary, &replica).await;
     let writer = connect_as(sluice.port(), primary.superuser(), "postgres").await;
     let reader = connect_as(sluice.port(), APP_USER, "postgres").await;
-    let (mut stale, mut on_replicas) = (0, 0);
     const PAIRS: u32 = 2_000;
-    for i in 0..PAIRS {
-        if i == PAIRS / 4 {
-            on_replica
-                .simple_query("select pg_wal_replay_pause()")
-                .await
-                .expect("pause replay");
-        }
-        if i == PAIRS / 2 {
-            on_replica
-                .simple_query("select pg_wal_replay_resume()")
-                .await
-                .expect("resume replay");
-        }
-        writer
-            .simple_query(&format!("insert into items values ({i}, 'w')"))
-            .await
-            .expect("write");
-        let (found, replica_read) = read_row(&reader, i).await;
-        stale += u32::from(!found);
-        on_replicas += u32::from(replica_read);
-    }
+    let (stale, on_replicas) = writes_then_reads(&writer, &reader, &on_replica, PAIRS).await;
     println!(
         "read_your_writes = database: {PAIRS} reads right after another client's write, \
          {stale} stale, {on_replicas} on the replica"
