@@ -53,6 +53,112 @@ async fn sighup_applies_a_new_pool_size() {
 }
 
 #[tokio::test]
+async fn sighup_gives_a_larger_pool_to_clients_already_waiting() {
+    // (review 40: a line that never emptied never got the new servers)
+    let cluster = app_cluster(ServerAuth::Trust);
+    let config = ConfigBuilder::for_cluster(&cluster)
+        .set("pool_mode", "transaction")
+        .set("default_pool_size", "1");
+    let sluice = config.start();
+    let port = sluice.port();
+    let holder = try_hold(port, Duration::from_secs(5))
+        .await
+        .expect("first server");
+    let waiters: Vec<_> = (0..2)
+        .map(|_| tokio::spawn(try_hold(port, Duration::from_secs(20))))
+        .collect();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(waiters.iter().all(|w| !w.is_finished()), "they wait");
+    sluice.rewrite_config(&config.clone().set("default_pool_size", "3").render());
+    sluice.reload();
+    for waiter in waiters {
+        let served = tokio::time::timeout(Duration::from_secs(3), waiter)
+            .await
+            .expect("served once the pool grew, not when the holder ends")
+            .expect("task");
+        served
+            .expect("a server")
+            .batch_execute("commit")
+            .await
+            .expect("commit");
+    }
+    holder.batch_execute("commit").await.expect("commit");
+}
+
+#[tokio::test]
+async fn reloads_that_change_how_statements_are_kept_do_not_lose_a_clients_statements() {
+    // (review 40: after a RELOAD to session mode, or to
+    // max_prepared_statements = 0, a client's Bind reached the server
+    // under its own name, which the server never got)
+    let cluster = app_cluster(ServerAuth::Trust);
+    let config = ConfigBuilder::for_cluster(&cluster)
+        .set("pool_mode", "transaction")
+        .set("default_pool_size", "2")
+        .set("max_prepared_statements", "10");
+    let sluice = config.start();
+    let client = connect_as(sluice.port(), APP_USER, "postgres").await;
+    let statement = client.prepare("select $1::int + 1").await.expect("prepare");
+    let run = |n: i32| {
+        let (client, statement) = (&client, &statement);
+        async move {
+            let row = client.query_one(statement, &[&n]).await.expect("execute");
+            assert_eq!(row.get::<_, i32>(0), n + 1);
+        }
+    };
+    run(1).await;
+    for (key, value) in [
+        ("pool_mode", "session"),
+        ("pool_mode", "transaction"),
+        ("max_prepared_statements", "0"),
+    ] {
+        sluice.rewrite_config(&config.clone().set(key, value).render());
+        sluice.reload();
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        for n in 0..5 {
+            run(n).await;
+        }
+        // A new client prepares as the new settings say.
+        let other = connect_as(sluice.port(), APP_USER, "postgres").await;
+        let mine = other.prepare("select $1::int * 2").await.expect("prepare");
+        let row = other.query_one(&mine, &[&21]).await.expect("execute");
+        assert_eq!(row.get::<_, i32>(0), 42, "{key} = {value}");
+    }
+}
+
+#[tokio::test]
+async fn sigusr1_pauses_and_closes_idle_servers_as_pause_does() {
+    let cluster = app_cluster(ServerAuth::Trust);
+    let sluice = ConfigBuilder::for_cluster(&cluster)
+        .set("pool_mode", "transaction")
+        .set("admin_users", APP_USER)
+        .start();
+    let port = sluice.port();
+    let client = connect_as(port, APP_USER, "postgres").await;
+    client.batch_execute("select 1").await.expect("query");
+    assert_eq!(count_backends(&cluster, "postgres").await, 1);
+    sluice.signal("USR1");
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    while count_backends(&cluster, "postgres").await > 0 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "SIGUSR1 left the idle server open"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let state = console_rows(port, APP_USER, "SHOW STATE").await;
+    assert!(
+        state
+            .iter()
+            .any(|r| row_field(r, "key") == "paused" && row_field(r, "value") == "yes")
+    );
+    sluice.signal("USR2");
+    client
+        .batch_execute("select 1")
+        .await
+        .expect("after SIGUSR2");
+}
+
+#[tokio::test]
 async fn sighup_applies_a_new_auth_file_password() {
     let cluster = app_cluster(ServerAuth::ScramSha256);
     let sluice = ConfigBuilder::new()

@@ -250,6 +250,45 @@ impl App {
     }
 
     /// Every pool: those clients log in to and those of single hosts.
+    /// Whether the pause of `db` (or the global one) is still in force.
+    pub fn pause_in_force(&self, db: Option<&str>) -> bool {
+        match db {
+            Some(db) => self.control.is_paused(db),
+            None => self.control.all_paused(),
+        }
+    }
+
+    /// PAUSE's second half (the console's, and SIGUSR1's): waits until no
+    /// server of `db` (or of any database) is lent to a client, then
+    /// closes the idle ones. False if it gave up: `limit` passed, or the
+    /// pause ended meanwhile.
+    pub async fn wait_paused_released(
+        &self,
+        db: Option<&str>,
+        limit: Option<std::time::Duration>,
+    ) -> bool {
+        let deadline = limit.map(|l| tokio::time::Instant::now() + l);
+        loop {
+            let pools: Vec<_> = self
+                .pools()
+                .into_iter()
+                .filter(|p| db.is_none_or(|d| d == p.database))
+                .collect();
+            if pools.iter().all(|p| p.no_transactions()) {
+                for p in pools {
+                    p.close_idle(crate::backend::pool::Closing::Paused);
+                }
+                return true;
+            }
+            if deadline.is_some_and(|d| tokio::time::Instant::now() >= d)
+                || !self.pause_in_force(db)
+            {
+                return false;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        }
+    }
+
     pub fn pools(&self) -> Vec<Arc<Pool>> {
         let mut all = self.main_pools();
         for cluster in self.clusters() {

@@ -71,6 +71,15 @@ pub async fn run(app: Arc<App>, workers: Arc<Workers>) -> std::io::Result<()> {
                 } else {
                     tracing::info!("got SIGUSR1, pausing all activity");
                     app.control.pause(None);
+                    // As the console's PAUSE: once no server is lent, the
+                    // idle ones are closed (PgBouncer's pause mode). It
+                    // waits as long as the pause lasts.
+                    let paused = app.clone();
+                    tokio::spawn(async move {
+                        if paused.wait_paused_released(None, None).await {
+                            tracing::info!("SIGUSR1: all servers released and closed");
+                        }
+                    });
                 }
             }
             // As PgBouncer's: ends the global pause only; databases paused

@@ -46,6 +46,11 @@ pub struct Client {
     /// each of the period's transactions ends, and the WAL position read
     /// after it (`commit_lsn`) goes there too.
     pub(super) write_ends: Option<Arc<crate::backend::topology::Topology>>,
+    /// It was served in transaction or statement mode: what it carries
+    /// (statements under sluice's names, settings) follows it from server
+    /// to server, so it stays served so after a RELOAD to session mode
+    /// (`Client::mode`).
+    pub(super) served_pooled: bool,
     /// A read routed to a replica, kept to run again on the primary if the
     /// replica refuses it (see `cycle::Retry`).
     pub(super) retry_query: Option<bytes::Bytes>,
@@ -190,6 +195,23 @@ impl Drop for Client {
 }
 
 impl Client {
+    /// The pool mode this client is served in: the pool's, except that a
+    /// client served in transaction or statement mode that carries
+    /// anything stays in transaction mode after a RELOAD to session mode
+    /// (its Binds would reach the server under names the server never
+    /// got: review 40). It takes session mode when it logs in again.
+    pub(super) fn mode(
+        &self,
+        settings: &crate::backend::pool::PoolSettings,
+    ) -> sluice_config::PoolMode {
+        match settings.mode {
+            sluice_config::PoolMode::Session if self.served_pooled && self.carried.is_some() => {
+                sluice_config::PoolMode::Transaction
+            }
+            mode => mode,
+        }
+    }
+
     pub fn new(
         stream: Stream,
         app: Arc<App>,
@@ -212,6 +234,7 @@ impl Client {
             last_write: None,
             want_commit_lsn: false,
             write_ends: None,
+            served_pooled: false,
             commit_lsn: None,
             retry_query: None,
             force_primary: false,

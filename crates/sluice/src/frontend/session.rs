@@ -662,6 +662,12 @@ impl Client {
             // `answer_cancelled`, and a frozen replica's in `turn.rs`)
             self.app.cancels.forget_cancel(self.cancel);
         }
+        let mode = self.mode(&lease.settings);
+        if mode != lease.settings.mode {
+            let mut kept = (*lease.settings).clone();
+            kept.mode = mode;
+            lease.settings = Arc::new(kept);
+        }
         let on_replica = lease.host() != 0;
         self.on_routed_primary = topology.is_some() && !on_replica;
         self.primary_read = read && self.on_routed_primary;
@@ -1493,7 +1499,7 @@ async fn run_with(client: &mut Client, buf: &mut BytesMut) -> SessionEnd {
         if settings.disable_pqexec && buf.first() == Some(&sluice_wire::tags::frontend::QUERY) {
             return SessionEnd::Error(super::relay::pqexec_disallowed());
         }
-        let tracked = settings.mode != sluice_config::PoolMode::Session;
+        let tracked = client.mode(&settings) != sluice_config::PoolMode::Session;
         crate::held_memory::shrink(buf, &mut client.held);
         match first_message_incomplete(buf, tracked) {
             Ok(None) => {}

@@ -95,7 +95,9 @@ impl Rewriter<'_> {
             // `tracked::settle_unnamed`)
             self.server.unnamed = Some(self.names.owner);
         }
-        if name.is_empty() || self.capacity == 0 {
+        // (with tracking turned off by a RELOAD, the names the client got
+        // before still follow it: `lookup`)
+        if name.is_empty() || (self.capacity == 0 && self.names.get(name).is_none()) {
             self.out.extend_from_slice(message);
             self.parse_passes();
             return Ok(());
@@ -245,7 +247,8 @@ impl Rewriter<'_> {
         let mut r = Reader::new(body(message));
         let kind = r.u8()?;
         let name = r.cstr_bytes()?;
-        if kind == b'S' && !name.is_empty() && self.capacity > 0 {
+        if kind == b'S' && !name.is_empty() && (self.capacity > 0 || self.names.get(name).is_some())
+        {
             let closed = self.names.remove(name).map(|st| (name.into(), st));
             self.expected
                 .push(Expect::Local(Local::CloseComplete(closed)));
@@ -370,7 +373,10 @@ impl Rewriter<'_> {
     /// `max_held_memory_mb`, and a refusal (53200) went in the message's
     /// place.
     fn lookup(&mut self, name: &[u8]) -> Result<Option<Named>, CopyRefused> {
-        if name.is_empty() || self.capacity == 0 {
+        // (also with `max_prepared_statements` now 0: a name tracked before
+        // a RELOAD turned tracking off is known to the server only under
+        // its shared name; review 40)
+        if name.is_empty() {
             return Ok(None);
         }
         let Some((name, statement)) = self.names.get_named(name) else {

@@ -1,8 +1,6 @@
 //! PAUSE, RESUME and SUSPEND: new transactions wait (of one database, or
 //! of all) until RESUME; PAUSE returns once no server is lent.
 
-use std::time::Duration;
-
 use bytes::BytesMut;
 use sluice_wire::command_complete;
 
@@ -76,32 +74,12 @@ pub(super) fn suspend(app: &App, out: &mut BytesMut) {
 
 /// Whether the pause a PAUSE began is still in force.
 fn paused(app: &App, db: Option<&str>) -> bool {
-    match db {
-        Some(db) => app.control.is_paused(db),
-        None => app.control.all_paused(),
-    }
+    app.pause_in_force(db)
 }
 
 /// Waits until no server of `db` (or of any database) is lent to a client,
 /// then closes the idle ones; false if it gave up (the time limit, or the
 /// pause ended meanwhile).
 async fn wait_released(app: &App, db: Option<&str>) -> bool {
-    let deadline = tokio::time::Instant::now() + WAIT_LIMIT;
-    loop {
-        let pools: Vec<_> = app
-            .pools()
-            .into_iter()
-            .filter(|p| db.is_none_or(|d| d == p.database))
-            .collect();
-        if pools.iter().all(|p| p.no_transactions()) {
-            for p in pools {
-                p.close_idle(crate::backend::pool::Closing::Paused);
-            }
-            return true;
-        }
-        if tokio::time::Instant::now() >= deadline || !paused(app, db) {
-            return false;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    app.wait_paused_released(db, Some(WAIT_LIMIT)).await
 }

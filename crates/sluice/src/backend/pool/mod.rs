@@ -502,6 +502,8 @@ impl Pool {
                 self.close_counted(&mut st, s, Closing::ConfigChanged);
             }
         }
+        // A larger pool serves the clients already in line at once.
+        self.grant_slots(&mut st);
     }
 
     /// What the login of a client as `user` proved (SCRAM keys, an md5

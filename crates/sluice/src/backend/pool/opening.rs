@@ -173,17 +173,25 @@ impl Pool {
         st.total = st.total.saturating_sub(1);
         self.db_limit.give_back();
         self.user_limit.give_back();
-        while !st.waiters.is_empty() {
-            if !self.take_slot(st, false) {
-                return;
+        self.grant_slots(st);
+    }
+
+    /// Hands the waiters at the front of the line a slot each while the
+    /// pool has room: after a slot is freed, and after a RELOAD or SET
+    /// that raised the pool size (otherwise a line that never empties
+    /// would never get the new servers: a new server is opened on a
+    /// client's first look only when nobody waits).
+    pub(super) fn grant_slots(&self, st: &mut PoolState) {
+        while !st.waiters.is_empty() && self.take_slot(st, false) {
+            let Some(w) = st.waiters.pop_front() else {
+                unreachable!("checked non-empty");
+            };
+            if w.tx.send(Grant::Slot).is_err() {
+                // (gone meanwhile: the slot goes to the next one)
+                st.total -= 1;
+                self.db_limit.give_back();
+                self.user_limit.give_back();
             }
-            let w = st.waiters.pop_front().expect("checked non-empty");
-            if w.tx.send(Grant::Slot).is_ok() {
-                return;
-            }
-            st.total -= 1;
-            self.db_limit.give_back();
-            self.user_limit.give_back();
         }
     }
 }

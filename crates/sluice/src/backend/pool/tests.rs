@@ -371,6 +371,34 @@ fn a_reload_that_shrinks_the_pool_closes_servers_as_they_come_back() {
     });
 }
 
+/// A RELOAD that grows the pool gives clients already in line the new
+/// slots at once (each opens a server: here its connect fails, port 1),
+/// where they waited for a release that never came.
+#[test]
+fn a_reload_that_grows_the_pool_serves_the_clients_in_line() {
+    runtime().block_on(async {
+        let pool = pool(1, Duration::from_secs(60));
+        let mut peers = Vec::new();
+        let held = open(&pool, &mut peers);
+        let a = acquire_in_task(&pool);
+        let b = acquire_in_task(&pool);
+        let_run().await;
+        assert_eq!(counts(&pool), (2, 1, 0, 1));
+        pool.reconfigure(
+            settings(3, Duration::from_secs(60)),
+            target(addr()),
+            ServerCredential::default(),
+            false,
+        );
+        for waiter in [a, b] {
+            let got = within(waiter).await.expect("task");
+            assert!(matches!(got, Err(AcquireError::Login(_))), "tried to open");
+        }
+        assert_eq!(counts(&pool), (0, 1, 0, 1), "the failed slots went back");
+        held.release();
+    });
+}
+
 /// The reserve: past `pool_size` a slot is only taken for the reserve,
 /// up to `reserve_pool_size` more; a server of the reserve goes back idle
 /// like any other while the total is within size and reserve.

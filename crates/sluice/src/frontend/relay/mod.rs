@@ -79,6 +79,7 @@ pub async fn run(client: &mut Client, cbuf: &mut BytesMut, mut lease: Lease) -> 
     // statements (statement mode, which also refuses transaction blocks).
     let pooled = settings.mode != PoolMode::Session;
     let refuse_blocks = settings.mode == PoolMode::Statement;
+    client.served_pooled |= pooled;
     let mut cycle = Cycle::new(
         settings.disable_pqexec,
         lease.host(),
