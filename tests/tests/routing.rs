@@ -665,6 +665,27 @@ async fn with_read_your_writes_database_every_client_reads_every_clients_writes(
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 
+    // A commit answered 'T' (`COMMIT AND CHAIN`) counts too (review 41).
+    on_replica
+        .simple_query("select pg_wal_replay_pause()")
+        .await
+        .expect("pause replay");
+    for i in PAIRS + 100..PAIRS + 110 {
+        writer
+            .simple_query(&format!(
+                "begin; insert into items values ({i}, 'c'); commit and chain"
+            ))
+            .await
+            .expect("write and chain");
+        let (found, _) = read_row(&reader, i).await;
+        assert!(found, "a read missed a write committed by COMMIT AND CHAIN");
+        writer.simple_query("commit").await.expect("commit");
+    }
+    on_replica
+        .simple_query("select pg_wal_replay_resume()")
+        .await
+        .expect("resume replay");
+
     // With `session` (the default) only the client's own writes count:
     // with replay paused, the reader reads the replica's past.
     sluice.rewrite_config(

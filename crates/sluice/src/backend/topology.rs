@@ -203,8 +203,16 @@ pub struct Topology {
     /// have written ended on the primary (nanoseconds after `born`, 0:
     /// none yet), set before its last reply is passed on.
     write_end: AtomicU64,
+    /// When a replica last failed to replay a read's position within the
+    /// wait (nanoseconds after `born`, 0: never).
+    replay_missed: AtomicU64,
     born: Instant,
 }
+
+/// How long after a replica missed a read's position reads that need
+/// more than the checks show go to the primary without waiting for a
+/// replica.
+const REPLAY_BACKOFF: Duration = Duration::from_millis(100);
 
 struct State {
     hosts: Vec<HostState>,
@@ -281,6 +289,7 @@ impl Topology {
             reads_on_primary: AtomicU64::new(0),
             replica_retries: AtomicU64::new(0),
             write_end: AtomicU64::new(0),
+            replay_missed: AtomicU64::new(0),
             born: Instant::now(),
         }
     }
@@ -677,12 +686,35 @@ impl Topology {
         st.primary_history.get(i).map(|&(_, lsn)| lsn)
     }
 
+    /// Now, as nanoseconds after `born` (never 0).
+    fn now_nanos(&self) -> u64 {
+        u64::try_from(self.born.elapsed().as_nanos())
+            .unwrap_or(u64::MAX)
+            .max(1)
+    }
+
     /// `read_your_writes = database`: a transaction that may have written
     /// ended on the primary just now (called before its last reply goes
     /// to its client).
     pub fn note_write_end(&self) {
-        let nanos = u64::try_from(self.born.elapsed().as_nanos()).unwrap_or(u64::MAX);
-        self.write_end.fetch_max(nanos.max(1), Ordering::AcqRel);
+        self.write_end.fetch_max(self.now_nanos(), Ordering::AcqRel);
+    }
+
+    /// A replica did not replay a read's position within the wait.
+    pub fn note_replay_missed(&self) {
+        self.replay_missed
+            .store(self.now_nanos(), Ordering::Relaxed);
+    }
+
+    /// Whether a read that needs more than the checks show a replica has
+    /// should wait for one to replay it: not for `REPLAY_BACKOFF` after
+    /// one missed (review 41: while a replica lagged, one writer made
+    /// every reader wait the whole wait, in line for the replica's
+    /// servers, before it went to the primary all the same).
+    pub fn replay_wait_worthwhile(&self) -> bool {
+        let missed = self.replay_missed.load(Ordering::Relaxed);
+        missed == 0
+            || Duration::from_nanos(self.now_nanos().saturating_sub(missed)) >= REPLAY_BACKOFF
     }
 
     /// `read_your_writes = database`: the primary's insert position
@@ -1106,6 +1138,13 @@ mod tests {
         );
         assert_eq!(t.database_position(), Some(Some(400)));
         assert_eq!(t.pick_replica(LIMITS, Some(400)), None, "replayed 100");
+        // A replica that missed a read's position is not waited for a
+        // while.
+        assert!(t.replay_wait_worthwhile());
+        t.note_replay_missed();
+        assert!(!t.replay_wait_worthwhile());
+        std::thread::sleep(REPLAY_BACKOFF + Duration::from_millis(5));
+        assert!(t.replay_wait_worthwhile());
         // Another primary forgets the old one's measurement.
         t.record(0, Err("gone".into()), Instant::now(), 1);
         t.record(1, sample(false, 120), Instant::now(), 3);

@@ -224,7 +224,9 @@ impl Client {
         // A replica known to be past it; else one that may be by now.
         let (picked, verify) = match topology.pick_replica(limits, min_lsn) {
             Some(i) => (Some(i), None),
-            None if min_lsn.is_some() => (topology.pick_replica(limits, None), min_lsn),
+            None if min_lsn.is_some() && topology.replay_wait_worthwhile() => {
+                (topology.pick_replica(limits, None), min_lsn)
+            }
             None => (None, None),
         };
         match picked
@@ -248,15 +250,26 @@ impl Client {
     /// A replica lease for a read that must see `lsn`: kept if the replica
     /// replays that far within `REPLAY_WAIT`, else given back (`None`: the
     /// read goes to the primary).
-    async fn replayed(&self, mut lease: Lease, lsn: u64) -> Option<Lease> {
+    async fn replayed(
+        &self,
+        mut lease: Lease,
+        lsn: u64,
+        topology: Option<&crate::backend::topology::Topology>,
+    ) -> Option<Lease> {
         const SQL: &str = "select pg_catalog.pg_last_wal_replay_lsn()";
         let deadline = tokio::time::Instant::now() + REPLAY_WAIT;
+        let missed = || {
+            if let Some(t) = topology {
+                t.note_replay_missed();
+            }
+        };
         loop {
             let check = crate::backend::login::run_query_rows(lease.server(), SQL);
             let rows = match tokio::time::timeout(REPLAY_WAIT, check).await {
                 Ok(Ok(rows)) => rows,
                 _ => {
                     lease.close();
+                    missed();
                     return None;
                 }
             };
@@ -270,6 +283,7 @@ impl Client {
             }
             if tokio::time::Instant::now() >= deadline {
                 lease.release();
+                missed();
                 return None;
             }
             tokio::time::sleep(Duration::from_millis(1)).await;
@@ -488,7 +502,7 @@ impl Client {
             if let Ok(mut l) = acquired
                 && l.localize().is_ok()
             {
-                lease = Box::pin(self.replayed(l, lsn)).await;
+                lease = Box::pin(self.replayed(l, lsn, topology.as_deref())).await;
             }
             if let Some(t) = &topology {
                 let counter = match lease {

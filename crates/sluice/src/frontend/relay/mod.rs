@@ -110,8 +110,8 @@ pub async fn run(client: &mut Client, cbuf: &mut BytesMut, mut lease: Lease) -> 
     // left in either buffer: the scans would find nothing new (about 250
     // instructions a transaction, this turn being its last).
     let mut quiet = false;
-    // Transactions this period had seen end when the topology was last
-    // told (`read_your_writes = database`).
+    // Requests this period had seen answered when the topology was last
+    // told of a write's end (`read_your_writes = database`).
     let mut ends_told = 0;
 
     // The loop: one future (see `turn.rs`), each step delegated.
@@ -150,13 +150,15 @@ pub async fn run(client: &mut Client, cbuf: &mut BytesMut, mut lease: Lease) -> 
         {
             break Err(end);
         }
-        if cycle.xacts_done != ends_told
+        if cycle.cycles_done != ends_told
             && let Some(topology) = &client.write_ends
         {
             // (before the ReadyForQuery that ends it is passed on: a read
             // its client's application makes elsewhere once it has it
-            // finds the write counted)
-            ends_told = cycle.xacts_done;
+            // finds the write counted. Every ReadyForQuery, not only 'I':
+            // `COMMIT AND CHAIN`, or `commit; begin` in one query, commits
+            // and answers 'T'; review 41)
+            ends_told = cycle.cycles_done;
             topology.note_write_end();
         }
         if let Some(t) = tracking.as_deref_mut()
