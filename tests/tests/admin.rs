@@ -308,6 +308,34 @@ async fn pause_waits_for_servers_and_resume_lets_clients_go_on() {
 }
 
 #[tokio::test]
+async fn a_login_while_paused_opens_no_server_until_resume() {
+    // (review 40: a pool that never had a server opened one for the
+    // greeting, paused or not)
+    let cluster = app_cluster(ServerAuth::Trust);
+    let sluice = console(&cluster, 5);
+    let p = sluice.port();
+    let admin = connect_as(p, "admin", "pgbouncer").await;
+    admin.simple_query("PAUSE").await.expect("PAUSE");
+    let login = tokio::spawn(async move {
+        let client = connect(p, APP_USER, APP_PASSWORD, "postgres").await?;
+        client.simple_query("select 1").await.map(|_| ())
+    });
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(!login.is_finished(), "logged in while paused");
+    assert_eq!(
+        count_backends(&cluster, "postgres").await,
+        0,
+        "a server opened"
+    );
+    admin.simple_query("RESUME").await.expect("RESUME");
+    tokio::time::timeout(T, login)
+        .await
+        .expect("logged in after RESUME")
+        .expect("task")
+        .expect("login and query");
+}
+
+#[tokio::test]
 async fn disable_refuses_new_logins_and_enable_allows_them() {
     let cluster = app_cluster(ServerAuth::Trust);
     let sluice = console(&cluster, 5);

@@ -446,6 +446,16 @@ async fn login_inner(
     app.wait_for_members(&pool)
         .await
         .map_err(|message| ClientError::new("08006", message))?;
+    // A pool that never had a server opens one for the greeting: not while
+    // its database is paused (PgBouncer launches none then either; review
+    // 40). The wait ends with the pause, a shutdown or the login's
+    // deadline.
+    while !pool.has_welcome()
+        && app.control.is_paused(&database)
+        && app.phase() == crate::app::Phase::Running
+    {
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
     let welcome = pool
         .welcome()
         .await

@@ -524,6 +524,11 @@ impl Pool {
         }
     }
 
+    /// Whether a greeting for new clients is at hand (no server to open).
+    pub fn has_welcome(&self) -> bool {
+        self.lock().welcome.is_some()
+    }
+
     /// The greeting for a new client; opens a server if none was ever open.
     pub async fn welcome(self: &Arc<Self>) -> Result<Arc<Welcome>, AcquireError> {
         if let Some(w) = self.lock().welcome.clone() {
