@@ -345,6 +345,35 @@ async fn a_client_cannot_replace_a_shared_statement() {
     assert_victim_still_gets_one(&victim, &statement).await;
 }
 
+#[tokio::test]
+async fn a_client_cannot_run_or_describe_a_shared_statement_by_its_server_name() {
+    // (review 39: a statement prepared for another client, under its
+    // settings, ran for anyone who named it as the server does)
+    let cluster = app_cluster(ServerAuth::Trust);
+    let sluice = one_server(&cluster);
+    let victim = app_client(&sluice).await;
+    let mut attacker = raw_login(&sluice, APP_USER).await;
+    let (statement, shared) = victim_statement(&victim, &mut attacker).await;
+    for request in [
+        [describe(b'S', &shared), sync()].concat(),
+        [bind(&shared), execute(), sync()].concat(),
+        [parse("", "select 3"), bind(&shared), execute(), sync()].concat(),
+    ] {
+        let reply = exchange(&mut attacker, &request, "the attacker names it").await;
+        assert_eq!(reply.errors, ["26000"], "{reply:?}");
+        assert!(reply.rows.is_empty(), "{reply:?}");
+    }
+    // Its own statements and queries work as before.
+    let own = exchange(
+        &mut attacker,
+        &[parse("mine", "select 4"), bind("mine"), execute(), sync()].concat(),
+        "the attacker's own statement",
+    )
+    .await;
+    assert_eq!(own.rows, [Some("4".to_owned())], "{own:?}");
+    assert_victim_still_gets_one(&victim, &statement).await;
+}
+
 /// Runs `how` (a whole request: messages up to a Sync or a Query) on the
 /// attacker's connection, then checks the victim's statement still works.
 async fn deallocate_shared_by_another_client(how: impl Fn(&str) -> Vec<u8>) {

@@ -19,5 +19,8 @@ pub mod sql;
 
 /// The name of statement `id` on every server.
 pub fn server_name(id: u64) -> String {
-    format!("sluice_{id}")
+    format!("{SHARED_PREFIX}{id}")
 }
+
+/// What every name sluice gives a statement on a server begins with.
+pub const SHARED_PREFIX: &str = "sluice_";

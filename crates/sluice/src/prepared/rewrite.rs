@@ -380,6 +380,20 @@ impl Rewriter<'_> {
             return Ok(None);
         }
         let Some((name, statement)) = self.names.get_named(name) else {
+            if self.capacity > 0 && name.starts_with(super::SHARED_PREFIX.as_bytes()) {
+                // Not the client's: a shared statement's name on the
+                // server, prepared for another client (under its settings,
+                // its search_path), which it must not run or describe
+                // (review 39). As PostgreSQL answers an unknown name.
+                self.refuse(
+                    "26000",
+                    format!(
+                        "prepared statement \"{}\" does not exist",
+                        String::from_utf8_lossy(name)
+                    ),
+                );
+                return Err(CopyRefused);
+            }
             return Ok(None);
         };
         let (name, mut statement) = (name.clone(), statement.clone());
