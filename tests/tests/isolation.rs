@@ -374,6 +374,46 @@ async fn a_client_cannot_run_or_describe_a_shared_statement_by_its_server_name()
     assert_victim_still_gets_one(&victim, &statement).await;
 }
 
+#[tokio::test]
+async fn with_statements_untracked_a_client_cannot_replace_a_shared_one() {
+    // (review 42: after a RELOAD to max_prepared_statements = 0 names
+    // pass unchanged, and a Close and Parse of a shared name replaced
+    // the statement under its users, for as long as the server lived)
+    let cluster = app_cluster(ServerAuth::Trust);
+    let config = ConfigBuilder::for_cluster(&cluster)
+        .set("pool_mode", "transaction")
+        .set("default_pool_size", "1")
+        .set("query_wait_timeout", "30");
+    let sluice = config.start();
+    let victim = app_client(&sluice).await;
+    let mut attacker = raw_login(&sluice, APP_USER).await;
+    let (statement, shared) = victim_statement(&victim, &mut attacker).await;
+    sluice.rewrite_config(&config.clone().set("max_prepared_statements", "0").render());
+    sluice.reload();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let reply = exchange(
+        &mut attacker,
+        &[
+            close_statement(&shared),
+            parse(&shared, "select 2 as x"),
+            sync(),
+        ]
+        .concat(),
+        "the attacker replaces it",
+    )
+    .await;
+    assert_eq!(reply.errors, ["42939"], "{reply:?}");
+    assert_victim_still_gets_one(&victim, &statement).await;
+    // Its own untracked statements work as PostgreSQL's.
+    let own = exchange(
+        &mut attacker,
+        &[parse("mine", "select 5"), bind("mine"), execute(), sync()].concat(),
+        "an untracked statement",
+    )
+    .await;
+    assert_eq!(own.rows, [Some("5".to_owned())], "{own:?}");
+}
+
 /// Runs `how` (a whole request: messages up to a Sync or a Query) on the
 /// attacker's connection, then checks the victim's statement still works.
 async fn deallocate_shared_by_another_client(how: impl Fn(&str) -> Vec<u8>) {

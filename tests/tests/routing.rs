@@ -722,6 +722,98 @@ async fn with_read_your_writes_database_every_client_reads_every_clients_writes(
     );
 }
 
+#[tokio::test]
+async fn with_read_your_writes_database_a_commit_whose_client_left_is_waited_for() {
+    // (review 42: a writer that sends COMMIT and closes gets no answer,
+    // so no ReadyForQuery says when it committed; the primary's checks
+    // after its INSERT were all the reads waited for, and a read right
+    // after the commit ran on a replica without it)
+    let (primary, replica) = primary_and_replica_with(&[("synchronous_commit", "on")]);
+    let sluice = routed(
+        &primary,
+        &replica,
+        "route_reads=1",
+        &[("read_your_writes", "database")],
+    );
+    wait_for_roles(&sluice, &primary, &replica).await;
+    let reader = connect_as(sluice.port(), APP_USER, "postgres").await;
+    let mut writer = RawClient::logged_in(sluice.port(), APP_USER, "postgres").await;
+    for sql in ["begin", "insert into items values (7001, 'left')"] {
+        writer.send(&query_message(sql)).await.expect(sql);
+        writer.read_until_ready(Duration::from_secs(5)).await;
+    }
+    // The checks cover the INSERT's end: reads go to the replica.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while !read_row(&reader, 7001).await.1 {
+        assert!(Instant::now() < deadline, "reads never went to the replica");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // The last request, unanswered as its client leaves (sluice cannot
+    // know whether, or when, it commits): reads run on the primary until
+    // the primary's checks are surely past it.
+    writer
+        .send(&query_message("select pg_sleep(0.2); commit"))
+        .await
+        .expect("the last request");
+    drop(writer);
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let (_, on_replica) = read_row(&reader, 7001).await;
+    assert!(
+        !on_replica,
+        "a read ran on the replica with a commit in doubt"
+    );
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while !read_row(&reader, 7001).await.1 {
+        assert!(
+            Instant::now() < deadline,
+            "reads never went back to the replica"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[tokio::test]
+async fn a_client_kept_in_transaction_mode_by_a_reload_reads_its_own_writes() {
+    // (review 42: after a RELOAD to session mode, a client with prepared
+    // statements stays in transaction mode, but its writes were routed
+    // as session mode's, not counted, and its reads after a RELOAD back
+    // went to a replica without them)
+    let (primary, replica) = primary_and_replica_with(&[("synchronous_commit", "on")]);
+    let on_replica = superuser_connect(&replica, "postgres").await;
+    let config = routed_config(&primary, &replica, "route_reads=1", &[]);
+    let sluice = config.start();
+    wait_for_roles(&sluice, &primary, &replica).await;
+    let client = connect_as(sluice.port(), APP_USER, "postgres").await;
+    let statement = client.prepare("select 1").await.expect("prepare");
+    client.query(&statement, &[]).await.expect("execute");
+    assert!(in_recovery(&client, "select pg_is_in_recovery()").await);
+    let reload = |c: &ConfigBuilder| {
+        sluice.rewrite_config(&c.render());
+        sluice.reload();
+    };
+    on_replica
+        .simple_query("select pg_wal_replay_pause()")
+        .await
+        .expect("pause replay");
+    reload(&config.clone().set("pool_mode", "session"));
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    client
+        .simple_query("insert into items values (8001, 'kept')")
+        .await
+        .expect("write");
+    reload(&config);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    for _ in 0..4 {
+        let (found, _) = read_row(&client, 8001).await;
+        assert!(found, "the client's read missed its own write");
+    }
+    client.query(&statement, &[]).await.expect("its statement");
+    on_replica
+        .simple_query("select pg_wal_replay_resume()")
+        .await
+        .expect("resume replay");
+}
+
 /// Reads back every reply up to `n` ReadyForQuery messages: the SQLSTATE
 /// of each error, in order.
 async fn errors_in_replies(client: &mut RawClient, n: usize) -> Vec<String> {

@@ -20,6 +20,16 @@ async fn try_hold(port: u16, timeout: Duration) -> Option<Client> {
     }
 }
 
+/// One query through sluice: the pool has had a server, and greets new
+/// clients without one even while paused.
+async fn warm_up(port: u16) {
+    let client = connect_as(port, APP_USER, "postgres").await;
+    client
+        .simple_query("select 1")
+        .await
+        .expect("warm-up query");
+}
+
 #[tokio::test]
 async fn sighup_applies_a_new_pool_size() {
     let cluster = app_cluster(ServerAuth::Trust);
@@ -328,6 +338,9 @@ async fn a_pause_holds_through_sigterm() {
         .set("pool_mode", "transaction")
         .set("admin_users", "admin")
         .start();
+    // (a pool that has had a server greets a client while paused; one
+    // that has not waits for the RESUME to log it in: see admin.rs)
+    warm_up(sluice.port()).await;
     let admin = connect_as(sluice.port(), "admin", "pgbouncer").await;
     admin.simple_query("KILL postgres").await.expect("KILL");
     let client = connect_as(sluice.port(), APP_USER, "postgres").await;
@@ -361,6 +374,7 @@ async fn paused_clients_time_out_and_sigint_tells_them_why() {
         .set("pool_mode", "transaction")
         .set("admin_users", "admin");
     let sluice = config.clone().set("query_wait_timeout", "1").start();
+    warm_up(sluice.port()).await;
     let admin = connect_as(sluice.port(), "admin", "pgbouncer").await;
     admin.simple_query("PAUSE").await.expect("PAUSE");
     let client = connect_as(sluice.port(), APP_USER, "postgres").await;
@@ -374,6 +388,7 @@ async fn paused_clients_time_out_and_sigint_tells_them_why() {
     assert!(started.elapsed() < Duration::from_secs(5));
 
     let mut sluice = config.start();
+    warm_up(sluice.port()).await;
     let admin = connect_as(sluice.port(), "admin", "pgbouncer").await;
     admin.simple_query("PAUSE").await.expect("PAUSE");
     let mut waiting = Vec::new();

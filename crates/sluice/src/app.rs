@@ -269,6 +269,10 @@ impl App {
     ) -> bool {
         let deadline = limit.map(|l| tokio::time::Instant::now() + l);
         loop {
+            // (first: a pause ended meanwhile closes nothing; review 42)
+            if !self.pause_in_force(db) {
+                return false;
+            }
             let pools: Vec<_> = self
                 .pools()
                 .into_iter()
@@ -280,9 +284,7 @@ impl App {
                 }
                 return true;
             }
-            if deadline.is_some_and(|d| tokio::time::Instant::now() >= d)
-                || !self.pause_in_force(db)
-            {
+            if deadline.is_some_and(|d| tokio::time::Instant::now() >= d) {
                 return false;
             }
             tokio::time::sleep(std::time::Duration::from_millis(20)).await;

@@ -209,6 +209,12 @@ pub struct Topology {
     born: Instant,
 }
 
+/// How long a transaction left unanswered (its client gone after
+/// COMMIT) may still commit, as far as reads are concerned: a commit
+/// that takes longer (a synchronous standby that does not answer) may be
+/// missed by a read on a replica.
+const WRITE_DOUBT: Duration = Duration::from_secs(1);
+
 /// How long after a replica missed a read's position reads that need
 /// more than the checks show go to the primary without waiting for a
 /// replica.
@@ -698,6 +704,16 @@ impl Topology {
     /// to its client).
     pub fn note_write_end(&self) {
         self.write_end.fetch_max(self.now_nanos(), Ordering::AcqRel);
+    }
+
+    /// `read_your_writes = database`: a transaction that may write was
+    /// left unanswered (its client or its server gone): it may still
+    /// commit, so reads need a position read `WRITE_DOUBT` from now.
+    pub fn note_write_end_in_doubt(&self) {
+        let later = self
+            .now_nanos()
+            .saturating_add(WRITE_DOUBT.as_nanos() as u64);
+        self.write_end.fetch_max(later, Ordering::AcqRel);
     }
 
     /// A replica did not replay a read's position within the wait.

@@ -205,11 +205,17 @@ impl Client {
         settings: &crate::backend::pool::PoolSettings,
     ) -> sluice_config::PoolMode {
         match settings.mode {
-            sluice_config::PoolMode::Session if self.served_pooled && self.carried.is_some() => {
+            sluice_config::PoolMode::Session if self.kept_pooled() => {
                 sluice_config::PoolMode::Transaction
             }
             mode => mode,
         }
+    }
+
+    /// Whether it stays in transaction mode should its pool's be session
+    /// (`Client::mode`).
+    pub(super) fn kept_pooled(&self) -> bool {
+        self.served_pooled && self.carried.is_some()
     }
 
     pub fn new(

@@ -39,6 +39,12 @@ pub(super) struct Cycle {
     /// ReadyForQuery messages seen, and those with status 'I'.
     pub(super) cycles_done: u64,
     pub(super) xacts_done: u64,
+    /// `read_your_writes = database` on a write period: CommandComplete
+    /// bodies are read, and those that commit (`COMMIT`, `COMMIT AND
+    /// CHAIN`, `COMMIT PREPARED`) counted in `commits`: a transaction can
+    /// commit and the next begin before a ReadyForQuery says 'I'.
+    pub(super) watch_commits: bool,
+    pub(super) commits: u64,
     /// Bytes written to the server and to the client.
     pub(super) written: (u64, u64),
     /// Client bytes taken for the server in transaction and statement
@@ -126,6 +132,8 @@ impl Cycle {
             refused_transaction: false,
             cycles_done: 0,
             xacts_done: 0,
+            watch_commits: false,
+            commits: 0,
             written: (0, 0),
             client_taken: 0,
             error_classes: Vec::new(),
@@ -182,6 +190,7 @@ macro_rules! cycle_view {
             status: &mut $cycle.status,
             cycles_done: &mut $cycle.cycles_done,
             xacts_done: &mut $cycle.xacts_done,
+            commits: &mut $cycle.commits,
             refused_transaction: &mut $cycle.refused_transaction,
             error_classes: &mut $cycle.error_classes,
         }
@@ -218,6 +227,7 @@ pub(super) struct CycleView<'a> {
     pub(super) status: &'a mut TransactionStatus,
     pub(super) cycles_done: &'a mut u64,
     pub(super) xacts_done: &'a mut u64,
+    pub(super) commits: &'a mut u64,
     pub(super) refused_transaction: &'a mut bool,
     pub(super) error_classes: &'a mut Vec<([u8; 2], u64)>,
 }
@@ -250,7 +260,13 @@ pub(super) fn on_server_message(
             Err(e) => seen.bad = Some(e),
         },
         b::COPY_IN_RESPONSE => seen.ignored_syncs += cycle.req.server_copy_in(),
-        b::COMMAND_COMPLETE => seen.ignored_syncs += cycle.req.server_done(false),
+        b::COMMAND_COMPLETE => {
+            seen.ignored_syncs += cycle.req.server_done(false);
+            // (the body is there only when asked for: `watch_commits`)
+            if body.starts_with(b"COMMIT") {
+                *cycle.commits += 1;
+            }
+        }
         b::ERROR_RESPONSE => {
             seen.ignored_syncs += cycle.req.server_done(true);
             if let Ok(f) = sluice_wire::ErrorFields::decode(body)

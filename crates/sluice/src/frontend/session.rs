@@ -102,6 +102,7 @@ impl Client {
                 standby_wait: false,
             };
         }
+        let kept_pooled = self.kept_pooled();
         let epoch = self.app.route_epoch();
         if self.route_cache.as_ref().is_none_or(|c| c.epoch != epoch) {
             self.route_cache = Some(Box::new(RouteCache {
@@ -152,7 +153,12 @@ impl Client {
             };
         }
         let session = self.carried.as_ref().and_then(|c| c.session.as_deref());
-        if listening || !topology.reads || settings.mode == sluice_config::PoolMode::Session {
+        // (a client kept in transaction mode after a RELOAD to session
+        // mode is routed as one: its writes count for its reads; review 42)
+        if listening
+            || !topology.reads
+            || (settings.mode == sluice_config::PoolMode::Session && !kept_pooled)
+        {
             return primary(false);
         }
         if let Some(until) = self.replicas_after {

@@ -929,6 +929,7 @@ pub(super) fn scan_server(
     let swallowing = cycle.retry == Retry::Swallowing;
     let armed = cycle.retry == Retry::Armed;
     let lost = cycle.retry == Retry::Lost;
+    let commits = cycle.watch_commits;
     let end = cycle.server_scan.scan(
         sbuf,
         cycle.to_client,
@@ -942,7 +943,7 @@ pub(super) fn scan_server(
                     && (preamble(tag) || matches!(tag, b::ERROR_RESPONSE | b::NOTICE_RESPONSE)))
                 || discarding
                 || server_needs_body(tag)
-                || (listens && tag == b::COMMAND_COMPLETE)
+                || ((listens || commits) && tag == b::COMMAND_COMPLETE)
                 || matches!(
                     tag,
                     b::PARSE_COMPLETE | b::CLOSE_COMPLETE | b::NOTIFICATION_RESPONSE

@@ -67,6 +67,11 @@ const UNFOLLOWABLE_LISTEN: &str = "sluice cannot follow this LISTEN or UNLISTEN 
      pooling mode: its notifications would never arrive. Name the channel without Unicode \
      escapes (U&\"…\"), and in ASCII when client_encoding is not UTF8";
 
+/// A name in the namespace of sluice's shared statements on servers.
+fn shared_name(name: &[u8]) -> bool {
+    name.starts_with(super::SHARED_PREFIX.as_bytes())
+}
+
 fn body(message: &[u8]) -> &[u8] {
     &message[sluice_wire::HEADER_LEN..]
 }
@@ -98,6 +103,19 @@ impl Rewriter<'_> {
         // (with tracking turned off by a RELOAD, the names the client got
         // before still follow it: `lookup`)
         if name.is_empty() || (self.capacity == 0 && self.names.get(name).is_none()) {
+            if shared_name(name) {
+                // Untracked, it would replace a shared statement on the
+                // server under its users (review 42).
+                self.refuse(
+                    "42939",
+                    format!(
+                        "prepared statement name \"{}\" is reserved: sluice names its shared \
+                         statements so",
+                        String::from_utf8_lossy(name)
+                    ),
+                );
+                return Ok(());
+            }
             self.out.extend_from_slice(message);
             self.parse_passes();
             return Ok(());
@@ -247,7 +265,12 @@ impl Rewriter<'_> {
         let mut r = Reader::new(body(message));
         let kind = r.u8()?;
         let name = r.cstr_bytes()?;
-        if kind == b'S' && !name.is_empty() && (self.capacity > 0 || self.names.get(name).is_some())
+        // (an untracked Close of a shared name would close it under its
+        // users: answered here, as PostgreSQL answers a Close of a name
+        // it lacks; review 42)
+        if kind == b'S'
+            && !name.is_empty()
+            && (self.capacity > 0 || self.names.get(name).is_some() || shared_name(name))
         {
             let closed = self.names.remove(name).map(|st| (name.into(), st));
             self.expected
@@ -380,7 +403,7 @@ impl Rewriter<'_> {
             return Ok(None);
         }
         let Some((name, statement)) = self.names.get_named(name) else {
-            if self.capacity > 0 && name.starts_with(super::SHARED_PREFIX.as_bytes()) {
+            if shared_name(name) {
                 // Not the client's: a shared statement's name on the
                 // server, prepared for another client (under its settings,
                 // its search_path), which it must not run or describe

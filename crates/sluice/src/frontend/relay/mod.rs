@@ -88,6 +88,7 @@ pub async fn run(client: &mut Client, cbuf: &mut BytesMut, mut lease: Lease) -> 
         client.on_routed_primary,
         client.primary_read,
     );
+    cycle.watch_commits = client.write_ends.is_some();
     if in_block {
         // (what sluice answers itself says so from the first request on)
         cycle.status = sluice_wire::TransactionStatus::InTransaction;
@@ -110,8 +111,9 @@ pub async fn run(client: &mut Client, cbuf: &mut BytesMut, mut lease: Lease) -> 
     // left in either buffer: the scans would find nothing new (about 250
     // instructions a transaction, this turn being its last).
     let mut quiet = false;
-    // Requests this period had seen answered when the topology was last
-    // told of a write's end (`read_your_writes = database`).
+    // Transactions this period had seen end (and commits) when the
+    // topology was last told of a write's end (`read_your_writes =
+    // database`).
     let mut ends_told = 0;
 
     // The loop: one future (see `turn.rs`), each step delegated.
@@ -150,15 +152,17 @@ pub async fn run(client: &mut Client, cbuf: &mut BytesMut, mut lease: Lease) -> 
         {
             break Err(end);
         }
-        if cycle.cycles_done != ends_told
+        if cycle.xacts_done + cycle.commits != ends_told
             && let Some(topology) = &client.write_ends
         {
-            // (before the ReadyForQuery that ends it is passed on: a read
-            // its client's application makes elsewhere once it has it
-            // finds the write counted. Every ReadyForQuery, not only 'I':
-            // `COMMIT AND CHAIN`, or `commit; begin` in one query, commits
-            // and answers 'T'; review 41)
-            ends_told = cycle.cycles_done;
+            // (before the reply that ends it is passed on: a read its
+            // client's application makes elsewhere once it has it finds
+            // the write counted. A ReadyForQuery 'I', or a COMMIT's
+            // CommandComplete: `COMMIT AND CHAIN`, or `commit; begin` in
+            // one query, commits and answers 'T', review 41; not every
+            // ReadyForQuery, whose 'T' within a block that has not
+            // committed would send reads to the primary for nothing)
+            ends_told = cycle.xacts_done + cycle.commits;
             topology.note_write_end();
         }
         if let Some(t) = tracking.as_deref_mut()
@@ -269,6 +273,15 @@ pub async fn run(client: &mut Client, cbuf: &mut BytesMut, mut lease: Lease) -> 
     // in, closed or cleaned (see `unlink.rs`).
     // (a server that failed is closed, whatever the end: a cancel on its
     // way to it, to a frozen replica say, is not waited for)
+    if let Some(topology) = &client.write_ends
+        && !cycle.req.at_rest()
+    {
+        // A request still unanswered as a write period ends (its client
+        // left after sending COMMIT, its server was lost or is to be
+        // closed): the server may commit it after this, and no reply will
+        // say when (review 42).
+        topology.note_write_end_in_doubt();
+    }
     let server_gone = matches!(end, Err(End::Server { .. }));
     let cancel_unsettled = client.app.cancels.unlink(client.cancel)
         && !server_gone

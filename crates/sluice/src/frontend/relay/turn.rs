@@ -593,11 +593,15 @@ fn scan_server(
     refuse_transactions: bool,
 ) -> Result<bool, WireError> {
     let mut seen = ServerSeen::default();
+    let commits = cycle.watch_commits;
     let end = cycle.server_scan.scan(
         sbuf,
         cycle.to_client,
         SERVER_MESSAGE_LIMIT,
-        server_needs_body,
+        |tag| {
+            server_needs_body(tag)
+                || (commits && tag == sluice_wire::tags::backend::COMMAND_COMPLETE)
+        },
         |tag, body| {
             on_server_message(
                 &mut seen,
