@@ -569,8 +569,13 @@ async fn a_client_always_reads_its_own_writes() {
         "only {on_replicas} of {PAIRS} reads after a write ran on the replica"
     );
     // Once the replica has the last write, reads go there again.
+    reads_back_on_the_replica(&client).await;
+}
+
+/// Waits (at most 10 s) until `client`'s reads run on the replica.
+async fn reads_back_on_the_replica(client: &Client) {
     let deadline = Instant::now() + Duration::from_secs(10);
-    while !in_recovery(&client, "select pg_is_in_recovery()").await {
+    while !in_recovery(client, "select pg_is_in_recovery()").await {
         assert!(
             Instant::now() < deadline,
             "reads never went back to the replica"
@@ -656,14 +661,7 @@ async fn with_read_your_writes_database_every_client_reads_every_clients_writes(
         "only {on_replicas} of {PAIRS} reads after a write ran on the replica"
     );
     // Once the replica has the last write, reads go there again.
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while !in_recovery(&reader, "select pg_is_in_recovery()").await {
-        assert!(
-            Instant::now() < deadline,
-            "reads never went back to the replica"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    reads_back_on_the_replica(&reader).await;
 
     // A commit answered 'T' (`COMMIT AND CHAIN`) counts too (review 41).
     on_replica
@@ -681,10 +679,51 @@ async fn with_read_your_writes_database_every_client_reads_every_clients_writes(
         assert!(found, "a read missed a write committed by COMMIT AND CHAIN");
         writer.simple_query("commit").await.expect("commit");
     }
+    // A procedure that commits inside, then BEGIN in the same batch:
+    // 'T' again, and no COMMIT said (review 43).
+    writer
+        .batch_execute(
+            "create procedure app_commit(v int) language plpgsql as \
+             $$ begin insert into items values (v, 'p'); commit; end $$",
+        )
+        .await
+        .expect("create procedure");
     on_replica
         .simple_query("select pg_wal_replay_resume()")
         .await
         .expect("resume replay");
+    let mut raw = RawClient::logged_in(sluice.port(), primary.superuser(), "postgres").await;
+    for i in PAIRS + 200..PAIRS + 203 {
+        use sluice_tests::msg;
+        // (every earlier write on the replica and known there)
+        reads_back_on_the_replica(&reader).await;
+        on_replica
+            .simple_query("select pg_wal_replay_pause()")
+            .await
+            .expect("pause replay");
+        let batch = [
+            msg::parse("", &format!("call app_commit({i})")),
+            msg::bind(""),
+            msg::execute(),
+            msg::parse("", "begin"),
+            msg::bind(""),
+            msg::execute(),
+            msg::sync(),
+        ]
+        .concat();
+        raw.send(&batch).await.expect("call and begin");
+        raw.read_until_ready(Duration::from_secs(5)).await;
+        let (found, _) = read_row(&reader, i).await;
+        assert!(found, "a read missed a commit made inside a procedure");
+        raw.send(&query_message("rollback"))
+            .await
+            .expect("rollback");
+        raw.read_until_ready(Duration::from_secs(5)).await;
+        on_replica
+            .simple_query("select pg_wal_replay_resume()")
+            .await
+            .expect("resume replay");
+    }
 
     // With `session` (the default) only the client's own writes count:
     // with replay paused, the reader reads the replica's past.
@@ -743,11 +782,7 @@ async fn with_read_your_writes_database_a_commit_whose_client_left_is_waited_for
         writer.read_until_ready(Duration::from_secs(5)).await;
     }
     // The checks cover the INSERT's end: reads go to the replica.
-    let deadline = Instant::now() + Duration::from_secs(5);
-    while !read_row(&reader, 7001).await.1 {
-        assert!(Instant::now() < deadline, "reads never went to the replica");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    reads_back_on_the_replica(&reader).await;
     // The last request, unanswered as its client leaves (sluice cannot
     // know whether, or when, it commits): reads run on the primary until
     // the primary's checks are surely past it.
@@ -762,14 +797,7 @@ async fn with_read_your_writes_database_a_commit_whose_client_left_is_waited_for
         !on_replica,
         "a read ran on the replica with a commit in doubt"
     );
-    let deadline = Instant::now() + Duration::from_secs(5);
-    while !read_row(&reader, 7001).await.1 {
-        assert!(
-            Instant::now() < deadline,
-            "reads never went back to the replica"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    reads_back_on_the_replica(&reader).await;
 }
 
 #[tokio::test]

@@ -30,12 +30,17 @@ async fn warm_up(port: u16) {
         .expect("warm-up query");
 }
 
+/// Transaction mode, one server.
+fn pool_of_one(cluster: &sluice_testkit::Cluster) -> ConfigBuilder {
+    ConfigBuilder::for_cluster(cluster)
+        .set("pool_mode", "transaction")
+        .set("default_pool_size", "1")
+}
+
 #[tokio::test]
 async fn sighup_applies_a_new_pool_size() {
     let cluster = app_cluster(ServerAuth::Trust);
-    let config = ConfigBuilder::for_cluster(&cluster)
-        .set("pool_mode", "transaction")
-        .set("default_pool_size", "1");
+    let config = pool_of_one(&cluster);
     let sluice = config.start();
     let port = sluice.port();
 
@@ -66,9 +71,7 @@ async fn sighup_applies_a_new_pool_size() {
 async fn sighup_gives_a_larger_pool_to_clients_already_waiting() {
     // (review 40: a line that never emptied never got the new servers)
     let cluster = app_cluster(ServerAuth::Trust);
-    let config = ConfigBuilder::for_cluster(&cluster)
-        .set("pool_mode", "transaction")
-        .set("default_pool_size", "1");
+    let config = pool_of_one(&cluster);
     let sluice = config.start();
     let port = sluice.port();
     let holder = try_hold(port, Duration::from_secs(5))
@@ -127,8 +130,20 @@ async fn reloads_that_change_how_statements_are_kept_do_not_lose_a_clients_state
         for n in 0..5 {
             run(n).await;
         }
-        // A new client prepares as the new settings say.
+        // A new client prepares as the new settings say; in session mode
+        // it finds none of the shared statements on its server (review
+        // 43 ran them by name).
         let other = connect_as(sluice.port(), APP_USER, "postgres").await;
+        if value == "session" {
+            let shared = other
+                .query_one(
+                    "select count(*) from pg_prepared_statements where name like 'sluice%'",
+                    &[],
+                )
+                .await
+                .expect("count");
+            assert_eq!(shared.get::<_, i64>(0), 0, "shared statements in a session");
+        }
         let mine = other.prepare("select $1::int * 2").await.expect("prepare");
         let row = other.query_one(&mine, &[&21]).await.expect("execute");
         assert_eq!(row.get::<_, i32>(0), 42, "{key} = {value}");

@@ -40,11 +40,12 @@ pub(super) struct Cycle {
     pub(super) cycles_done: u64,
     pub(super) xacts_done: u64,
     /// `read_your_writes = database` on a write period: CommandComplete
-    /// bodies are read, and those that commit (`COMMIT`, `COMMIT AND
-    /// CHAIN`, `COMMIT PREPARED`) counted in `commits`: a transaction can
-    /// commit and the next begin before a ReadyForQuery says 'I'.
+    /// bodies are read, and the requests that may have committed counted
+    /// in `commits` (see `on_server_message`); `maybe_committed`: the
+    /// request being answered may have.
     pub(super) watch_commits: bool,
     pub(super) commits: u64,
+    pub(super) maybe_committed: bool,
     /// Bytes written to the server and to the client.
     pub(super) written: (u64, u64),
     /// Client bytes taken for the server in transaction and statement
@@ -134,6 +135,7 @@ impl Cycle {
             xacts_done: 0,
             watch_commits: false,
             commits: 0,
+            maybe_committed: false,
             written: (0, 0),
             client_taken: 0,
             error_classes: Vec::new(),
@@ -191,6 +193,7 @@ macro_rules! cycle_view {
             cycles_done: &mut $cycle.cycles_done,
             xacts_done: &mut $cycle.xacts_done,
             commits: &mut $cycle.commits,
+            maybe_committed: &mut $cycle.maybe_committed,
             refused_transaction: &mut $cycle.refused_transaction,
             error_classes: &mut $cycle.error_classes,
         }
@@ -228,6 +231,7 @@ pub(super) struct CycleView<'a> {
     pub(super) cycles_done: &'a mut u64,
     pub(super) xacts_done: &'a mut u64,
     pub(super) commits: &'a mut u64,
+    pub(super) maybe_committed: &'a mut bool,
     pub(super) refused_transaction: &'a mut bool,
     pub(super) error_classes: &'a mut Vec<([u8; 2], u64)>,
 }
@@ -247,6 +251,9 @@ pub(super) fn on_server_message(
     match tag {
         b::READY_FOR_QUERY => match TransactionStatus::decode(body) {
             Ok(s) => {
+                if std::mem::take(cycle.maybe_committed) {
+                    *cycle.commits += 1;
+                }
                 cycle.req.server_ready();
                 *cycle.status = s;
                 *cycle.cycles_done += 1;
@@ -262,13 +269,26 @@ pub(super) fn on_server_message(
         b::COPY_IN_RESPONSE => seen.ignored_syncs += cycle.req.server_copy_in(),
         b::COMMAND_COMPLETE => {
             seen.ignored_syncs += cycle.req.server_done(false);
-            // (the body is there only when asked for: `watch_commits`)
-            if body.starts_with(b"COMMIT") {
-                *cycle.commits += 1;
+            // May this request have committed? A COMMIT (`AND CHAIN`,
+            // `PREPARED`) anywhere; outside a block (the status of the
+            // last ReadyForQuery), any statement but one that opens it:
+            // it commits as it ends, and a CALL or DO may commit inside
+            // (review 43: `call p(); begin` answers 'T'). The body is
+            // there only when asked for (`watch_commits`).
+            if body.starts_with(b"COMMIT")
+                || (*cycle.status == TransactionStatus::Idle
+                    && !body.starts_with(b"BEGIN")
+                    && !body.starts_with(b"START TRANSACTION"))
+            {
+                *cycle.maybe_committed = true;
             }
         }
         b::ERROR_RESPONSE => {
             seen.ignored_syncs += cycle.req.server_done(true);
+            // (a CALL that committed, then failed)
+            if *cycle.status == TransactionStatus::Idle {
+                *cycle.maybe_committed = true;
+            }
             if let Ok(f) = sluice_wire::ErrorFields::decode(body)
                 && let [a, b, ..] = f.code.as_bytes()
             {

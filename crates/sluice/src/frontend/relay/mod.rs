@@ -111,7 +111,7 @@ pub async fn run(client: &mut Client, cbuf: &mut BytesMut, mut lease: Lease) -> 
     // left in either buffer: the scans would find nothing new (about 250
     // instructions a transaction, this turn being its last).
     let mut quiet = false;
-    // Transactions this period had seen end (and commits) when the
+    // Requests this period had seen that may have committed when the
     // topology was last told of a write's end (`read_your_writes =
     // database`).
     let mut ends_told = 0;
@@ -152,17 +152,18 @@ pub async fn run(client: &mut Client, cbuf: &mut BytesMut, mut lease: Lease) -> 
         {
             break Err(end);
         }
-        if cycle.xacts_done + cycle.commits != ends_told
+        if cycle.commits != ends_told
             && let Some(topology) = &client.write_ends
         {
-            // (before the reply that ends it is passed on: a read its
-            // client's application makes elsewhere once it has it finds
-            // the write counted. A ReadyForQuery 'I', or a COMMIT's
-            // CommandComplete: `COMMIT AND CHAIN`, or `commit; begin` in
-            // one query, commits and answers 'T', review 41; not every
-            // ReadyForQuery, whose 'T' within a block that has not
-            // committed would send reads to the primary for nothing)
-            ends_told = cycle.xacts_done + cycle.commits;
+            // (before the ReadyForQuery that ends it is passed on: a read
+            // its client's application makes elsewhere once it has it
+            // finds the write counted. Each request that may have
+            // committed (`cycle::on_server_message`), whatever its
+            // ReadyForQuery says: `COMMIT AND CHAIN`, or `commit; begin`,
+            // answers 'T', reviews 41 and 43; not every ReadyForQuery:
+            // a 'T' within a block that has not committed made nothing
+            // visible, and would send reads to the primary for nothing)
+            ends_told = cycle.commits;
             topology.note_write_end();
         }
         if let Some(t) = tracking.as_deref_mut()
@@ -390,17 +391,29 @@ impl End {
 /// from one after a RELOAD, with no reset query), and one a
 /// transaction-mode client left is dropped first, with an empty simple
 /// query (review 32 bound it from a session client after a RELOAD the
-/// other way). A session after another session, with no reset query,
+/// other way). Shared statements go too (`DEALLOCATE ALL`: review 43 ran
+/// them by name from a session client after a RELOAD). A session after
+/// another session, with no reset query,
 /// shares its session state as on PgBouncer: that is the operator's
 /// choice.
 async fn unnamed_for_session(client: &Client, mut lease: Lease) -> Result<Lease, RelayEnd> {
     use crate::prepared::client_names::Owner;
     let server = lease.server();
-    if server
-        .statements
-        .unnamed
-        .is_some_and(|o| o != Owner::SESSION)
-        && let Err(e) = crate::backend::login::run_query(server, "").await
+    // Shared statements under sluice's names (a pool RELOADed from
+    // transaction to session mode, or a client kept in transaction mode
+    // after it): a session-mode client would run them by name (review 43).
+    // Any simple Query drops the unnamed statement as well.
+    let shared = server.statements.len() > 0;
+    let sql = match shared {
+        true => Some("DEALLOCATE ALL"),
+        false => server
+            .statements
+            .unnamed
+            .is_some_and(|o| o != Owner::SESSION)
+            .then_some(""),
+    };
+    if let Some(sql) = sql
+        && let Err(e) = crate::backend::login::run_query(server, sql).await
     {
         client.app.cancels.unlink(client.cancel);
         lease.close();
@@ -408,6 +421,9 @@ async fn unnamed_for_session(client: &Client, mut lease: Lease) -> Result<Lease,
             e.sqlstate(),
             e.to_string(),
         )));
+    }
+    if shared {
+        lease.server().statements.clear();
     }
     lease.server().statements.unnamed = Some(Owner::SESSION);
     Ok(lease)
