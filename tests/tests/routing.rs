@@ -138,6 +138,18 @@ async fn in_recovery(client: &Client, sql: &str) -> bool {
 }
 
 /// sluice routing reads over `primary` and `replica` (with `settings` in
+/// its [sluice] section), its checks settled.
+async fn reading_with(
+    primary: &Cluster,
+    replica: &Cluster,
+    settings: &[(&str, &str)],
+) -> SluiceProcess {
+    let sluice = routed(primary, replica, "route_reads=1", settings);
+    wait_for_roles(&sluice, primary, replica).await;
+    sluice
+}
+
+/// sluice routing reads over `primary` and `replica` (with `settings` in
 /// its [sluice] section), its checks settled, and a client whose first
 /// read ran on the replica.
 async fn reading_client(
@@ -145,8 +157,7 @@ async fn reading_client(
     replica: &Cluster,
     settings: &[(&str, &str)],
 ) -> (SluiceProcess, Client) {
-    let sluice = routed(primary, replica, "route_reads=1", settings);
-    wait_for_roles(&sluice, primary, replica).await;
+    let sluice = reading_with(primary, replica, settings).await;
     let client = connect_as(sluice.port(), APP_USER, "postgres").await;
     assert!(in_recovery(&client, "select pg_is_in_recovery()").await);
     (sluice, client)
@@ -157,13 +168,7 @@ async fn reads_go_to_the_replica_and_everything_else_to_the_primary() {
     let (primary, replica) = primary_and_replica();
     // Read-your-writes (tested below) would send reads right after this
     // test's writes to the primary.
-    let sluice = routed(
-        &primary,
-        &replica,
-        "route_reads=1",
-        &[("read_your_writes", "off")],
-    );
-    wait_for_roles(&sluice, &primary, &replica).await;
+    let sluice = reading_with(&primary, &replica, &[("read_your_writes", "off")]).await;
     let client = connect_as(sluice.port(), APP_USER, "postgres").await;
 
     // A simple-query read, and a read through the extended protocol
@@ -640,13 +645,7 @@ async fn with_read_your_writes_database_every_client_reads_every_clients_writes(
     // of them.
     let (primary, replica) = primary_and_replica_with(&[("synchronous_commit", "on")]);
     let on_replica = superuser_connect(&replica, "postgres").await;
-    let sluice = routed(
-        &primary,
-        &replica,
-        "route_reads=1",
-        &[("read_your_writes", "database")],
-    );
-    wait_for_roles(&sluice, &primary, &replica).await;
+    let sluice = reading_with(&primary, &replica, &[("read_your_writes", "database")]).await;
     let writer = connect_as(sluice.port(), primary.superuser(), "postgres").await;
     let reader = connect_as(sluice.port(), APP_USER, "postgres").await;
     const PAIRS: u32 = 2_000;
@@ -768,13 +767,7 @@ async fn with_read_your_writes_database_a_commit_whose_client_left_is_waited_for
     // after its INSERT were all the reads waited for, and a read right
     // after the commit ran on a replica without it)
     let (primary, replica) = primary_and_replica_with(&[("synchronous_commit", "on")]);
-    let sluice = routed(
-        &primary,
-        &replica,
-        "route_reads=1",
-        &[("read_your_writes", "database")],
-    );
-    wait_for_roles(&sluice, &primary, &replica).await;
+    let sluice = reading_with(&primary, &replica, &[("read_your_writes", "database")]).await;
     let reader = connect_as(sluice.port(), APP_USER, "postgres").await;
     let mut writer = RawClient::logged_in(sluice.port(), APP_USER, "postgres").await;
     for sql in ["begin", "insert into items values (7001, 'left')"] {
@@ -869,13 +862,7 @@ async fn errors_in_replies(client: &mut RawClient, n: usize) -> Vec<String> {
 async fn nothing_after_a_read_only_transaction_runs_on_the_replica() {
     use sluice_tests::msg::query;
     let (primary, replica) = primary_and_replica();
-    let sluice = routed(
-        &primary,
-        &replica,
-        "route_reads=1",
-        &[("read_your_writes", "off")],
-    );
-    wait_for_roles(&sluice, &primary, &replica).await;
+    let sluice = reading_with(&primary, &replica, &[("read_your_writes", "off")]).await;
     let mut raw = RawClient::connect(sluice.port()).await;
     raw.startup(APP_USER, "postgres").await;
     raw.read_until_ready(Duration::from_secs(10)).await;
