@@ -691,38 +691,116 @@ async fn with_read_your_writes_database_every_client_reads_every_clients_writes(
         .simple_query("select pg_wal_replay_resume()")
         .await
         .expect("resume replay");
+    // Requests that commit without a ReadyForQuery 'I' or a COMMIT before
+    // the write (reviews 43 and 44), each with replay paused once every
+    // earlier write is on the replica and known there.
+    use sluice_tests::msg;
     let mut raw = RawClient::logged_in(sluice.port(), primary.superuser(), "postgres").await;
-    for i in PAIRS + 200..PAIRS + 203 {
-        use sluice_tests::msg;
-        // (every earlier write on the replica and known there)
+    let extended = |sql: &[&str]| {
+        let mut batch: Vec<u8> = sql
+            .iter()
+            .flat_map(|q| [msg::parse("", q), msg::bind(""), msg::execute()].concat())
+            .collect();
+        batch.extend(msg::sync());
+        batch
+    };
+    let i = PAIRS + 200;
+    let cases: [(&str, Vec<Vec<u8>>, &str); 3] = [
+        (
+            "a procedure that commits inside, then BEGIN",
+            vec![extended(&[&format!("call app_commit({i})"), "begin"])],
+            "rollback",
+        ),
+        (
+            "ROLLBACK of a block, then a write, in one query",
+            vec![
+                query_message("begin"),
+                query_message(&format!("insert into items values ({}, 'b')", i + 100)),
+                query_message(&format!(
+                    "rollback; insert into items values ({}, 'r')",
+                    i + 1
+                )),
+            ],
+            "",
+        ),
+        (
+            "ROLLBACK of a block, then a write, in one batch",
+            vec![
+                query_message("begin"),
+                extended(&[
+                    "rollback",
+                    &format!("insert into items values ({}, 'r')", i + 2),
+                ]),
+            ],
+            "",
+        ),
+    ];
+    for (n, (what, requests, cleanup)) in cases.into_iter().enumerate() {
         reads_back_on_the_replica(&reader).await;
         on_replica
             .simple_query("select pg_wal_replay_pause()")
             .await
             .expect("pause replay");
-        let batch = [
-            msg::parse("", &format!("call app_commit({i})")),
-            msg::bind(""),
-            msg::execute(),
-            msg::parse("", "begin"),
-            msg::bind(""),
-            msg::execute(),
-            msg::sync(),
-        ]
-        .concat();
-        raw.send(&batch).await.expect("call and begin");
-        raw.read_until_ready(Duration::from_secs(5)).await;
-        let (found, _) = read_row(&reader, i).await;
-        assert!(found, "a read missed a commit made inside a procedure");
-        raw.send(&query_message("rollback"))
-            .await
-            .expect("rollback");
-        raw.read_until_ready(Duration::from_secs(5)).await;
+        for request in requests {
+            raw.send(&request).await.expect(what);
+            raw.read_until_ready(Duration::from_secs(5)).await;
+        }
+        let (found, _) = read_row(&reader, i + n as u32).await;
+        assert!(found, "a read missed a commit: {what}");
+        if !cleanup.is_empty() {
+            raw.send(&query_message(cleanup)).await.expect(cleanup);
+            raw.read_until_ready(Duration::from_secs(5)).await;
+        }
         on_replica
             .simple_query("select pg_wal_replay_resume()")
             .await
             .expect("resume replay");
     }
+    // A READ ONLY block whose first read ran on the primary (the replica
+    // behind), then `commit; insert` in the same period (review 44).
+    reads_back_on_the_replica(&reader).await;
+    on_replica
+        .simple_query("select pg_wal_replay_pause()")
+        .await
+        .expect("pause replay");
+    writer
+        .simple_query(&format!("insert into items values ({}, 'w')", i + 10))
+        .await
+        .expect("write");
+    let blocked = connect_as(sluice.port(), APP_USER, "postgres").await;
+    blocked
+        .batch_execute("begin read only")
+        .await
+        .expect("begin");
+    assert!(
+        !in_recovery(&blocked, "select pg_is_in_recovery()").await,
+        "the block's first read runs on the primary"
+    );
+    on_replica
+        .simple_query("select pg_wal_replay_resume()")
+        .await
+        .expect("resume replay");
+    reads_back_on_the_replica(&reader).await;
+    on_replica
+        .simple_query("select pg_wal_replay_pause()")
+        .await
+        .expect("pause replay");
+    blocked
+        .batch_execute(&format!(
+            "commit; insert into items values ({}, 'ro')",
+            i + 11
+        ))
+        .await
+        .expect("commit and write");
+    let (found, _) = read_row(&reader, i + 11).await;
+    assert!(
+        found,
+        "a read missed a write after a READ ONLY block on the primary"
+    );
+    on_replica
+        .simple_query("select pg_wal_replay_resume()")
+        .await
+        .expect("resume replay");
 
     // With `session` (the default) only the client's own writes count:
     // with replay paused, the reader reads the replica's past.

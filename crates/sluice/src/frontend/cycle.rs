@@ -46,6 +46,11 @@ pub(super) struct Cycle {
     pub(super) watch_commits: bool,
     pub(super) commits: u64,
     pub(super) maybe_committed: bool,
+    /// Within the request being answered, whether its statements now run
+    /// outside a block: the last ReadyForQuery said 'I', or a ROLLBACK,
+    /// COMMIT or PREPARE TRANSACTION ended the block since (review 44:
+    /// `rollback; insert …` commits the insert).
+    pub(super) outside_block: bool,
     /// Bytes written to the server and to the client.
     pub(super) written: (u64, u64),
     /// Client bytes taken for the server in transaction and statement
@@ -136,6 +141,7 @@ impl Cycle {
             watch_commits: false,
             commits: 0,
             maybe_committed: false,
+            outside_block: true,
             written: (0, 0),
             client_taken: 0,
             error_classes: Vec::new(),
@@ -194,6 +200,7 @@ macro_rules! cycle_view {
             xacts_done: &mut $cycle.xacts_done,
             commits: &mut $cycle.commits,
             maybe_committed: &mut $cycle.maybe_committed,
+            outside_block: &mut $cycle.outside_block,
             refused_transaction: &mut $cycle.refused_transaction,
             error_classes: &mut $cycle.error_classes,
         }
@@ -232,6 +239,7 @@ pub(super) struct CycleView<'a> {
     pub(super) xacts_done: &'a mut u64,
     pub(super) commits: &'a mut u64,
     pub(super) maybe_committed: &'a mut bool,
+    pub(super) outside_block: &'a mut bool,
     pub(super) refused_transaction: &'a mut bool,
     pub(super) error_classes: &'a mut Vec<([u8; 2], u64)>,
 }
@@ -254,6 +262,7 @@ pub(super) fn on_server_message(
                 if std::mem::take(cycle.maybe_committed) {
                     *cycle.commits += 1;
                 }
+                *cycle.outside_block = s == TransactionStatus::Idle;
                 cycle.req.server_ready();
                 *cycle.status = s;
                 *cycle.cycles_done += 1;
@@ -270,23 +279,29 @@ pub(super) fn on_server_message(
         b::COMMAND_COMPLETE => {
             seen.ignored_syncs += cycle.req.server_done(false);
             // May this request have committed? A COMMIT (`AND CHAIN`,
-            // `PREPARED`) anywhere; outside a block (the status of the
-            // last ReadyForQuery), any statement but one that opens it:
-            // it commits as it ends, and a CALL or DO may commit inside
-            // (review 43: `call p(); begin` answers 'T'). The body is
-            // there only when asked for (`watch_commits`).
-            if body.starts_with(b"COMMIT")
-                || (*cycle.status == TransactionStatus::Idle
-                    && !body.starts_with(b"BEGIN")
-                    && !body.starts_with(b"START TRANSACTION"))
-            {
+            // `PREPARED`) anywhere; outside a block, any statement but one
+            // that opens it: it commits as it ends, and a CALL or DO may
+            // commit inside (review 43: `call p(); begin` answers 'T').
+            // A block's end puts what follows outside it (ROLLBACK TO
+            // SAVEPOINT, tagged ROLLBACK too, only makes this count more).
+            // The body is there only when asked for (`watch_commits`).
+            let opens = body.starts_with(b"BEGIN") || body.starts_with(b"START TRANSACTION");
+            if body.starts_with(b"COMMIT") || (*cycle.outside_block && !opens) {
                 *cycle.maybe_committed = true;
+            }
+            if opens {
+                *cycle.outside_block = false;
+            } else if body.starts_with(b"COMMIT")
+                || body.starts_with(b"ROLLBACK")
+                || body.starts_with(b"PREPARE TRANSACTION")
+            {
+                *cycle.outside_block = true;
             }
         }
         b::ERROR_RESPONSE => {
             seen.ignored_syncs += cycle.req.server_done(true);
             // (a CALL that committed, then failed)
-            if *cycle.status == TransactionStatus::Idle {
+            if *cycle.outside_block {
                 *cycle.maybe_committed = true;
             }
             if let Ok(f) = sluice_wire::ErrorFields::decode(body)

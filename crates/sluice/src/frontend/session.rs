@@ -693,9 +693,11 @@ impl Client {
         self.primary_read = read && self.on_routed_primary;
         // (a session-mode client's transactions too: its reads are not
         // routed, but others' are)
+        // (a read on the primary too: the relay counts only what its
+        // client sends after it in the period; review 44)
         self.write_ends = topology
             .clone()
-            .filter(|t| every_client && t.reads && self.on_routed_primary && !self.primary_read);
+            .filter(|t| every_client && t.reads && self.on_routed_primary);
         let end = relay::run(self, buf, lease).await;
         if !matches!(end, RelayEnd::Again)
             && let Some(c) = self.carried.as_mut()

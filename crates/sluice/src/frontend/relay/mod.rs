@@ -92,6 +92,7 @@ pub async fn run(client: &mut Client, cbuf: &mut BytesMut, mut lease: Lease) -> 
     if in_block {
         // (what sluice answers itself says so from the first request on)
         cycle.status = sluice_wire::TransactionStatus::InTransaction;
+        cycle.outside_block = false;
     }
     // Lent when the acquire read the clock: no read of its own here.
     let linked_at = lease.server().lent_at;
@@ -151,6 +152,13 @@ pub async fn run(client: &mut Client, cbuf: &mut BytesMut, mut lease: Lease) -> 
             )
         {
             break Err(end);
+        }
+        if cycle.commits != ends_told && client.primary_read && cycle.cycles_done <= 1 {
+            // (a read the router sent to the primary: its own end is no
+            // write's; what its client sends after it in the same period,
+            // a READ ONLY block's `commit; insert …`, is unclassified and
+            // counts, review 44)
+            ends_told = cycle.commits;
         }
         if cycle.commits != ends_told
             && let Some(topology) = &client.write_ends
@@ -403,7 +411,7 @@ async fn unnamed_for_session(client: &Client, mut lease: Lease) -> Result<Lease,
     // transaction to session mode, or a client kept in transaction mode
     // after it): a session-mode client would run them by name (review 43).
     // Any simple Query drops the unnamed statement as well.
-    let shared = server.statements.len() > 0;
+    let shared = server.statements.len() + server.statements.to_close.len() > 0;
     let sql = match shared {
         true => Some("DEALLOCATE ALL"),
         false => server
