@@ -705,7 +705,28 @@ async fn with_read_your_writes_database_every_client_reads_every_clients_writes(
         batch
     };
     let i = PAIRS + 200;
-    let cases: [(&str, Vec<Vec<u8>>, &str); 3] = [
+    let limited = {
+        // Execute of at most one row: the INSERT runs whole, the portal is
+        // suspended, no CommandComplete, and the Sync commits (review 45).
+        let mut execute = Vec::new();
+        msg::cstr(&mut execute, "");
+        execute.extend_from_slice(&1i32.to_be_bytes());
+        [
+            msg::parse(
+                "",
+                &format!(
+                    "insert into items values ({}, 'l'), ({}, 'l') returning id",
+                    i + 3,
+                    i + 1003
+                ),
+            ),
+            msg::bind(""),
+            msg::message(b'E', &execute),
+            msg::sync(),
+        ]
+        .concat()
+    };
+    let cases: [(&str, Vec<Vec<u8>>, &str); 4] = [
         (
             "a procedure that commits inside, then BEGIN",
             vec![extended(&[&format!("call app_commit({i})"), "begin"])],
@@ -732,6 +753,11 @@ async fn with_read_your_writes_database_every_client_reads_every_clients_writes(
                     &format!("insert into items values ({}, 'r')", i + 2),
                 ]),
             ],
+            "",
+        ),
+        (
+            "an INSERT … RETURNING whose Execute stops at a row limit",
+            vec![limited],
             "",
         ),
     ];
