@@ -726,7 +726,23 @@ async fn with_read_your_writes_database_every_client_reads_every_clients_writes(
         ]
         .concat()
     };
-    let cases: [(&str, Vec<Vec<u8>>, &str); 4] = [
+    let bump = scalar_text(&writer, "select 'app_bump'::regproc::oid::text")
+        .await
+        .parse::<u32>()
+        .expect("an oid");
+    let function_call = {
+        // FunctionCall of app_bump(i + 4 - 1000): it inserts i + 4, and
+        // its answer is a FunctionCallResponse, no CommandComplete.
+        let arg = (i as i32 + 4 - 1000).to_string();
+        let mut body = bump.to_be_bytes().to_vec();
+        body.extend_from_slice(&0i16.to_be_bytes());
+        body.extend_from_slice(&1i16.to_be_bytes());
+        body.extend_from_slice(&(arg.len() as i32).to_be_bytes());
+        body.extend_from_slice(arg.as_bytes());
+        body.extend_from_slice(&0i16.to_be_bytes());
+        msg::message(b'F', &body)
+    };
+    let cases: [(&str, Vec<Vec<u8>>, &str); 5] = [
         (
             "a procedure that commits inside, then BEGIN",
             vec![extended(&[&format!("call app_commit({i})"), "begin"])],
@@ -758,6 +774,11 @@ async fn with_read_your_writes_database_every_client_reads_every_clients_writes(
         (
             "an INSERT … RETURNING whose Execute stops at a row limit",
             vec![limited],
+            "",
+        ),
+        (
+            "a FunctionCall of a function that writes",
+            vec![function_call],
             "",
         ),
     ];

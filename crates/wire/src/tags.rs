@@ -46,6 +46,7 @@ pub mod backend {
     pub const DATA_ROW: u8 = b'D';
     pub const EMPTY_QUERY_RESPONSE: u8 = b'I';
     pub const ERROR_RESPONSE: u8 = b'E';
+    pub const FUNCTION_CALL_RESPONSE: u8 = b'V';
     pub const NEGOTIATE_PROTOCOL_VERSION: u8 = b'v';
     pub const NO_DATA: u8 = b'n';
     pub const NOTICE_RESPONSE: u8 = b'N';

@@ -301,7 +301,11 @@ pub(super) fn on_server_message(
         // (an Execute with a row limit: the statement may have written
         // whole, INSERT … RETURNING, and its implicit block commits at the
         // Sync; review 45)
-        b::PORTAL_SUSPENDED if *cycle.outside_block => *cycle.maybe_committed = true,
+        // (nor a FunctionCall's answer: the function may write, and
+        // commits with it)
+        b::PORTAL_SUSPENDED | b::FUNCTION_CALL_RESPONSE if *cycle.outside_block => {
+            *cycle.maybe_committed = true
+        }
         b::ERROR_RESPONSE => {
             seen.ignored_syncs += cycle.req.server_done(true);
             // (a CALL that committed, then failed)
