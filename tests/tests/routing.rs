@@ -346,10 +346,7 @@ async fn a_replica_past_the_lag_limit_gets_no_reads_until_it_catches_up() {
     assert!(in_recovery(&client, "select pg_is_in_recovery()").await);
 
     let on_replica = superuser_connect(&replica, "postgres").await;
-    on_replica
-        .simple_query("select pg_wal_replay_pause()")
-        .await
-        .expect("pause replay");
+    replay(&on_replica, false).await;
     client
         .execute(
             "insert into items select g, repeat('x', 200) from generate_series(1, 2000) g",
@@ -378,10 +375,7 @@ async fn a_replica_past_the_lag_limit_gets_no_reads_until_it_catches_up() {
             "a stale read from the paused replica"
         );
     }
-    on_replica
-        .simple_query("select pg_wal_replay_resume()")
-        .await
-        .expect("resume replay");
+    replay(&on_replica, true).await;
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
         if in_recovery(&client, "select pg_is_in_recovery()").await {
@@ -577,6 +571,16 @@ async fn a_client_always_reads_its_own_writes() {
     reads_back_on_the_replica(&client).await;
 }
 
+/// Replay on the replica (a superuser's connection to it) going on
+/// (`true`) or paused.
+async fn replay(on_replica: &Client, going: bool) {
+    let sql = match going {
+        true => "select pg_wal_replay_resume()",
+        false => "select pg_wal_replay_pause()",
+    };
+    on_replica.simple_query(sql).await.expect(sql);
+}
+
 /// Waits (at most 10 s) until `client`'s reads run on the replica.
 async fn reads_back_on_the_replica(client: &Client) {
     let deadline = Instant::now() + Duration::from_secs(10);
@@ -618,13 +622,11 @@ async fn writes_then_reads(
 ) -> (u32, u32) {
     let (mut stale, mut on_replicas) = (0, 0);
     for i in 0..pairs {
-        let replay = match i {
-            i if i == pairs / 4 => "select pg_wal_replay_pause()",
-            i if i == pairs / 2 => "select pg_wal_replay_resume()",
-            _ => "",
-        };
-        if !replay.is_empty() {
-            on_replica.simple_query(replay).await.expect(replay);
+        if i == pairs / 4 {
+            replay(on_replica, false).await;
+        }
+        if i == pairs / 2 {
+            replay(on_replica, true).await;
         }
         writer
             .simple_query(&format!("insert into items values ({i}, 'w')"))
@@ -663,10 +665,7 @@ async fn with_read_your_writes_database_every_client_reads_every_clients_writes(
     reads_back_on_the_replica(&reader).await;
 
     // A commit answered 'T' (`COMMIT AND CHAIN`) counts too (review 41).
-    on_replica
-        .simple_query("select pg_wal_replay_pause()")
-        .await
-        .expect("pause replay");
+    replay(&on_replica, false).await;
     for i in PAIRS + 100..PAIRS + 110 {
         writer
             .simple_query(&format!(
@@ -687,10 +686,7 @@ async fn with_read_your_writes_database_every_client_reads_every_clients_writes(
         )
         .await
         .expect("create procedure");
-    on_replica
-        .simple_query("select pg_wal_replay_resume()")
-        .await
-        .expect("resume replay");
+    replay(&on_replica, true).await;
     // Requests that commit without a ReadyForQuery 'I' or a COMMIT before
     // the write (reviews 43 and 44), each with replay paused once every
     // earlier write is on the replica and known there.
@@ -784,10 +780,7 @@ async fn with_read_your_writes_database_every_client_reads_every_clients_writes(
     ];
     for (n, (what, requests, cleanup)) in cases.into_iter().enumerate() {
         reads_back_on_the_replica(&reader).await;
-        on_replica
-            .simple_query("select pg_wal_replay_pause()")
-            .await
-            .expect("pause replay");
+        replay(&on_replica, false).await;
         for request in requests {
             raw.send(&request).await.expect(what);
             raw.read_until_ready(Duration::from_secs(5)).await;
@@ -798,18 +791,12 @@ async fn with_read_your_writes_database_every_client_reads_every_clients_writes(
             raw.send(&query_message(cleanup)).await.expect(cleanup);
             raw.read_until_ready(Duration::from_secs(5)).await;
         }
-        on_replica
-            .simple_query("select pg_wal_replay_resume()")
-            .await
-            .expect("resume replay");
+        replay(&on_replica, true).await;
     }
     // A READ ONLY block whose first read ran on the primary (the replica
     // behind), then `commit; insert` in the same period (review 44).
     reads_back_on_the_replica(&reader).await;
-    on_replica
-        .simple_query("select pg_wal_replay_pause()")
-        .await
-        .expect("pause replay");
+    replay(&on_replica, false).await;
     writer
         .simple_query(&format!("insert into items values ({}, 'w')", i + 10))
         .await
@@ -823,15 +810,9 @@ async fn with_read_your_writes_database_every_client_reads_every_clients_writes(
         !in_recovery(&blocked, "select pg_is_in_recovery()").await,
         "the block's first read runs on the primary"
     );
-    on_replica
-        .simple_query("select pg_wal_replay_resume()")
-        .await
-        .expect("resume replay");
+    replay(&on_replica, true).await;
     reads_back_on_the_replica(&reader).await;
-    on_replica
-        .simple_query("select pg_wal_replay_pause()")
-        .await
-        .expect("pause replay");
+    replay(&on_replica, false).await;
     blocked
         .batch_execute(&format!(
             "commit; insert into items values ({}, 'ro')",
@@ -844,10 +825,7 @@ async fn with_read_your_writes_database_every_client_reads_every_clients_writes(
         found,
         "a read missed a write after a READ ONLY block on the primary"
     );
-    on_replica
-        .simple_query("select pg_wal_replay_resume()")
-        .await
-        .expect("resume replay");
+    replay(&on_replica, true).await;
 
     // With `session` (the default) only the client's own writes count:
     // with replay paused, the reader reads the replica's past.
@@ -862,10 +840,7 @@ async fn with_read_your_writes_database_every_client_reads_every_clients_writes(
     );
     sluice.reload();
     tokio::time::sleep(Duration::from_millis(300)).await;
-    on_replica
-        .simple_query("select pg_wal_replay_pause()")
-        .await
-        .expect("pause replay");
+    replay(&on_replica, false).await;
     let mut missed = 0;
     for i in PAIRS..PAIRS + 20 {
         writer
@@ -875,10 +850,7 @@ async fn with_read_your_writes_database_every_client_reads_every_clients_writes(
         let (found, replica_read) = read_row(&reader, i).await;
         missed += u32::from(!found && replica_read);
     }
-    on_replica
-        .simple_query("select pg_wal_replay_resume()")
-        .await
-        .expect("resume replay");
+    replay(&on_replica, true).await;
     assert_eq!(
         missed, 20,
         "session: another client's writes are not waited for"
@@ -937,10 +909,7 @@ async fn a_client_kept_in_transaction_mode_by_a_reload_reads_its_own_writes() {
         sluice.rewrite_config(&c.render());
         sluice.reload();
     };
-    on_replica
-        .simple_query("select pg_wal_replay_pause()")
-        .await
-        .expect("pause replay");
+    replay(&on_replica, false).await;
     reload(&config.clone().set("pool_mode", "session"));
     tokio::time::sleep(Duration::from_millis(300)).await;
     client
@@ -954,10 +923,7 @@ async fn a_client_kept_in_transaction_mode_by_a_reload_reads_its_own_writes() {
         assert!(found, "the client's read missed its own write");
     }
     client.query(&statement, &[]).await.expect("its statement");
-    on_replica
-        .simple_query("select pg_wal_replay_resume()")
-        .await
-        .expect("resume replay");
+    replay(&on_replica, true).await;
 }
 
 /// Reads back every reply up to `n` ReadyForQuery messages: the SQLSTATE
@@ -1636,10 +1602,7 @@ async fn a_write_while_reads_stay_on_the_primary_is_read_back() {
     let (primary, replica) = primary_and_replica_with(&[("synchronous_commit", "on")]);
     let (_sluice, client) = reading_client(&primary, &replica, &[]).await;
     let on_replica = superuser_connect(&replica, "postgres").await;
-    on_replica
-        .simple_query("select pg_wal_replay_pause()")
-        .await
-        .expect("pause replay");
+    replay(&on_replica, false).await;
     client
         .batch_execute("SET sluice.route = 'primary'")
         .await
@@ -1653,10 +1616,7 @@ async fn a_write_while_reads_stay_on_the_primary_is_read_back() {
         scalar_text(&client, "select count(*)::text from items").await,
         "1"
     );
-    on_replica
-        .simple_query("select pg_wal_replay_resume()")
-        .await
-        .expect("resume replay");
+    replay(&on_replica, true).await;
 }
 
 /// A replica restarting costs no read: while sluice cannot log in there
