@@ -640,9 +640,11 @@ impl Client {
             return None;
         }
         self.idle_timeout = Some(lease.settings.client_idle_timeout);
-        let ryw = match self.app.routing_anywhere() {
-            true => self.app.read_limits().1,
-            false => ReadYourWrites::Off,
+        // (as `route` just read it for this database: none where it has
+        // no topology, and no settings read per lease)
+        let ryw = match (&topology, self.route_cache.as_deref()) {
+            (Some(_), Some(cache)) => cache.limits.1,
+            _ => ReadYourWrites::Off,
         };
         let every_client = ryw == ReadYourWrites::Database;
         self.want_commit_lsn = may_write
