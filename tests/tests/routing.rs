@@ -891,6 +891,128 @@ async fn with_read_your_writes_database_a_commit_whose_client_left_is_waited_for
 }
 
 #[tokio::test]
+async fn with_read_your_writes_database_each_statement_of_a_read_committed_block_on_a_replica_sees_earlier_writes()
+ {
+    // (review 46: a READ ONLY block on a replica was checked at its first
+    // request only; a later statement, which takes a new snapshot at
+    // READ COMMITTED, missed a write that ended before it was sent)
+    let (primary, replica) = primary_and_replica_with(&[("synchronous_commit", "on")]);
+    let on_replica = superuser_connect(&replica, "postgres").await;
+    let sluice = reading_with(&primary, &replica, &[("read_your_writes", "database")]).await;
+    let writer = connect_as(sluice.port(), primary.superuser(), "postgres").await;
+    let reader = connect_as(sluice.port(), APP_USER, "postgres").await;
+    let missed_waits = |sluice: &SluiceProcess| {
+        sluice
+            .log()
+            .matches("did not replay within replica_max_lag")
+            .count()
+    };
+    // A block on the replica, then a write by another client while
+    // replay is paused, then the block's next statements: they wait for
+    // the replica to replay it (resumed 300 ms later).
+    reads_back_on_the_replica(&reader).await;
+    reader.simple_query("begin read only").await.expect("begin");
+    let (_, on_a_replica) = read_row(&reader, 9001).await;
+    assert!(on_a_replica, "the block's first read ran on the primary");
+    replay(&on_replica, false).await;
+    writer
+        .simple_query("insert into items values (9001, 'block')")
+        .await
+        .expect("write");
+    let resume = tokio::spawn(async move {
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        replay(&on_replica, true).await;
+        on_replica
+    });
+    let (found, on_a_replica) = read_row(&reader, 9001).await;
+    assert!(on_a_replica, "the block left its replica");
+    assert!(
+        found,
+        "a statement of a READ COMMITTED block on a replica missed a write that ended before it"
+    );
+    // The extended protocol (tokio-postgres prepares, binds): the same.
+    let on_replica = resume.await.expect("resume");
+    replay(&on_replica, false).await;
+    writer
+        .simple_query("insert into items values (9002, 'block')")
+        .await
+        .expect("write");
+    let resume = tokio::spawn(async move {
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        replay(&on_replica, true).await;
+        on_replica
+    });
+    let row = reader
+        .query_one(
+            "select count(*), pg_is_in_recovery() from items where id = $1",
+            &[&9002i32],
+        )
+        .await
+        .expect("extended read");
+    assert_eq!(
+        row.get::<_, i64>(0),
+        1,
+        "an extended-protocol statement of the block missed a write"
+    );
+    assert!(row.get::<_, bool>(1), "the block left its replica");
+    reader.simple_query("commit").await.expect("commit");
+    let on_replica = resume.await.expect("resume");
+    assert_eq!(missed_waits(&sluice), 0, "a wait was missed");
+
+    // A replica that does not replay within replica_max_lag: the
+    // statement runs without the write, after that wait, and the log
+    // says so.
+    reads_back_on_the_replica(&reader).await;
+    reader.simple_query("begin read only").await.expect("begin");
+    assert!(
+        read_row(&reader, 9003).await.1,
+        "the block is on the primary"
+    );
+    replay(&on_replica, false).await;
+    writer
+        .simple_query("insert into items values (9003, 'block')")
+        .await
+        .expect("write");
+    let (found, _) = read_row(&reader, 9003).await;
+    assert!(!found, "replay was paused: the write cannot be there");
+    assert_eq!(
+        missed_waits(&sluice),
+        1,
+        "the missed wait is not in the log"
+    );
+    reader.simple_query("commit").await.expect("commit");
+    replay(&on_replica, true).await;
+
+    // A REPEATABLE READ block keeps its first snapshot: nothing to wait
+    // for (nothing logged while replay is paused past the wait).
+    reads_back_on_the_replica(&reader).await;
+    reader
+        .simple_query("begin isolation level repeatable read read only")
+        .await
+        .expect("begin");
+    assert!(
+        read_row(&reader, 9004).await.1,
+        "the block is on the primary"
+    );
+    replay(&on_replica, false).await;
+    writer
+        .simple_query("insert into items values (9004, 'block')")
+        .await
+        .expect("write");
+    for _ in 0..2 {
+        let (found, _) = read_row(&reader, 9004).await;
+        assert!(!found, "a REPEATABLE READ block saw a later write");
+    }
+    assert_eq!(
+        missed_waits(&sluice),
+        1,
+        "a REPEATABLE READ block waited for a write it cannot see"
+    );
+    reader.simple_query("commit").await.expect("commit");
+    replay(&on_replica, true).await;
+}
+
+#[tokio::test]
 async fn a_client_kept_in_transaction_mode_by_a_reload_reads_its_own_writes() {
     // (review 42: after a RELOAD to session mode, a client with prepared
     // statements stays in transaction mode, but its writes were routed

@@ -345,7 +345,16 @@ pub async fn run_query_rows(
     server: &mut ServerConn,
     sql: &str,
 ) -> Result<Vec<TextRow>, LoginError> {
-    query_rows(server, sql, false).await
+    query_rows(server, sql, false, b'I').await
+}
+
+/// Like [`run_query_rows`] inside a client's transaction block, which it
+/// leaves open ('T').
+pub async fn run_query_rows_in_block(
+    server: &mut ServerConn,
+    sql: &str,
+) -> Result<Vec<TextRow>, LoginError> {
+    query_rows(server, sql, false, b'T').await
 }
 
 /// Like [`run_query_rows`] for a text of several statements, returning the
@@ -354,18 +363,19 @@ pub async fn run_query_first_rows(
     server: &mut ServerConn,
     sql: &str,
 ) -> Result<Vec<TextRow>, LoginError> {
-    query_rows(server, sql, true).await
+    query_rows(server, sql, true, b'I').await
 }
 
 async fn query_rows(
     server: &mut ServerConn,
     sql: &str,
     first_only: bool,
+    status: u8,
 ) -> Result<Vec<TextRow>, LoginError> {
     let mut out = BytesMut::with_capacity(sql.len() + 6);
     encode_query(&mut out, sql);
     server.stream.write_all(&out).await?;
-    Ok(read_rows(server, sql, usize::MAX, first_only, b'I')
+    Ok(read_rows(server, sql, usize::MAX, first_only, status)
         .await?
         .0)
 }

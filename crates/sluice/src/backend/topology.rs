@@ -773,6 +773,14 @@ impl Topology {
         record_end(insert, self.wal_block.load(Ordering::Relaxed))
     }
 
+    /// Host `i`'s last check found it had replayed up to `lsn` at least.
+    pub fn replayed_past(&self, i: usize, lsn: u64) -> bool {
+        self.lock()
+            .hosts
+            .get(i)
+            .is_some_and(|h| h.lsn.is_some_and(|l| l >= lsn))
+    }
+
     /// Host `i` is out of rotation: its checks failed `threshold` times
     /// in a row, or Patroni no longer lists it.
     pub fn out_of_rotation(&self, i: usize) -> bool {

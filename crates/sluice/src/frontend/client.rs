@@ -46,6 +46,11 @@ pub struct Client {
     /// each of the period's transactions ends, and the WAL position read
     /// after it (`commit_lsn`) goes there too.
     pub(super) write_ends: Option<Arc<crate::backend::topology::Topology>>,
+    /// `read_your_writes = database`, set by the session before a lease
+    /// of a replica: a READ COMMITTED block left open there has each of
+    /// its later requests wait for the replica to replay the writes that
+    /// ended before it (`relay::replay`).
+    pub(super) replica_watch: Option<Box<ReplicaWatch>>,
     /// It was served in transaction or statement mode: what it carries
     /// (statements under sluice's names, settings) follows it from server
     /// to server, so it stays served so after a RELOAD to session mode
@@ -109,6 +114,19 @@ pub(super) struct RouteCache {
 pub(super) struct Written {
     pub(super) at: std::time::Instant,
     pub(super) lsn: Option<u64>,
+}
+
+/// A replica lease under `read_your_writes = database` (see
+/// `Client::replica_watch`).
+pub(super) struct ReplicaWatch {
+    pub(super) topology: Arc<crate::backend::topology::Topology>,
+    /// The replica's index in the topology.
+    pub(super) host: usize,
+    /// A position it is known to have replayed.
+    pub(super) seen: u64,
+    /// The longest wait for one request: `replica_max_lag`, the lag past
+    /// which the router stops sending it reads.
+    pub(super) wait: Duration,
 }
 
 /// How many dead servers in a row a request may meet before its client
@@ -240,6 +258,7 @@ impl Client {
             last_write: None,
             want_commit_lsn: false,
             write_ends: None,
+            replica_watch: None,
             served_pooled: false,
             commit_lsn: None,
             retry_query: None,

@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use bytes::BytesMut;
 
-use super::client::{Client, LOST_RETRIES, Listening, RouteCache, Written};
+use super::client::{Client, LOST_RETRIES, Listening, ReplicaWatch, RouteCache, Written};
 use super::error::ClientError;
 use super::relay::{self, RelayEnd};
 use super::relay_io::READ_CHUNK;
@@ -54,6 +54,9 @@ struct Routed {
     verify: Option<u64>,
     /// The router found the request reads only (wherever it goes).
     read: bool,
+    /// On a replica: its index in the topology, the position it has
+    /// replayed as far as routing knows, and `replica_max_lag`.
+    replica: Option<(usize, u64, Duration)>,
     /// The entry wants a replica (`target_session_attrs`) and none
     /// qualifies now: wait for one.
     standby_wait: bool,
@@ -99,6 +102,7 @@ impl Client {
                 may_write: false,
                 verify: None,
                 read: false,
+                replica: None,
                 standby_wait: false,
             };
         }
@@ -122,6 +126,7 @@ impl Client {
             may_write,
             verify: None,
             read: false,
+            replica: None,
             standby_wait: false,
         };
         let Some(topology) = cache.topology.clone() else {
@@ -244,6 +249,7 @@ impl Client {
                 may_write: false,
                 verify,
                 read: true,
+                replica: picked.map(|i| (i, min_lsn.unwrap_or(0), limits.time)),
                 standby_wait: false,
             },
             None => {
@@ -475,6 +481,7 @@ impl Client {
             may_write,
             verify,
             read,
+            replica,
             standby_wait,
         } = self.route(buf);
         if pool.host != 0
@@ -700,6 +707,17 @@ impl Client {
         self.write_ends = topology
             .clone()
             .filter(|t| every_client && t.reads && self.on_routed_primary);
+        self.replica_watch = match (&topology, replica) {
+            (Some(t), Some((host, seen, wait))) if every_client && on_replica => {
+                Some(Box::new(ReplicaWatch {
+                    topology: t.clone(),
+                    host,
+                    seen,
+                    wait,
+                }))
+            }
+            _ => None,
+        };
         let end = relay::run(self, buf, lease).await;
         if !matches!(end, RelayEnd::Again)
             && let Some(c) = self.carried.as_mut()

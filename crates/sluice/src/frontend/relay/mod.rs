@@ -17,6 +17,7 @@
 //! `unlink.rs`).
 
 mod clocks;
+mod replay;
 mod sync;
 mod turn;
 mod unlink;
@@ -120,6 +121,17 @@ pub async fn run(client: &mut Client, cbuf: &mut BytesMut, mut lease: Lease) -> 
     // The loop: one future (see `turn.rs`), each step delegated.
     let end = loop {
         let skip_scans = std::mem::take(&mut quiet);
+        if client.replica_watch.is_some()
+            && replay::request_waiting(&cycle, cbuf, tracking.as_deref(), &lease.server().buf)
+        {
+            // A later request of a block on a replica, nothing of it sent
+            // (`read_your_writes = database`; rare: boxed). It uses the
+            // server's socket itself.
+            blocked.clear();
+            if let Err(end) = Box::pin(replay::wait_in_block(client, &mut lease)).await {
+                break Err(end);
+            }
+        }
         if !skip_scans
             && let Err(end) = turn::read_requests(
                 client,
