@@ -1013,6 +1013,44 @@ async fn with_read_your_writes_database_each_statement_of_a_read_committed_block
 }
 
 #[tokio::test]
+async fn with_read_your_writes_database_a_reload_that_replaces_the_hosts_keeps_earlier_writes() {
+    // A RELOAD that changes the entry's host list starts a new topology,
+    // which had seen no write: a write just before it was read back
+    // stale from the replica once the new checks found it.
+    let (primary, replica) = primary_and_replica_with(&[("synchronous_commit", "on")]);
+    let on_replica = superuser_connect(&replica, "postgres").await;
+    let ryw = [("read_your_writes", "database")];
+    let sluice = routed_config(&primary, &replica, "route_reads=1", &ryw).start();
+    wait_for_roles(&sluice, &primary, &replica).await;
+    let writer = connect_as(sluice.port(), primary.superuser(), "postgres").await;
+    let reader = connect_as(sluice.port(), APP_USER, "postgres").await;
+    reads_back_on_the_replica(&reader).await;
+    replay(&on_replica, false).await;
+    writer
+        .simple_query("insert into items values (9101, 'reload')")
+        .await
+        .expect("write");
+    // The same two servers, listed the other way round.
+    let swapped = routed_config(&replica, &primary, "route_reads=1", &ryw);
+    sluice.rewrite_config(&swapped.render());
+    sluice.reload();
+    let until = Instant::now() + Duration::from_millis(1_500);
+    let (mut reads, mut stale) = (0, 0);
+    while Instant::now() < until {
+        let (found, _) = read_row(&reader, 9101).await;
+        reads += 1;
+        stale += u32::from(!found);
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(
+        stale, 0,
+        "{stale} of {reads} reads after a RELOAD that replaced the hosts missed an earlier write"
+    );
+    replay(&on_replica, true).await;
+    reads_back_on_the_replica(&reader).await;
+}
+
+#[tokio::test]
 async fn a_client_kept_in_transaction_mode_by_a_reload_reads_its_own_writes() {
     // (review 42: after a RELOAD to session mode, a client with prepared
     // statements stays in transaction mode, but its writes were routed

@@ -201,7 +201,10 @@ pub struct Topology {
     pub replica_retries: AtomicU64,
     /// `read_your_writes = database`: when the newest transaction that may
     /// have written ended on the primary (nanoseconds after `born`, 0:
-    /// none yet), set before its last reply is passed on.
+    /// none yet), set before its last reply is passed on. A new topology
+    /// starts with `WRITE_DOUBT` ahead: the writes of the one a RELOAD
+    /// replaced, and of periods still holding it, or of the process a
+    /// restart replaced, were counted nowhere it can see.
     write_end: AtomicU64,
     /// When a replica last failed to replay a read's position within the
     /// wait (nanoseconds after `born`, 0: never).
@@ -294,7 +297,7 @@ impl Topology {
             reads_on_replicas: AtomicU64::new(0),
             reads_on_primary: AtomicU64::new(0),
             replica_retries: AtomicU64::new(0),
-            write_end: AtomicU64::new(0),
+            write_end: AtomicU64::new(WRITE_DOUBT.as_nanos() as u64),
             replay_missed: AtomicU64::new(0),
             born: Instant::now(),
         }
@@ -1137,6 +1140,10 @@ mod tests {
         let t0 = Instant::now();
         t.record(0, sample(false, 100), t0, 3);
         t.record(1, sample(true, 100), t0, 3);
+        // (what a topology it replaced saw is unknown: a primary's check
+        // a second after its birth is needed)
+        assert_eq!(t.database_position(), None, "a new topology");
+        t.write_end.store(0, Ordering::Relaxed);
         assert_eq!(t.database_position(), Some(None), "nothing written yet");
         std::thread::sleep(Duration::from_millis(1));
         t.note_write_end();
