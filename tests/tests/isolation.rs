@@ -2624,6 +2624,36 @@ async fn a_setting_is_measured_as_it_is_sent() {
     );
 }
 
+/// Settings the carried limits allow follow their client however large
+/// together (review 47: giving 1.2 MB of them back on the next server was
+/// answered with a row of every value again, over the 1 MiB a reply of
+/// sluice's own may be, and the client was ended with 08006).
+#[tokio::test]
+async fn large_settings_follow_their_client() {
+    let cluster = app_cluster(ServerAuth::Trust);
+    let sluice = one_server(&cluster);
+    let other = app_client(&sluice).await;
+    let mut large = raw_login(&sluice, APP_USER).await;
+    let value = "x".repeat(400 * 1024);
+    for i in 0..3 {
+        large
+            .simple_query(&format!("set myapp.big{i} = '{value}'"), WAIT)
+            .await;
+    }
+    // The other client takes the one server between: the settings go
+    // back on it.
+    let left = bounded_scalar(
+        &other,
+        "select coalesce(current_setting('myapp.big0', true), '')",
+        "the other client between",
+    )
+    .await;
+    assert_eq!(left, "", "the settings reached the other client");
+    let lengths = "select length(current_setting('myapp.big0')) + \
+                   length(current_setting('myapp.big2'))";
+    reads(&mut large, lengths, "819200", "1.2 MB of settings carried").await;
+}
+
 /// A client's settings follow it however many there are (review 35: past
 /// 1,664, a SELECT's most targets, giving them back on the next server
 /// ended the client); a transaction naming more custom settings than

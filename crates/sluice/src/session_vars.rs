@@ -396,8 +396,11 @@ pub fn apply_sql(
     let set = |name: &str, value: &str| {
         let mut value_sql = String::with_capacity(value.len() + 3);
         crate::params::push_literal_in(&mut value_sql, value, mode);
+        // (`IS NULL`: the row answered is a boolean a setting, not the
+        // value again, which a reply's 1 MiB limit refused for settings
+        // the carried limits allow: review 47)
         format!(
-            "pg_catalog.set_config({}, {value_sql}, false)",
+            "pg_catalog.set_config({}, {value_sql}, false) IS NULL",
             quote_literal(name),
         )
     };
@@ -578,8 +581,8 @@ mod tests {
         let client = SessionVars::from_pairs([("search_path", "b, c"), ("myapp.tenant", "it's")]);
         assert_eq!(
             apply_sql(Some(&server), Some(&client), TextMode::Raw).unwrap(),
-            "RESET \"work_mem\";SELECT pg_catalog.set_config('myapp.tenant', 'it''s', false), \
-             pg_catalog.set_config('search_path', 'b, c', false)"
+            "RESET \"work_mem\";SELECT pg_catalog.set_config('myapp.tenant', 'it''s', false) IS NULL, \
+             pg_catalog.set_config('search_path', 'b, c', false) IS NULL"
         );
         assert_eq!(apply_sql(Some(&client), Some(&client), TextMode::Raw), None);
         assert_eq!(
@@ -595,8 +598,8 @@ mod tests {
         let client = SessionVars::from_pairs([("role", "r"), ("session_authorization", "bob")]);
         assert_eq!(
             apply_sql(Some(&server), Some(&client), TextMode::Raw).unwrap(),
-            "SELECT pg_catalog.set_config('session_authorization', 'bob', false);\
-             SELECT pg_catalog.set_config('role', 'r', false)"
+            "SELECT pg_catalog.set_config('session_authorization', 'bob', false) IS NULL;\
+             SELECT pg_catalog.set_config('role', 'r', false) IS NULL"
         );
         // Back to the login user: RESET SESSION AUTHORIZATION (resets the
         // role too), then nothing else to undo.
