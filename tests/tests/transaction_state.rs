@@ -1786,6 +1786,55 @@ async fn a_listener_that_never_reads_does_not_starve_one_that_does() {
     drop(stuck);
 }
 
+/// What waits for a listener that does not read is bounded in bytes, not
+/// only in count (review 47: 4,096 notifications of 8 KB, 34 MB held for
+/// each such client): of 3,000 notifications of 8 KB (24 MB), a client
+/// that reads only after the burst gets what its queue (1 MiB) and the
+/// sockets' buffers held, and sluice says it dropped the rest.
+#[tokio::test]
+async fn a_listener_that_does_not_read_is_held_a_bounded_queue() {
+    let cluster = app_cluster(ServerAuth::Trust);
+    let sluice = one_server(&cluster);
+    let mut stuck = RawClient::connect_with_recv_buffer(sluice.port(), 4096).await;
+    stuck.startup(APP_USER, "postgres").await;
+    stuck.read_until_ready(Duration::from_secs(10)).await;
+    stuck
+        .simple_query("LISTEN burst", Duration::from_secs(10))
+        .await;
+    let bob = connect_as(sluice.port(), APP_USER, "postgres").await;
+    const SENT: usize = 3_000;
+    bob.batch_execute(&format!(
+        "select count(pg_notify('burst', g::text || ':' || repeat('x', 7900))) \
+         from generate_series(1, {SENT}) g"
+    ))
+    .await
+    .unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while !sluice.log().contains("does not read its notifications") {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "sluice never found the listener lagging: {}",
+            sluice.log_tail(20)
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let mut got = 0;
+    loop {
+        match stuck.read_message(Duration::from_secs(2)).await {
+            RawReply::Message(b'A', _) => got += 1,
+            RawReply::Message(..) => {}
+            RawReply::TimedOut => break,
+            RawReply::Closed => panic!("the listener was closed"),
+        }
+    }
+    println!("a listener that read only after the burst got {got} of {SENT} notifications");
+    assert!(got > 0, "the listener got nothing");
+    assert!(
+        got < SENT / 2,
+        "{got} of {SENT} notifications of 8 KB were held for a listener that did not read"
+    );
+}
+
 /// A LISTEN whose channel sluice cannot name as PostgreSQL will (a
 /// Unicode-escaped name; a non-ASCII name from a client whose encoding is
 /// not UTF-8) is refused with 0A000, where it used to succeed and deliver

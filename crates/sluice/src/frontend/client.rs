@@ -160,8 +160,8 @@ pub struct Carried {
 /// A client's subscription to its pool's LISTEN hub; leaving unsubscribes.
 pub struct Listening {
     pub id: u64,
-    pub rx: tokio::sync::mpsc::Receiver<bytes::Bytes>,
-    pub tx: tokio::sync::mpsc::Sender<bytes::Bytes>,
+    pub rx: crate::backend::notify_hub::Inbox,
+    pub tx: crate::backend::notify_hub::Outbox,
     /// Channels of the client's committed LISTENs: what reaches it. The
     /// hub may also send for a LISTEN whose transaction has not ended
     /// (or has just rolled back).
@@ -173,7 +173,7 @@ static NEXT_LISTENER: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU6
 
 impl Listening {
     pub(super) fn new(pool: Arc<Pool>) -> Self {
-        let (tx, rx) = tokio::sync::mpsc::channel(crate::backend::notify_hub::CLIENT_QUEUE);
+        let (tx, rx) = crate::backend::notify_hub::mailbox();
         Self {
             id: NEXT_LISTENER.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
             rx,

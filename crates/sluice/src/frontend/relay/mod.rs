@@ -219,6 +219,10 @@ pub async fn run(client: &mut Client, cbuf: &mut BytesMut, mut lease: Lease) -> 
         let read_server = turn::read_server(&cycle, tracking.as_deref(), lease.server(), pooled);
         let read_client = !cycle.client_terminated && !cycle.capped();
         let writes_wake = turn::writes_wake(&cycle, tracking.as_deref(), read_client, read_server);
+        // (notifications are taken only once those taken before are
+        // written: a pinned client that does not read leaves them in its
+        // bounded queue, review 47)
+        let notes_room = tracking.as_deref().is_none_or(|t| t.extra.is_empty());
         let server = lease.server();
         let (server_out, client_extra) = match tracking.as_deref_mut() {
             Some(t) => (Some(&mut t.out), Some(&mut t.extra)),
@@ -234,7 +238,9 @@ pub async fn run(client: &mut Client, cbuf: &mut BytesMut, mut lease: Lease) -> 
             to_client: &mut cycle.to_client,
             read_client,
             read_server,
-            writes_wake,
+            // (a pinned listener whose notifications are being written
+            // takes more once they are)
+            writes_wake: writes_wake || (standing.pinned_idle && !notes_room),
             idle_timer,
             xact_timer,
             written: &mut cycle.written,
@@ -247,7 +253,7 @@ pub async fn run(client: &mut Client, cbuf: &mut BytesMut, mut lease: Lease) -> 
         // A pinned client between transactions stays here: it is given
         // its notifications as an idle one is in `session.rs` (rare:
         // boxed, out of every relay's future).
-        let listening = match standing.pinned_idle {
+        let listening = match standing.pinned_idle && notes_room {
             true => client.carried.as_mut().and_then(|c| c.listen.as_mut()),
             false => None,
         };
