@@ -890,14 +890,37 @@ async fn with_read_your_writes_database_a_commit_whose_client_left_is_waited_for
     reads_back_on_the_replica(&reader).await;
 }
 
+/// How long a raw client waits for its replies.
+const WAIT: Duration = Duration::from_secs(10);
+
+/// With replay paused on the replica, a row written through `writer`;
+/// replay resumes 300 ms later (the returned task gives the replica's
+/// connection back).
+async fn write_while_replay_waits(
+    writer: &Client,
+    on_replica: Client,
+    id: u32,
+) -> tokio::task::JoinHandle<Client> {
+    replay(&on_replica, false).await;
+    writer
+        .simple_query(&format!("insert into items values ({id}, 'block')"))
+        .await
+        .expect("write");
+    tokio::spawn(async move {
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        replay(&on_replica, true).await;
+        on_replica
+    })
+}
+
 #[tokio::test]
-async fn with_read_your_writes_database_each_statement_of_a_read_committed_block_on_a_replica_sees_earlier_writes()
- {
+async fn with_read_your_writes_database_each_statement_of_a_block_on_a_replica_sees_earlier_writes()
+{
     // (review 46: a READ ONLY block on a replica was checked at its first
     // request only; a later statement, which takes a new snapshot at
     // READ COMMITTED, missed a write that ended before it was sent)
     let (primary, replica) = primary_and_replica_with(&[("synchronous_commit", "on")]);
-    let on_replica = superuser_connect(&replica, "postgres").await;
+    let mut on_replica = superuser_connect(&replica, "postgres").await;
     let sluice = reading_with(&primary, &replica, &[("read_your_writes", "database")]).await;
     let writer = connect_as(sluice.port(), primary.superuser(), "postgres").await;
     let reader = connect_as(sluice.port(), APP_USER, "postgres").await;
@@ -907,41 +930,22 @@ async fn with_read_your_writes_database_each_statement_of_a_read_committed_block
             .matches("did not replay within replica_max_lag")
             .count()
     };
-    // A block on the replica, then a write by another client while
-    // replay is paused, then the block's next statements: they wait for
-    // the replica to replay it (resumed 300 ms later).
+    // A block on the replica, a write by another client, then the
+    // block's next statements: they wait for the replica to replay it.
     reads_back_on_the_replica(&reader).await;
     reader.simple_query("begin read only").await.expect("begin");
     let (_, on_a_replica) = read_row(&reader, 9001).await;
     assert!(on_a_replica, "the block's first read ran on the primary");
-    replay(&on_replica, false).await;
-    writer
-        .simple_query("insert into items values (9001, 'block')")
-        .await
-        .expect("write");
-    let resume = tokio::spawn(async move {
-        tokio::time::sleep(Duration::from_millis(300)).await;
-        replay(&on_replica, true).await;
-        on_replica
-    });
+    let resume = write_while_replay_waits(&writer, on_replica, 9001).await;
     let (found, on_a_replica) = read_row(&reader, 9001).await;
     assert!(on_a_replica, "the block left its replica");
     assert!(
         found,
         "a statement of a READ COMMITTED block on a replica missed a write that ended before it"
     );
+    on_replica = resume.await.expect("resume");
     // The extended protocol (tokio-postgres prepares, binds): the same.
-    let on_replica = resume.await.expect("resume");
-    replay(&on_replica, false).await;
-    writer
-        .simple_query("insert into items values (9002, 'block')")
-        .await
-        .expect("write");
-    let resume = tokio::spawn(async move {
-        tokio::time::sleep(Duration::from_millis(300)).await;
-        replay(&on_replica, true).await;
-        on_replica
-    });
+    let resume = write_while_replay_waits(&writer, on_replica, 9002).await;
     let row = reader
         .query_one(
             "select count(*), pg_is_in_recovery() from items where id = $1",
@@ -956,7 +960,89 @@ async fn with_read_your_writes_database_each_statement_of_a_read_committed_block
     );
     assert!(row.get::<_, bool>(1), "the block left its replica");
     reader.simple_query("commit").await.expect("commit");
-    let on_replica = resume.await.expect("resume");
+    on_replica = resume.await.expect("resume");
+    assert_eq!(missed_waits(&sluice), 0, "a wait was missed");
+
+    // Nothing runs in the client's block meanwhile (review 48): its
+    // unnamed statement and portal stay, a SET TRANSACTION after a SHOW
+    // still comes before the block's first query, and a REPEATABLE READ
+    // block whose first query comes after the write sees it.
+    use sluice_tests::msg;
+    let mut raw = RawClient::logged_in(sluice.port(), APP_USER, "postgres").await;
+    reads_back_on_the_replica(&reader).await;
+    raw.simple_query("begin read only", WAIT).await;
+    let standby = raw.simple_query("select pg_is_in_recovery()", WAIT).await;
+    assert_eq!(
+        standby,
+        [Some("t".to_owned())],
+        "the block is on the primary"
+    );
+    let unnamed = [
+        msg::parse("", "select count(*) from items where id = 9003"),
+        msg::describe(b'S', ""),
+        msg::sync(),
+    ]
+    .concat();
+    raw.send(&unnamed).await.expect("send");
+    assert_eq!(errors_in_replies(&mut raw, 1).await, Vec::<String>::new());
+    let resume = write_while_replay_waits(&writer, on_replica, 9003).await;
+    raw.send(&[msg::bind(""), msg::execute(), msg::sync()].concat())
+        .await
+        .expect("send");
+    assert_eq!(
+        errors_in_replies(&mut raw, 1).await,
+        Vec::<String>::new(),
+        "the client's unnamed statement was lost"
+    );
+    on_replica = resume.await.expect("resume");
+    let mut suspended = Vec::new();
+    msg::cstr(&mut suspended, "");
+    suspended.extend_from_slice(&1i32.to_be_bytes());
+    let one_row = msg::message(b'E', &suspended);
+    raw.send(
+        &[
+            msg::parse("", "select id from items order by id"),
+            msg::bind(""),
+            one_row.clone(),
+            msg::sync(),
+        ]
+        .concat(),
+    )
+    .await
+    .expect("send");
+    assert_eq!(errors_in_replies(&mut raw, 1).await, Vec::<String>::new());
+    let resume = write_while_replay_waits(&writer, on_replica, 9004).await;
+    raw.send(&[one_row, msg::sync()].concat())
+        .await
+        .expect("send");
+    assert_eq!(
+        errors_in_replies(&mut raw, 1).await,
+        Vec::<String>::new(),
+        "the client's unnamed portal was lost"
+    );
+    raw.simple_query("commit", WAIT).await;
+    on_replica = resume.await.expect("resume");
+    reads_back_on_the_replica(&reader).await;
+    raw.simple_query("begin read only", WAIT).await;
+    // (a SHOW takes no snapshot)
+    raw.simple_query("show work_mem", WAIT).await;
+    let resume = write_while_replay_waits(&writer, on_replica, 9005).await;
+    raw.simple_query("set transaction isolation level repeatable read", WAIT)
+        .await;
+    let seen = raw
+        .simple_query(
+            "select count(*)::text || current_setting('transaction_isolation') \
+             || pg_is_in_recovery()::text from items where id = 9005",
+            WAIT,
+        )
+        .await;
+    assert_eq!(
+        seen,
+        [Some("1repeatable readtrue".to_owned())],
+        "a REPEATABLE READ block's first query missed a write that ended before it"
+    );
+    raw.simple_query("commit", WAIT).await;
+    on_replica = resume.await.expect("resume");
     assert_eq!(missed_waits(&sluice), 0, "a wait was missed");
 
     // A replica that does not replay within replica_max_lag: the
@@ -965,48 +1051,20 @@ async fn with_read_your_writes_database_each_statement_of_a_read_committed_block
     reads_back_on_the_replica(&reader).await;
     reader.simple_query("begin read only").await.expect("begin");
     assert!(
-        read_row(&reader, 9003).await.1,
+        read_row(&reader, 9006).await.1,
         "the block is on the primary"
     );
     replay(&on_replica, false).await;
     writer
-        .simple_query("insert into items values (9003, 'block')")
+        .simple_query("insert into items values (9006, 'block')")
         .await
         .expect("write");
-    let (found, _) = read_row(&reader, 9003).await;
+    let (found, _) = read_row(&reader, 9006).await;
     assert!(!found, "replay was paused: the write cannot be there");
     assert_eq!(
         missed_waits(&sluice),
         1,
         "the missed wait is not in the log"
-    );
-    reader.simple_query("commit").await.expect("commit");
-    replay(&on_replica, true).await;
-
-    // A REPEATABLE READ block keeps its first snapshot: nothing to wait
-    // for (nothing logged while replay is paused past the wait).
-    reads_back_on_the_replica(&reader).await;
-    reader
-        .simple_query("begin isolation level repeatable read read only")
-        .await
-        .expect("begin");
-    assert!(
-        read_row(&reader, 9004).await.1,
-        "the block is on the primary"
-    );
-    replay(&on_replica, false).await;
-    writer
-        .simple_query("insert into items values (9004, 'block')")
-        .await
-        .expect("write");
-    for _ in 0..2 {
-        let (found, _) = read_row(&reader, 9004).await;
-        assert!(!found, "a REPEATABLE READ block saw a later write");
-    }
-    assert_eq!(
-        missed_waits(&sluice),
-        1,
-        "a REPEATABLE READ block waited for a write it cannot see"
     );
     reader.simple_query("commit").await.expect("commit");
     replay(&on_replica, true).await;

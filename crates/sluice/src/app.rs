@@ -71,6 +71,10 @@ pub struct App {
     /// Each database that routes reads or takes its hosts from Patroni:
     /// its topology and the pools of its single hosts.
     clusters: Mutex<HashMap<String, Arc<Cluster>>>,
+    /// Databases whose topology a RELOAD retired after it had seen writes
+    /// (`read_your_writes = database`): the next one starts as after a
+    /// commit in doubt (taken with `clusters` locked).
+    written_before: Mutex<std::collections::HashSet<String>>,
     /// Pools out of `pools` and `clusters` (RELOAD replaced or dropped
     /// them) while clients may still wait in them: the janitor keeps their
     /// waiters' query_wait_timeout (`retiring_pools`).
@@ -124,6 +128,7 @@ impl App {
             auth_rules: RwLock::new(Arc::default()),
             pools: Mutex::new(HashMap::new()),
             clusters: Mutex::new(HashMap::new()),
+            written_before: Mutex::new(std::collections::HashSet::new()),
             retiring: Mutex::new(Vec::new()),
             db_limits: Mutex::new(HashMap::new()),
             user_limits: Mutex::new(HashMap::new()),
@@ -427,9 +432,20 @@ impl App {
                 .with_reads(Self::routes_reads(&config, &entry)),
             ));
             let t = cluster.topology.clone();
+            let mut written = self
+                .written_before
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .remove(&pool.database);
             if let Some(old) = map.insert(pool.database.clone(), cluster) {
+                written |= old.topology.saw_writes();
                 old.retire();
                 self.retiring_add(old.pools());
+            }
+            if written {
+                // (the writes the old one counted, and those of periods
+                // still holding it, are counted nowhere this one sees)
+                t.note_write_end_in_doubt();
             }
             self.routing.store(true, Ordering::Relaxed);
             t
@@ -461,6 +477,12 @@ impl App {
             let mut map = self.clusters.lock().unwrap_or_else(|p| p.into_inner());
             for db in &stale {
                 if let Some(old) = map.remove(db) {
+                    if old.topology.saw_writes() {
+                        self.written_before
+                            .lock()
+                            .unwrap_or_else(|p| p.into_inner())
+                            .insert(db.clone());
+                    }
                     old.retire();
                     self.retiring_add(old.pools());
                 }

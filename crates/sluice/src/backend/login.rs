@@ -345,16 +345,7 @@ pub async fn run_query_rows(
     server: &mut ServerConn,
     sql: &str,
 ) -> Result<Vec<TextRow>, LoginError> {
-    query_rows(server, sql, false, b'I').await
-}
-
-/// Like [`run_query_rows`] inside a client's transaction block, which it
-/// leaves open ('T').
-pub async fn run_query_rows_in_block(
-    server: &mut ServerConn,
-    sql: &str,
-) -> Result<Vec<TextRow>, LoginError> {
-    query_rows(server, sql, false, b'T').await
+    query_rows(server, sql, false).await
 }
 
 /// Like [`run_query_rows`] for a text of several statements, returning the
@@ -363,19 +354,18 @@ pub async fn run_query_first_rows(
     server: &mut ServerConn,
     sql: &str,
 ) -> Result<Vec<TextRow>, LoginError> {
-    query_rows(server, sql, true, b'I').await
+    query_rows(server, sql, true).await
 }
 
 async fn query_rows(
     server: &mut ServerConn,
     sql: &str,
     first_only: bool,
-    status: u8,
 ) -> Result<Vec<TextRow>, LoginError> {
     let mut out = BytesMut::with_capacity(sql.len() + 6);
     encode_query(&mut out, sql);
     server.stream.write_all(&out).await?;
-    Ok(read_rows(server, sql, usize::MAX, first_only, status)
+    Ok(read_rows(server, sql, usize::MAX, first_only, b'I')
         .await?
         .0)
 }

@@ -1,6 +1,7 @@
 //! The health, role and replay-position check of each host of a database
 //! that routes reads: one task per host on a worker, one connection kept
-//! open, one query every `health_check_period`, each bounded by
+//! open, one query every `health_check_period` (a replica's back to back
+//! while a read waits for its replay), each bounded by
 //! `health_check_timeout`. Results go to the database's `Topology`; role
 //! and health changes are logged, and the database's pools follow the
 //! primary.
@@ -12,7 +13,7 @@ use super::login::{self, LoginError};
 use super::pool::Pool;
 use super::server::ServerConn;
 use super::topology::{
-    Change, DEFAULT_WAL_BLOCK, MemberNews, Sample, Topology, parse_lsn, record_end,
+    Change, DEFAULT_WAL_BLOCK, MemberNews, Role, Sample, Topology, parse_lsn, record_end,
 };
 
 /// Role, replay (or insert) position and timeline in one round trip. The
@@ -173,11 +174,31 @@ async fn watch(host: Arc<dyn MonitorHost>, topology: Weak<Topology>, pool: Weak<
             }
         }
         host.topology_changed(&topo);
+        // A read held for a replica's replay (`read_your_writes =
+        // database`, a block open on it): a replica is checked again at
+        // once, and one that sleeps is woken.
+        let wake = topo.replay_wake();
+        let woken = wake.notified();
+        tokio::pin!(woken);
+        woken.as_mut().enable();
+        let replica = topo.role_of(i) == Some(Role::Replica);
+        let pause = match replica && topo.replay_wanted() {
+            true => REPLAY_POLL,
+            false => period
+                .saturating_sub(at.elapsed())
+                .max(Duration::from_millis(10)),
+        };
         drop(topo);
-        let spent = at.elapsed();
-        tokio::time::sleep(period.saturating_sub(spent).max(Duration::from_millis(10))).await;
+        tokio::select! {
+            () = tokio::time::sleep(pause) => {}
+            () = woken, if replica => {}
+        }
     }
 }
+
+/// The pause between checks of a replica while a read waits for its
+/// replay.
+const REPLAY_POLL: Duration = Duration::from_millis(1);
 
 /// One check on the kept connection (opened first if there is none).
 async fn check(

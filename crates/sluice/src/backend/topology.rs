@@ -201,15 +201,26 @@ pub struct Topology {
     pub replica_retries: AtomicU64,
     /// `read_your_writes = database`: when the newest transaction that may
     /// have written ended on the primary (nanoseconds after `born`, 0:
-    /// none yet), set before its last reply is passed on. A new topology
-    /// starts with `WRITE_DOUBT` ahead: the writes of the one a RELOAD
-    /// replaced, and of periods still holding it, or of the process a
-    /// restart replaced, were counted nowhere it can see.
+    /// none yet), set before its last reply is passed on.
     write_end: AtomicU64,
     /// When a replica last failed to replay a read's position within the
     /// wait (nanoseconds after `born`, 0: never).
     replay_missed: AtomicU64,
+    /// Reads held until a replica replays further than its last check
+    /// showed (`replay_waiter`): while any is, the replicas' checks run
+    /// back to back (`monitor.rs`), woken by `replay_wake`.
+    replay_waiters: AtomicU64,
+    replay_wake: Arc<tokio::sync::Notify>,
     born: Instant,
+}
+
+/// A read held for a replica's replay (`Topology::replay_waiter`).
+pub struct ReplayWaiter(Arc<Topology>);
+
+impl Drop for ReplayWaiter {
+    fn drop(&mut self) {
+        self.0.replay_waiters.fetch_sub(1, Ordering::AcqRel);
+    }
 }
 
 /// How long a transaction left unanswered (its client gone after
@@ -297,8 +308,10 @@ impl Topology {
             reads_on_replicas: AtomicU64::new(0),
             reads_on_primary: AtomicU64::new(0),
             replica_retries: AtomicU64::new(0),
-            write_end: AtomicU64::new(WRITE_DOUBT.as_nanos() as u64),
+            write_end: AtomicU64::new(0),
             replay_missed: AtomicU64::new(0),
+            replay_waiters: AtomicU64::new(0),
+            replay_wake: Arc::new(tokio::sync::Notify::new()),
             born: Instant::now(),
         }
     }
@@ -719,6 +732,13 @@ impl Topology {
         self.write_end.fetch_max(later, Ordering::AcqRel);
     }
 
+    /// `read_your_writes = database`: a transaction that may have written
+    /// ended here (a topology that replaces this one starts as after a
+    /// commit in doubt).
+    pub fn saw_writes(&self) -> bool {
+        self.write_end.load(Ordering::Acquire) != 0
+    }
+
     /// A replica did not replay a read's position within the wait.
     pub fn note_replay_missed(&self) {
         self.replay_missed
@@ -774,6 +794,29 @@ impl Topology {
     /// that has everything up to that commit has replayed.
     pub fn commit_position(&self, insert: u64) -> u64 {
         record_end(insert, self.wal_block.load(Ordering::Relaxed))
+    }
+
+    /// A read now waits for a replica to replay further than its checks
+    /// show: they run back to back until the waiter is dropped.
+    pub fn replay_waiter(self: &Arc<Self>) -> ReplayWaiter {
+        self.replay_waiters.fetch_add(1, Ordering::AcqRel);
+        self.replay_wake.notify_waiters();
+        ReplayWaiter(self.clone())
+    }
+
+    /// Whether a read waits for a replica's replay (`replay_waiter`).
+    pub fn replay_wanted(&self) -> bool {
+        self.replay_waiters.load(Ordering::Acquire) > 0
+    }
+
+    /// Told when a read begins to wait for a replica's replay.
+    pub fn replay_wake(&self) -> Arc<tokio::sync::Notify> {
+        self.replay_wake.clone()
+    }
+
+    /// Host `i`'s role as last checked.
+    pub fn role_of(&self, i: usize) -> Option<Role> {
+        self.lock().hosts.get(i).map(|h| h.role)
     }
 
     /// Host `i`'s last check found it had replayed up to `lsn` at least.
@@ -1140,14 +1183,12 @@ mod tests {
         let t0 = Instant::now();
         t.record(0, sample(false, 100), t0, 3);
         t.record(1, sample(true, 100), t0, 3);
-        // (what a topology it replaced saw is unknown: a primary's check
-        // a second after its birth is needed)
-        assert_eq!(t.database_position(), None, "a new topology");
-        t.write_end.store(0, Ordering::Relaxed);
         assert_eq!(t.database_position(), Some(None), "nothing written yet");
+        assert!(!t.saw_writes());
         std::thread::sleep(Duration::from_millis(1));
         t.note_write_end();
         assert_eq!(t.database_position(), None, "no position read since");
+        assert!(t.saw_writes());
         t.note_measured(t0, 150);
         assert_eq!(t.database_position(), None, "read before the write ended");
         std::thread::sleep(Duration::from_millis(1));

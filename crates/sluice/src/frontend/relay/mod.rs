@@ -122,15 +122,11 @@ pub async fn run(client: &mut Client, cbuf: &mut BytesMut, mut lease: Lease) -> 
     let end = loop {
         let skip_scans = std::mem::take(&mut quiet);
         if client.replica_watch.is_some()
-            && replay::request_waiting(&cycle, cbuf, tracking.as_deref(), &lease.server().buf)
+            && replay::request_waiting(&cycle, cbuf, tracking.as_deref())
         {
             // A later request of a block on a replica, nothing of it sent
-            // (`read_your_writes = database`; rare: boxed). It uses the
-            // server's socket itself.
-            blocked.clear();
-            if let Err(end) = Box::pin(replay::wait_in_block(client, &mut lease)).await {
-                break Err(end);
-            }
+            // (`read_your_writes = database`; rare: boxed).
+            Box::pin(replay::wait_in_block(client)).await;
         }
         if !skip_scans
             && let Err(end) = turn::read_requests(
