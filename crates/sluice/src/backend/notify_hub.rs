@@ -87,6 +87,9 @@ pub fn mailbox() -> (Outbox, Inbox) {
 impl Outbox {
     /// Queues `message` if it fits in count and in bytes.
     fn try_send(&self, message: Bytes) -> Result<(), mpsc::error::TrySendError<Bytes>> {
+        if self.tx.is_closed() {
+            return Err(mpsc::error::TrySendError::Closed(message));
+        }
         let len = message.len();
         let before = self.queued.fetch_add(len, Ordering::AcqRel);
         if before > 0 && before + len > CLIENT_QUEUE_BYTES {
@@ -455,6 +458,11 @@ async fn serve(pool: &Weak<dyn HubOwner>, server: &mut super::server::ServerConn
                     }
                     (false, _) => {
                         st.listening.remove(&name);
+                        // (a client subscribed while the UNLISTEN was
+                        // on its way: listen again)
+                        if st.channels.contains_key(&name) {
+                            st.dirty.insert(name);
+                        }
                     }
                 }
             }
@@ -535,4 +543,45 @@ async fn query_each(
         }
     }
     Ok(done)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn note(len: usize) -> Bytes {
+        Bytes::from(vec![b'A'; len])
+    }
+
+    #[tokio::test]
+    async fn a_queue_is_bounded_in_bytes_and_frees_what_is_read() {
+        let (tx, mut rx) = mailbox();
+        // One notification always fits an empty queue, whatever its size.
+        tx.try_send(note(CLIENT_QUEUE_BYTES + 1)).expect("first");
+        assert!(tx.try_send(note(1)).is_err(), "over the byte bound");
+        assert_eq!(
+            rx.recv().await.map(|b| b.len()),
+            Some(CLIENT_QUEUE_BYTES + 1)
+        );
+        assert!(tx.drained());
+        for _ in 0..CLIENT_QUEUE_BYTES / 8192 {
+            tx.try_send(note(8192)).expect("fits");
+        }
+        assert!(tx.try_send(note(8192)).is_err(), "1 MiB held");
+        rx.try_recv().expect("one read");
+        tx.try_send(note(8192)).expect("room again");
+        // A wait for room ends when the client reads, or at its deadline.
+        let deadline = tokio::time::Instant::now() + Duration::from_millis(20);
+        assert!(!tx.send_by(note(8192), deadline).await, "nobody read");
+        let reader = tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+            rx.try_recv().expect("read");
+            rx
+        });
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+        assert!(tx.send_by(note(8192), deadline).await, "room made");
+        drop(reader.await);
+        // A client gone takes nothing and holds nothing.
+        assert!(tx.send_by(note(8192), deadline).await);
+    }
 }

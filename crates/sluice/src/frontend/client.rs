@@ -47,9 +47,9 @@ pub struct Client {
     /// after it (`commit_lsn`) goes there too.
     pub(super) write_ends: Option<Arc<crate::backend::topology::Topology>>,
     /// `read_your_writes = database`, set by the session before a lease
-    /// of a replica: a READ COMMITTED block left open there has each of
-    /// its later requests wait for the replica to replay the writes that
-    /// ended before it (`relay::replay`).
+    /// of a replica: a block left open there has each of its later
+    /// requests wait for the replica to replay the writes that ended
+    /// before it (`relay::replay`).
     pub(super) replica_watch: Option<Box<ReplicaWatch>>,
     /// It was served in transaction or statement mode: what it carries
     /// (statements under sluice's names, settings) follows it from server
