@@ -1754,18 +1754,25 @@ async fn a_burst_of_notifications_reaches_a_listener_that_reads() {
     }
 }
 
+/// A client listening to `channel` with a 4 KiB receive buffer, which the
+/// test then does not read.
+async fn stuck_listener(sluice: &SluiceProcess, channel: &str) -> RawClient {
+    let mut stuck = RawClient::connect_with_recv_buffer(sluice.port(), 4096).await;
+    stuck.startup(APP_USER, "postgres").await;
+    stuck.read_until_ready(Duration::from_secs(10)).await;
+    stuck
+        .simple_query(&format!("LISTEN {channel}"), Duration::from_secs(10))
+        .await;
+    stuck
+}
+
 /// A listener that never reads costs the others nothing but a short wait:
 /// a reader beside it gets every notification of a 20 MB burst, in order.
 #[tokio::test]
 async fn a_listener_that_never_reads_does_not_starve_one_that_does() {
     let cluster = app_cluster(ServerAuth::Trust);
     let sluice = one_server(&cluster);
-    let mut stuck = RawClient::connect_with_recv_buffer(sluice.port(), 4096).await;
-    stuck.startup(APP_USER, "postgres").await;
-    stuck.read_until_ready(Duration::from_secs(10)).await;
-    stuck
-        .simple_query("LISTEN burst", Duration::from_secs(10))
-        .await;
+    let stuck = stuck_listener(&sluice, "burst").await;
     let (alice, mut inbox) = connect_listening(sluice.port(), APP_USER, "postgres").await;
     let bob = connect_as(sluice.port(), APP_USER, "postgres").await;
     alice.batch_execute("LISTEN burst").await.unwrap();
@@ -1795,12 +1802,7 @@ async fn a_listener_that_never_reads_does_not_starve_one_that_does() {
 async fn a_listener_that_does_not_read_is_held_a_bounded_queue() {
     let cluster = app_cluster(ServerAuth::Trust);
     let sluice = one_server(&cluster);
-    let mut stuck = RawClient::connect_with_recv_buffer(sluice.port(), 4096).await;
-    stuck.startup(APP_USER, "postgres").await;
-    stuck.read_until_ready(Duration::from_secs(10)).await;
-    stuck
-        .simple_query("LISTEN burst", Duration::from_secs(10))
-        .await;
+    let mut stuck = stuck_listener(&sluice, "burst").await;
     let bob = connect_as(sluice.port(), APP_USER, "postgres").await;
     const SENT: usize = 3_000;
     bob.batch_execute(&format!(
