@@ -1070,6 +1070,91 @@ async fn with_read_your_writes_database_each_statement_of_a_block_on_a_replica_s
     replay(&on_replica, true).await;
 }
 
+/// The first value of the first DataRow before the next ReadyForQuery.
+async fn first_value(raw: &mut RawClient) -> Option<String> {
+    let mut value = None;
+    loop {
+        match raw.read_message(WAIT).await {
+            RawReply::Message(b'Z', _) => return value,
+            RawReply::Message(b'D', body) if value.is_none() => {
+                let len = i32::from_be_bytes([body[2], body[3], body[4], body[5]]);
+                let len = usize::try_from(len).expect("not NULL");
+                value = Some(String::from_utf8_lossy(&body[6..6 + len]).into_owned());
+            }
+            RawReply::Message(b'E', body) => panic!("{:?}", error_fields(&body)),
+            RawReply::Message(..) => {}
+            other => panic!("{other:?}"),
+        }
+    }
+}
+
+#[tokio::test]
+async fn with_read_your_writes_database_a_block_on_a_replica_waits_after_a_flush_and_a_reload() {
+    // (review 49: a request after Parse/Bind/Execute/Flush was not held,
+    // and after a RELOAD that replaced the topology mid-block the block
+    // waited for the old one's writes only)
+    use sluice_tests::msg;
+    let (primary, replica) = primary_and_replica_with(&[("synchronous_commit", "on")]);
+    let mut on_replica = superuser_connect(&replica, "postgres").await;
+    let ryw = [("read_your_writes", "database")];
+    let sluice = routed_config(&primary, &replica, "route_reads=1", &ryw).start();
+    wait_for_roles(&sluice, &primary, &replica).await;
+    let writer = connect_as(sluice.port(), primary.superuser(), "postgres").await;
+    let reader = connect_as(sluice.port(), APP_USER, "postgres").await;
+    let mut raw = RawClient::logged_in(sluice.port(), APP_USER, "postgres").await;
+    let count = |id: u32| format!("select count(*) from items where id = {id}");
+    reads_back_on_the_replica(&reader).await;
+    raw.simple_query("begin read only", WAIT).await;
+    let standby = raw.simple_query("select pg_is_in_recovery()", WAIT).await;
+    assert_eq!(
+        standby,
+        [Some("t".to_owned())],
+        "the block is on the primary"
+    );
+    let execute = |sql: &str| [msg::parse("", sql), msg::bind(""), msg::execute()].concat();
+    raw.send(&[execute(&count(9201)), msg::flush()].concat())
+        .await
+        .expect("send");
+    loop {
+        match raw.read_message(WAIT).await {
+            RawReply::Message(b'C', _) => break,
+            RawReply::Message(b'E', body) => panic!("{:?}", error_fields(&body)),
+            RawReply::Message(..) => {}
+            other => panic!("{other:?}"),
+        }
+    }
+    let resume = write_while_replay_waits(&writer, on_replica, 9201).await;
+    raw.send(&[execute(&count(9201)), msg::sync()].concat())
+        .await
+        .expect("send");
+    assert_eq!(
+        first_value(&mut raw).await.as_deref(),
+        Some("1"),
+        "a request after a Flush missed a write that ended before it"
+    );
+    on_replica = resume.await.expect("resume");
+    // The same two servers, listed the other way round: a new topology.
+    let swapped = routed_config(&replica, &primary, "route_reads=1", &ryw);
+    sluice.rewrite_config(&swapped.render());
+    sluice.reload();
+    // (past the new topology's second in doubt)
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    let resume = write_while_replay_waits(&writer, on_replica, 9202).await;
+    let seen = raw
+        .simple_query(
+            "select count(*)::text || pg_is_in_recovery()::text from items where id = 9202",
+            WAIT,
+        )
+        .await;
+    assert_eq!(
+        seen,
+        [Some("1true".to_owned())],
+        "after a RELOAD mid-block, a statement missed a write that ended before it"
+    );
+    raw.simple_query("commit", WAIT).await;
+    resume.await.expect("resume");
+}
+
 #[tokio::test]
 async fn with_read_your_writes_database_a_reload_that_replaces_the_hosts_keeps_earlier_writes() {
     // A RELOAD that changes the entry's host list starts a new topology,

@@ -1294,6 +1294,41 @@ async fn listen_keeps_delivering_after_the_transaction_ends() {
     );
 }
 
+/// A LISTEN that comes while the hub unlistens its channel (its last
+/// listener just left it) hears what is notified once it has returned
+/// (review 49: 18 of 40 such LISTENs heard nothing, ever).
+#[tokio::test]
+async fn a_listen_right_after_the_last_unlisten_of_its_channel_hears_it() {
+    let cluster = app_cluster(ServerAuth::Trust);
+    let sluice = one_server(&cluster);
+    let (keep, _kept) = connect_listening(sluice.port(), APP_USER, "postgres").await;
+    keep.batch_execute("LISTEN keepalive").await.unwrap();
+    let (leaving, _left) = connect_listening(sluice.port(), APP_USER, "postgres").await;
+    let (coming, mut inbox) = connect_listening(sluice.port(), APP_USER, "postgres").await;
+    let notifier = connect_as(sluice.port(), APP_USER, "postgres").await;
+    for round in 0..40 {
+        let listens = (0..4)
+            .map(|k| format!("LISTEN race{round}_{k}"))
+            .collect::<Vec<_>>()
+            .join(";");
+        leaving.batch_execute(&listens).await.unwrap();
+        leaving.batch_execute("UNLISTEN *").await.unwrap();
+        coming
+            .batch_execute(&format!("LISTEN race{round}_0"))
+            .await
+            .unwrap();
+        notifier
+            .batch_execute(&format!("NOTIFY race{round}_0, 'r{round}'"))
+            .await
+            .unwrap();
+        let n = tokio::time::timeout(Duration::from_secs(5), inbox.recv())
+            .await
+            .unwrap_or_else(|_| panic!("round {round}: the LISTEN heard nothing"))
+            .expect("connection open");
+        assert_eq!(n.payload(), format!("r{round}"));
+    }
+}
+
 #[tokio::test]
 async fn listen_and_unlisten_take_effect_when_their_transaction_commits() {
     let cluster = app_cluster(ServerAuth::Trust);

@@ -814,6 +814,16 @@ impl Topology {
         self.replay_wake.clone()
     }
 
+    /// Host `i`'s address.
+    pub fn addr_of(&self, i: usize) -> Option<ServerAddr> {
+        self.lock().hosts.get(i).map(|h| h.addr.clone())
+    }
+
+    /// The index of the host at `addr`.
+    pub fn index_of(&self, addr: &ServerAddr) -> Option<usize> {
+        self.lock().hosts.iter().position(|h| h.addr == *addr)
+    }
+
     /// Host `i`'s role as last checked.
     pub fn role_of(&self, i: usize) -> Option<Role> {
         self.lock().hosts.get(i).map(|h| h.role)

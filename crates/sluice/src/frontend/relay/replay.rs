@@ -33,13 +33,13 @@ const POLL: Duration = Duration::from_millis(1);
 /// A request of a block open on a replica has arrived and nothing of it
 /// has been sent: the moment to wait (cheap; the caller first checks that
 /// the client has a watch at all). The first request's position was
-/// checked by routing; a pipeline sent behind an unfinished reply is not
-/// held (the server is not at rest).
+/// checked by routing. Whatever the server is doing (answering an earlier
+/// request, or at a Flush: review 49 read stale after Parse/Bind/Execute/
+/// Flush), nothing is sent to it meanwhile.
 pub(super) fn request_waiting(cycle: &Cycle, cbuf: &BytesMut, tracking: Option<&Tracking>) -> bool {
     cycle.status == TransactionStatus::InTransaction
         && cycle.cycles_done >= 1
         && !cbuf.is_empty()
-        && cycle.req.at_rest()
         && cycle.to_server == 0
         && cycle.client_scan.at_boundary()
         && !cycle.client_terminated
@@ -49,9 +49,33 @@ pub(super) fn request_waiting(cycle: &Cycle, cbuf: &BytesMut, tracking: Option<&
 /// Waits until the replica's checks show it has replayed every write
 /// that ended before now, or `replica_max_lag` has passed.
 pub(super) async fn wait_in_block(client: &mut Client) {
+    let current = client.app.topology(&client.pool.database);
     let Some(watch) = client.replica_watch.as_deref_mut() else {
         return;
     };
+    if let Some(current) = current
+        && !std::sync::Arc::ptr_eq(&current, &watch.topology)
+    {
+        // A RELOAD replaced the topology while the block was open: writes
+        // are counted in the new one (review 49), where the replica has
+        // another place, or none.
+        let place = (watch.topology.addr_of(watch.host)).and_then(|a| current.index_of(&a));
+        match place {
+            Some(i) => {
+                watch.topology = current;
+                watch.host = i;
+            }
+            None => {
+                tracing::warn!(
+                    db = %client.pool.database, user = %client.pool.user,
+                    "read_your_writes: a RELOAD took out the replica a block is open on; \
+                     its statements no longer wait for writes"
+                );
+                client.replica_watch = None;
+                return;
+            }
+        }
+    }
     if !wait(watch).await {
         tracing::warn!(
             db = %client.pool.database, user = %client.pool.user,
