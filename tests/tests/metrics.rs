@@ -136,6 +136,14 @@ async fn idle_connections_from_one_address_leave_health_answering() {
     for _ in 0..3 {
         assert_eq!(get(mport, "/health").await.0, 200);
     }
+    // From the prober's own address: its newcomer takes the place of the
+    // oldest that sent nothing (review 50: 8 of them failed every probe).
+    for _ in 0..8 {
+        held.push(idle_http_connection(mport, 1).await);
+    }
+    for _ in 0..3 {
+        assert_eq!(get(mport, "/health").await.0, 200);
+    }
     // From 17 addresses, 8 each: more than all the places there are (the
     // oldest connection that sent nothing makes way for a newcomer).
     for from in 3..20 {

@@ -812,3 +812,46 @@ async fn the_console_is_off_unless_enabled_and_a_reload_turns_it_on() {
     );
     admin_call(http_port, "GET", "/api/pools", None, 200).await;
 }
+
+/// Wrong guesses share one budget (review 50: a flood of them, each a
+/// PBKDF2 for a SCRAM admin, cut other clients' throughput by a third,
+/// and a delay held before each 401 kept the endpoint's places and failed
+/// `/health`): past about twenty, nothing is checked (429) until the
+/// budget refills; `/health` answers all along.
+#[tokio::test]
+async fn wrong_web_console_logins_are_throttled_and_health_still_answers() {
+    let cluster = app_cluster(ServerAuth::Trust);
+    let (_sluice, http_port) = console_sluice(&cluster, &[]);
+    wait_http_up(http_port).await;
+    let wrong = (ADMIN.0, "not-the-password");
+    let mut statuses = Vec::new();
+    for _ in 0..40 {
+        statuses.push(
+            http(http_port, "GET", "/api/pools", Some(wrong), None)
+                .await
+                .status,
+        );
+    }
+    assert!(
+        statuses.iter().all(|s| *s == 401 || *s == 429),
+        "{statuses:?}"
+    );
+    let refused = statuses.iter().filter(|s| **s == 401).count();
+    assert!(
+        (10..40).contains(&refused),
+        "{refused} guesses were checked: {statuses:?}"
+    );
+    // The right password is not checked either while the budget is spent.
+    assert_eq!(
+        http(http_port, "GET", "/api/pools", Some(ADMIN), None)
+            .await
+            .status,
+        429
+    );
+    assert_eq!(
+        http(http_port, "GET", "/health", None, None).await.status,
+        200
+    );
+    tokio::time::sleep(Duration::from_millis(2_500)).await;
+    admin_call(http_port, "GET", "/api/pools", None, 200).await;
+}

@@ -254,7 +254,12 @@ fn main() -> ExitCode {
         let listener = control.block_on(async { tokio::net::TcpListener::from_std(listener) });
         match listener {
             Ok(listener) => {
-                tracing::info!("metrics on http://{addr}/metrics");
+                // (with the web console and client_tls_* certificates the
+                // endpoint speaks HTTPS: review 50 found the log said http)
+                let tls =
+                    app.config().settings.web_console && app.client_tls().web_acceptor().is_some();
+                let scheme = if tls { "https" } else { "http" };
+                tracing::info!("metrics on {scheme}://{addr}/metrics");
                 control.spawn(stats::http::serve(app.clone(), listener));
             }
             Err(e) => {

@@ -20,10 +20,12 @@ const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
 const CONNECTIONS: usize = 128;
 /// HTTP connections served at once from one address: one client holding
 /// connections open cannot take every slot and fail the health checks of
-/// the others (a review kept `/health` down with 40 idle sockets).
+/// the others (a review kept `/health` down with 40 idle sockets). A
+/// newcomer from an address at its limit takes the place of that
+/// address's oldest connection still sending its request head (review
+/// 50: eight idle sockets from the prober's own address failed every
+/// `/health`).
 const CONNECTIONS_PER_ADDRESS: usize = 8;
-/// How long a request with wrong credentials waits for its 401.
-const FAILED_LOGIN_DELAY: Duration = Duration::from_millis(300);
 /// How long a newcomer waits for the place of a connection it closed.
 const PLACE_WAIT: Duration = Duration::from_secs(1);
 
@@ -62,9 +64,16 @@ pub async fn serve(app: Arc<App>, listener: TcpListener) {
     loop {
         match listener.accept().await {
             Ok((stream, peer)) => {
-                let Some(mine) = PerAddress::take(&per_address, peer.ip()) else {
-                    drop(stream);
-                    continue;
+                let mine = match PerAddress::take(&per_address, peer.ip()) {
+                    Some(mine) => mine,
+                    None if unread.close_oldest_of(peer.ip()) => {
+                        // (its place is given back once its task sees it)
+                        PerAddress::take_over(&per_address, peer.ip())
+                    }
+                    None => {
+                        drop(stream);
+                        continue;
+                    }
                 };
                 // Every place taken: the oldest connection that has not
                 // sent its request yet makes way (idle sockets from many
@@ -87,7 +96,7 @@ pub async fn serve(app: Arc<App>, listener: TcpListener) {
                         },
                     };
                     let _slot = (slot, mine);
-                    let reading = Unread::enter(&unread);
+                    let reading = Unread::enter(&unread, peer.ip());
                     // With the web console and client_tls_* certificates,
                     // the whole endpoint speaks HTTPS (its passwords and
                     // its changes never travel in clear).
@@ -128,7 +137,7 @@ struct Unread(std::sync::Mutex<Line>);
 
 type Line = (
     u64,
-    std::collections::VecDeque<(u64, Arc<tokio::sync::Notify>)>,
+    std::collections::VecDeque<(u64, std::net::IpAddr, Arc<tokio::sync::Notify>)>,
 );
 
 /// One connection in `Unread` until its head is whole or it ends.
@@ -144,12 +153,12 @@ impl Unread {
         self.0.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    fn enter(unread: &Arc<Unread>) -> Reading {
+    fn enter(unread: &Arc<Unread>, ip: std::net::IpAddr) -> Reading {
         let closed = Arc::new(tokio::sync::Notify::new());
         let mut q = unread.lock();
         q.0 += 1;
         let id = q.0;
-        q.1.push_back((id, closed.clone()));
+        q.1.push_back((id, ip, closed.clone()));
         Reading {
             unread: unread.clone(),
             id,
@@ -165,8 +174,18 @@ impl Unread {
         self.lock()
             .1
             .pop_front()
-            .map(|(_, c)| c.notify_one())
+            .map(|(_, _, c)| c.notify_one())
             .is_some()
+    }
+
+    /// Tells the oldest connection from `ip` still reading its head to
+    /// close; false if there is none.
+    fn close_oldest_of(&self, ip: std::net::IpAddr) -> bool {
+        let mut q = self.lock();
+        let Some(i) = q.1.iter().position(|(_, from, _)| *from == ip) else {
+            return false;
+        };
+        q.1.remove(i).map(|(_, _, c)| c.notify_one()).is_some()
     }
 }
 
@@ -174,7 +193,7 @@ impl Reading {
     /// The head is whole: the connection is served to its end.
     fn done(&self) {
         let mut q = self.unread.lock();
-        if let Some(i) = q.1.iter().position(|(id, _)| *id == self.id) {
+        if let Some(i) = q.1.iter().position(|(id, _, _)| *id == self.id) {
             q.1.remove(i);
         }
     }
@@ -210,6 +229,19 @@ impl PerAddress {
             counts: counts.clone(),
             ip,
         })
+    }
+}
+
+impl PerAddress {
+    /// A place for one more connection from `ip` whatever its count: one
+    /// of its connections was just told to make way.
+    fn take_over(counts: &Arc<PerAddress>, ip: std::net::IpAddr) -> AddressSlot {
+        let mut map = counts.0.lock().unwrap_or_else(|p| p.into_inner());
+        *map.entry(ip).or_insert(0) += 1;
+        AddressSlot {
+            counts: counts.clone(),
+            ip,
+        }
     }
 }
 
@@ -299,16 +331,17 @@ async fn answer<S: AsyncRead + AsyncWrite + Unpin>(
                 // wrong guesses took 1.1 cores; a review), before any body
                 // is read.
                 let (app, auth) = (app.clone(), header("authorization"));
+                // (no delay before a 401, which held the endpoint's
+                // connections: failures share one budget instead, review
+                // 50)
                 let checked =
-                    crate::auth::derive(move || super::web::authorize(&app, auth.as_deref()))
-                        .await
-                        .flatten();
+                    crate::auth::derive(move || super::web::authorize(&app, auth.as_deref())).await;
                 match checked {
-                    Some(a) => Ok(a),
-                    None => {
-                        tokio::time::sleep(FAILED_LOGIN_DELAY).await;
-                        Err(super::web::Response::unauthorized())
+                    Some(Ok(a)) => Ok(a),
+                    Some(Err(super::web::Refused::Throttled)) => {
+                        Err(super::web::Response::throttled())
                     }
+                    _ => Err(super::web::Response::unauthorized()),
                 }
             }
         };

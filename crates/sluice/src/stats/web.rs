@@ -37,6 +37,16 @@ pub struct Response {
 
 impl Response {
     /// 401 with the Basic challenge.
+    /// Too many failed logins lately: no password is checked now.
+    pub fn throttled() -> Self {
+        let mut r = Self::error(
+            "429 Too Many Requests",
+            "too many failed logins; try again in a few seconds",
+        );
+        r.headers.push("Retry-After: 2".into());
+        r
+    }
+
     pub fn unauthorized() -> Self {
         let mut r = Self::error("401 Unauthorized", "credentials needed");
         r.headers
@@ -156,11 +166,71 @@ fn listing(rs: ResultSet) -> Response {
     Response::json("200 OK", &rs.to_json())
 }
 
+/// Why a request of the web console's is not let in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Refused {
+    /// No credentials, or wrong ones (401).
+    Unauthorized,
+    /// Too many failed logins lately (429): nothing was checked.
+    Throttled,
+}
+
+/// Failed web console logins allowed, every second and at once, for the
+/// whole process (review 50: wrong guesses for a SCRAM admin, each a
+/// PBKDF2, cut pgbench's throughput by a third, and a delay per failure
+/// held the endpoint's connections and failed `/health`). Past them no
+/// password is checked until the budget refills: guessing stays at 10 a
+/// second whatever the number of connections or addresses, a password
+/// verified in the last five minutes still passes, and other logins wait.
+const FAILURES_PER_SECOND: f64 = 10.0;
+const FAILURES_AT_ONCE: f64 = 20.0;
+
+/// The failure budget: tokens left and when they were counted.
+static FAILURES: Mutex<Option<(f64, std::time::Instant)>> = Mutex::new(None);
+
+/// Whether a failure may be afforded now (`spend`: one is spent).
+fn failure_budget(spend: bool) -> bool {
+    let mut budget = FAILURES.lock().unwrap_or_else(|p| p.into_inner());
+    let now = std::time::Instant::now();
+    let (tokens, at) = budget.get_or_insert((FAILURES_AT_ONCE, now));
+    *tokens = (*tokens + at.elapsed().as_secs_f64() * FAILURES_PER_SECOND).min(FAILURES_AT_ONCE);
+    *at = now;
+    if *tokens < 1.0 {
+        return false;
+    }
+    if spend {
+        *tokens -= 1.0;
+    }
+    true
+}
+
 /// HTTP Basic against `admin_users`/`stats_users` and the auth_file (an
 /// empty password never passes). A SCRAM secret costs thousands of HMACs
 /// to check, so the caller runs this off the event loop, and a password
-/// once verified is remembered (by its hash) for five minutes.
-pub fn authorize(app: &App, authorization: Option<&str>) -> Option<Access> {
+/// once verified is remembered (by its hash) for five minutes. Failures
+/// share one budget (`FAILURES_PER_SECOND`): past it nothing is checked.
+pub fn authorize(app: &App, authorization: Option<&str>) -> Result<Access, Refused> {
+    let checked = check_credentials(app, authorization);
+    match checked {
+        Ok(access) => Ok(access),
+        Err(Refused::Unauthorized) if authorization.is_some() => {
+            tracing::warn!("web console: a login failed");
+            failure_budget(true);
+            Err(Refused::Unauthorized)
+        }
+        Err(refused) => Err(refused),
+    }
+}
+
+fn check_credentials(app: &App, authorization: Option<&str>) -> Result<Access, Refused> {
+    use Refused::Unauthorized;
+    check_credentials_inner(app, authorization).ok_or(Unauthorized)?
+}
+
+fn check_credentials_inner(
+    app: &App,
+    authorization: Option<&str>,
+) -> Option<Result<Access, Refused>> {
     // (the scheme's name is case-insensitive: RFC 9110 11.1)
     let (scheme, encoded) = authorization?.trim().split_once(' ')?;
     if !scheme.eq_ignore_ascii_case("basic") {
@@ -184,24 +254,31 @@ pub fn authorize(app: &App, authorization: Option<&str>) -> Option<Access> {
         return None;
     };
     let users = app.userlist();
-    let ok = match users.get(user)? {
+    let secret = users.get(user)?;
+    let key = (user.to_owned(), sha256_of(password.as_bytes()));
+    if let Secret::Scram(_) = secret
+        && verified_recently(&key)
+    {
+        return Some(Ok(role));
+    }
+    if !failure_budget(false) {
+        return Some(Err(Refused::Throttled));
+    }
+    let ok = match secret {
         Secret::Plain(p) => same(p.as_bytes(), password.as_bytes()),
         Secret::Md5(h) => same(
             h.as_bytes(),
             crate::auth::md5::password_hash(password, user).as_bytes(),
         ),
         Secret::Scram(secret) => {
-            let key = (user.to_owned(), sha256_of(password.as_bytes()));
-            verified_recently(&key) || {
-                let ok = secret.matches_password(password);
-                if ok {
-                    remember_verified(key);
-                }
-                ok
+            let ok = secret.matches_password(password);
+            if ok {
+                remember_verified(key);
             }
+            ok
         }
     };
-    ok.then_some(role)
+    ok.then_some(Ok(role))
 }
 
 type VerifiedKey = (String, [u8; 32]);
