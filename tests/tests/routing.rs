@@ -1156,6 +1156,91 @@ async fn with_read_your_writes_database_a_block_on_a_replica_waits_after_a_flush
 }
 
 #[tokio::test]
+async fn with_read_your_writes_database_a_held_request_ends_its_wait_for_a_cancel_or_a_closed_client()
+ {
+    // (review 51: with a long replica_max_lag, a cancel did nothing, and
+    // a client gone left its replica server idle in transaction for the
+    // whole wait, the statement then run for nobody)
+    let (primary, replica) = primary_and_replica_with(&[("synchronous_commit", "on")]);
+    let on_replica = superuser_connect(&replica, "postgres").await;
+    let settings = [("read_your_writes", "database"), ("replica_max_lag", "30")];
+    let sluice = reading_with(&primary, &replica, &settings).await;
+    let writer = connect_as(sluice.port(), primary.superuser(), "postgres").await;
+    let reader = connect_as(sluice.port(), APP_USER, "postgres").await;
+    // A cancel ends the wait: the statement runs (PostgreSQL has not seen
+    // it: the cancel is one that came before it started).
+    reads_back_on_the_replica(&reader).await;
+    reader.simple_query("begin read only").await.expect("begin");
+    assert!(
+        read_row(&reader, 9301).await.1,
+        "the block is on the primary"
+    );
+    replay(&on_replica, false).await;
+    writer
+        .simple_query("insert into items values (9301, 'held')")
+        .await
+        .expect("write");
+    let cancel = reader.cancel_token();
+    let canceller = tokio::spawn(async move {
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        cancel.cancel_query(NoTls).await
+    });
+    let read = reader.simple_query("select count(*) from items where id = 9301");
+    let held = tokio::time::timeout(Duration::from_secs(10), read).await;
+    // (it runs, or the cancel, still on its way, cancels it as it starts)
+    match held {
+        Err(_) => panic!("a cancel did not end the wait"),
+        Ok(Ok(_)) => {}
+        Ok(Err(e)) => assert_eq!(
+            e.code(),
+            Some(&tokio_postgres::error::SqlState::QUERY_CANCELED),
+            "{e:?}"
+        ),
+    }
+    canceller.await.expect("task").expect("cancel sent");
+    reader.simple_query("commit").await.expect("commit");
+    replay(&on_replica, true).await;
+    // A client gone: its server goes back at once, its statement unsent.
+    reads_back_on_the_replica(&reader).await;
+    let mut raw = RawClient::logged_in(sluice.port(), APP_USER, "postgres").await;
+    raw.simple_query("begin read only", WAIT).await;
+    let standby = raw.simple_query("select pg_is_in_recovery()", WAIT).await;
+    assert_eq!(
+        standby,
+        [Some("t".to_owned())],
+        "the block is on the primary"
+    );
+    replay(&on_replica, false).await;
+    writer
+        .simple_query("insert into items values (9302, 'held')")
+        .await
+        .expect("write");
+    raw.send(&query_message("select 'sent by a client gone'"))
+        .await
+        .expect("send");
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    drop(raw);
+    let in_block = "select count(*) from pg_stat_activity \
+                    where state like 'idle in transaction%' and usename = 'app'";
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while scalar_text(&on_replica, in_block).await != "0" {
+        assert!(
+            Instant::now() < deadline,
+            "a closed client's block stayed open on the replica"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let ran = "select count(*) from pg_stat_activity where query like '%sent by a client gone%' \
+               and pid <> pg_backend_pid()";
+    assert_eq!(
+        scalar_text(&on_replica, ran).await,
+        "0",
+        "its statement ran"
+    );
+    replay(&on_replica, true).await;
+}
+
+#[tokio::test]
 async fn with_read_your_writes_database_a_reload_that_replaces_the_hosts_keeps_earlier_writes() {
     // A RELOAD that changes the entry's host list starts a new topology,
     // which had seen no write: a write just before it was read back

@@ -1955,6 +1955,53 @@ fn query_message_bytes(sql: &[u8]) -> Vec<u8> {
 /// listens again is lost: every listening client is told with a WARNING
 /// (a client of PostgreSQL itself would have seen its connection end),
 /// and notifications flow again after (review 26: a silent gap).
+/// A LISTEN that comes right after the hub's connection was lost waits
+/// for the hub to listen again, and hears what is notified once it has
+/// returned (review 51: it returned at once, the hub still taken for
+/// listening, and 4 of 4 such notifications were lost).
+#[tokio::test]
+async fn a_listen_right_after_the_hub_lost_its_connection_hears_it() {
+    let cluster = app_cluster(ServerAuth::Trust);
+    let sluice = one_server(&cluster);
+    let (alice, _told) = connect_listening(sluice.port(), APP_USER, "postgres").await;
+    let (bob, mut inbox) = connect_listening(sluice.port(), APP_USER, "postgres").await;
+    let notifier = connect_as(sluice.port(), APP_USER, "postgres").await;
+    for round in 0..3 {
+        let channel = format!("lost{round}");
+        alice
+            .batch_execute(&format!("LISTEN {channel}"))
+            .await
+            .unwrap();
+        let terminated = cluster
+            .psql(
+                "postgres",
+                &format!(
+                    "select count(pg_terminate_backend(pid)) from pg_stat_activity \
+                     where query = 'LISTEN \"{channel}\"'"
+                ),
+            )
+            .expect("terminate the hub's backend");
+        assert_eq!(terminated.trim(), "1", "the hub's backend: {terminated}");
+        // (the hub sees its connection end at once: the LISTEN comes in
+        // the window before it is back)
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        bob.batch_execute(&format!("LISTEN {channel}"))
+            .await
+            .unwrap();
+        notifier
+            .batch_execute(&format!("NOTIFY {channel}, 'r{round}'"))
+            .await
+            .unwrap();
+        let n = tokio::time::timeout(Duration::from_secs(5), inbox.recv())
+            .await
+            .unwrap_or_else(|_| panic!("round {round}: the LISTEN heard nothing"))
+            .expect("connection open");
+        assert_eq!(n.payload(), format!("r{round}"));
+        alice.batch_execute("UNLISTEN *").await.unwrap();
+        bob.batch_execute("UNLISTEN *").await.unwrap();
+    }
+}
+
 #[tokio::test]
 async fn listeners_are_told_when_the_listen_connection_is_lost() {
     let cluster = app_cluster(ServerAuth::Trust);

@@ -213,6 +213,9 @@ impl NotifyHub {
             && tokio::time::timeout(SUBSCRIBE_TIMEOUT, wait).await.is_err()
         {
             tracing::warn!(db = %pool.database(), channel, "LISTEN: the pool's listening connection is not ready; notifications may be missed");
+            // (the client is told too, as when the connection is lost:
+            // review 51)
+            let _ = tx.try_send(lost_notice("it did not listen within 10 s"));
         }
     }
 
@@ -252,6 +255,16 @@ impl NotifyHub {
             }
         }
         self.changed.notify_one();
+    }
+
+    /// The hub's server listens to nothing (lost, or not logged in yet):
+    /// every wanted channel is to be listened to again.
+    fn not_listening(&self) {
+        let mut st = self.lock();
+        st.listening.clear();
+        st.unlistening.clear();
+        let all: Vec<String> = st.channels.keys().cloned().collect();
+        st.dirty.extend(all);
     }
 
     /// Hands `message` (a NoticeResponse) to every listening client once,
@@ -358,6 +371,7 @@ async fn run(pool: Weak<dyn HubOwner>) {
             Ok((server, _)) => server,
             Err(e) => {
                 tracing::warn!(db = %p.database(), "LISTEN connection failed: {e}");
+                p.hub().not_listening();
                 if stop_if_unused(&*p) {
                     return;
                 }
@@ -366,19 +380,16 @@ async fn run(pool: Weak<dyn HubOwner>) {
                 continue;
             }
         };
-        {
-            let mut st = p.hub().lock();
-            st.listening.clear();
-            st.unlistening.clear();
-            let all: Vec<String> = st.channels.keys().cloned().collect();
-            st.dirty.extend(all);
-        }
+        p.hub().not_listening();
         drop(p);
         match serve(&pool, &mut server).await {
             Served::Unused => return,
             Served::Failed(why) => {
                 tracing::warn!("LISTEN connection lost: {why}; reconnecting");
                 if let Some(p) = pool.upgrade() {
+                    // (nothing listens until the hub is back: a LISTEN
+                    // meanwhile waits for it, review 51)
+                    p.hub().not_listening();
                     p.hub().tell_all(&lost_notice(&why));
                 }
                 tokio::time::sleep(RECONNECT_DELAY).await;

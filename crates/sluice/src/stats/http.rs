@@ -64,11 +64,11 @@ pub async fn serve(app: Arc<App>, listener: TcpListener) {
     loop {
         match listener.accept().await {
             Ok((stream, peer)) => {
-                let mine = match PerAddress::take(&per_address, peer.ip()) {
-                    Some(mine) => mine,
+                let (mine, made_way) = match PerAddress::take(&per_address, peer.ip()) {
+                    Some(mine) => (mine, false),
                     None if unread.close_oldest_of(peer.ip()) => {
                         // (its place is given back once its task sees it)
-                        PerAddress::take_over(&per_address, peer.ip())
+                        (PerAddress::take_over(&per_address, peer.ip()), true)
                     }
                     None => {
                         drop(stream);
@@ -78,9 +78,10 @@ pub async fn serve(app: Arc<App>, listener: TcpListener) {
                 // Every place taken: the oldest connection that has not
                 // sent its request yet makes way (idle sockets from many
                 // addresses kept `/health` down; a review), or this one
-                // is closed.
+                // is closed. One of its own address's that made way gives
+                // it its place too (review 51: it closed two).
                 let slot = slots.clone().try_acquire_owned().ok();
-                if slot.is_none() && !unread.close_oldest() {
+                if slot.is_none() && !made_way && !unread.close_oldest() {
                     drop(stream);
                     continue;
                 }

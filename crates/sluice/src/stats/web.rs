@@ -244,6 +244,13 @@ fn check_credentials_inner(
     if password.is_empty() {
         return None;
     }
+    // (throttled, nothing is looked up: a 429 for known names only told
+    // which names exist, review 51)
+    let key = (user.to_owned(), sha256_of(password.as_bytes()));
+    let verified = verified_recently(&key);
+    if !verified && !failure_budget(false) {
+        return Some(Err(Refused::Throttled));
+    }
     let config = app.config();
     let s = &config.settings;
     let role = if s.admin_users.iter().any(|u| u == user) {
@@ -255,14 +262,10 @@ fn check_credentials_inner(
     };
     let users = app.userlist();
     let secret = users.get(user)?;
-    let key = (user.to_owned(), sha256_of(password.as_bytes()));
     if let Secret::Scram(_) = secret
-        && verified_recently(&key)
+        && verified
     {
         return Some(Ok(role));
-    }
-    if !failure_budget(false) {
-        return Some(Err(Refused::Throttled));
     }
     let ok = match secret {
         Secret::Plain(p) => same(p.as_bytes(), password.as_bytes()),

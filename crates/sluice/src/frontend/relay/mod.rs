@@ -126,7 +126,9 @@ pub async fn run(client: &mut Client, cbuf: &mut BytesMut, mut lease: Lease) -> 
         {
             // A later request of a block on a replica, nothing of it sent
             // (`read_your_writes = database`; rare: boxed).
-            Box::pin(replay::wait_in_block(client)).await;
+            if let replay::Held::ClientLeft = Box::pin(replay::wait_in_block(client)).await {
+                break Ok(Outcome::ClientGone);
+            }
         }
         if !skip_scans
             && let Err(end) = turn::read_requests(

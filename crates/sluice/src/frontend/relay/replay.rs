@@ -44,74 +44,203 @@ pub(super) fn request_waiting(cycle: &Cycle, cbuf: &BytesMut, tracking: Option<&
         && cycle.client_scan.at_boundary()
         && !cycle.client_terminated
         && tracking.is_none_or(|t| t.out.is_empty())
+        && !ends_the_block_alone(cbuf)
+}
+
+/// The request is a simple Query or a Parse of one statement that ends
+/// the block (or rolls back to a savepoint) and reads nothing: it needs
+/// no wait (review 51 found a COMMIT held for the whole wait). Anything
+/// after it in the text (`commit; select …`) reads outside the block,
+/// and waits.
+fn ends_the_block_alone(cbuf: &[u8]) -> bool {
+    let Some((&tag, rest)) = cbuf.split_first() else {
+        return false;
+    };
+    let Some(body) = rest.get(4..) else {
+        return false;
+    };
+    let text = match tag {
+        sluice_wire::tags::frontend::QUERY => body,
+        // (the statement's name first)
+        sluice_wire::tags::frontend::PARSE => match body.iter().position(|&b| b == 0) {
+            Some(i) => &body[i + 1..],
+            None => return false,
+        },
+        _ => return false,
+    };
+    let text = match text.iter().position(|&b| b == 0) {
+        Some(end) => &text[..end],
+        None => return false,
+    };
+    let text = text.trim_ascii();
+    let text = text.strip_suffix(b";").unwrap_or(text).trim_ascii_end();
+    let word_end = text
+        .iter()
+        .position(|b| !b.is_ascii_alphabetic())
+        .unwrap_or(text.len());
+    let (word, tail) = text.split_at(word_end);
+    ["commit", "end", "rollback", "abort"]
+        .iter()
+        .any(|w| word.eq_ignore_ascii_case(w.as_bytes()))
+        && tail
+            .iter()
+            .all(|b| b.is_ascii_alphanumeric() || *b == b'_' || b.is_ascii_whitespace())
+}
+
+/// How a held request's wait ended.
+pub(super) enum Held {
+    /// Send it (the replica has replayed what it needs, or the wait is
+    /// over anyway).
+    Go,
+    /// The client closed its end meanwhile: nothing of its request is
+    /// sent (review 51: its server stayed idle in transaction for the
+    /// whole wait, and the statement then ran for nobody).
+    ClientLeft,
+}
+
+/// What ended one look at the wait.
+enum Look {
+    Replayed,
+    Missed,
+    Waiting,
+    /// The watch cannot go on (a RELOAD took the replica out or turned
+    /// routing off): said why, once.
+    Over(&'static str),
 }
 
 /// Waits until the replica's checks show it has replayed every write
-/// that ended before now, or `replica_max_lag` has passed.
-pub(super) async fn wait_in_block(client: &mut Client) {
-    let current = client.app.topology(&client.pool.database);
-    let Some(watch) = client.replica_watch.as_deref_mut() else {
-        return;
+/// that ended before now, or `replica_max_lag` has passed. Each look
+/// follows a RELOAD that replaced the database's topology (writes are
+/// counted in the new one: review 49; review 51 waited out the whole
+/// wait on a retired one after a second RELOAD), and ends the wait when
+/// the client closes its end or sends a cancel (PostgreSQL, which has
+/// not seen the statement yet, ignores the cancel: the statement runs,
+/// as one whose cancel came before it started).
+pub(super) async fn wait_in_block(client: &mut Client) -> Held {
+    let Some(mut watch) = client.replica_watch.take() else {
+        return Held::Go;
     };
-    if let Some(current) = current
-        && !std::sync::Arc::ptr_eq(&current, &watch.topology)
-    {
-        // A RELOAD replaced the topology while the block was open: writes
-        // are counted in the new one (review 49), where the replica has
-        // another place, or none.
-        let place = (watch.topology.addr_of(watch.host)).and_then(|a| current.index_of(&a));
-        match place {
-            Some(i) => {
-                watch.topology = current;
-                watch.host = i;
-            }
-            None => {
+    client.app.cancels.forget_cancel(client.cancel);
+    let deadline = tokio::time::Instant::now() + watch.wait;
+    let mut waiter = None;
+    let mut keep = true;
+    let held = loop {
+        let current = client.app.topology(&client.pool.database);
+        let look = look(&mut watch, current, tokio::time::Instant::now() >= deadline);
+        match look {
+            Look::Replayed => break Held::Go,
+            Look::Missed => {
                 tracing::warn!(
                     db = %client.pool.database, user = %client.pool.user,
-                    "read_your_writes: a RELOAD took out the replica a block is open on; \
-                     its statements no longer wait for writes"
+                    "read_your_writes: a replica did not replay within replica_max_lag a \
+                     write that ended before a statement of a block open on it; the \
+                     statement runs without it"
                 );
-                client.replica_watch = None;
-                return;
+                break Held::Go;
             }
+            Look::Over(why) => {
+                tracing::warn!(
+                    db = %client.pool.database, user = %client.pool.user,
+                    "read_your_writes: {why}; the statements of a block open on a replica \
+                     no longer wait for writes"
+                );
+                keep = false;
+                break Held::Go;
+            }
+            Look::Waiting => {}
         }
+        if client.stream.peer_hung_up() {
+            break Held::ClientLeft;
+        }
+        if client.app.cancels.cancel_asked(client.cancel) {
+            break Held::Go;
+        }
+        if waiter.is_none() {
+            waiter = Some(watch.topology.replay_waiter());
+        }
+        tokio::time::sleep(POLL).await;
+    };
+    if keep {
+        client.replica_watch = Some(watch);
     }
-    if !wait(watch).await {
-        tracing::warn!(
-            db = %client.pool.database, user = %client.pool.user,
-            "read_your_writes: a replica did not replay within replica_max_lag a write that \
-             ended before a statement of a block open on it; the statement runs without it"
-        );
-    }
+    held
 }
 
-/// `wait_in_block`'s loop: false when the replica missed.
-async fn wait(watch: &mut ReplicaWatch) -> bool {
-    let deadline = tokio::time::Instant::now() + watch.wait;
-    let topology = watch.topology.clone();
-    let mut waiter = None;
-    loop {
-        // (`None`: a write ended whose position is not known yet; the
-        // writer's own read of it is a round trip away)
-        let need = match topology.database_position() {
-            Some(None) => return true,
-            Some(Some(lsn)) if lsn <= watch.seen => return true,
-            Some(Some(lsn)) if topology.replayed_past(watch.host, lsn) => {
-                watch.seen = lsn;
-                return true;
-            }
-            Some(Some(lsn)) => Some(lsn),
-            None => None,
+/// One look: the watch moved to the database's current topology if a
+/// RELOAD replaced it, then its replica's replay against the database's
+/// newest write position.
+fn look(
+    watch: &mut ReplicaWatch,
+    current: Option<std::sync::Arc<crate::backend::topology::Topology>>,
+    late: bool,
+) -> Look {
+    let Some(current) = current else {
+        return Look::Over("a RELOAD turned routing off");
+    };
+    if !std::sync::Arc::ptr_eq(&current, &watch.topology) {
+        let place = (watch.topology.addr_of(watch.host)).and_then(|a| current.index_of(&a));
+        let Some(i) = place else {
+            return Look::Over("a RELOAD took out the replica");
         };
-        if tokio::time::Instant::now() >= deadline {
-            topology.note_replay_missed();
-            if let Some(lsn) = need {
-                // (the block's next request waits only for newer writes)
-                watch.seen = lsn;
-            }
-            return false;
+        watch.topology = current;
+        watch.host = i;
+    }
+    let topology = &watch.topology;
+    // (`None`: a write ended whose position is not known yet; the
+    // writer's own read of it is a round trip away)
+    let need = match topology.database_position() {
+        Some(None) => return Look::Replayed,
+        Some(Some(lsn)) if lsn <= watch.seen => return Look::Replayed,
+        Some(Some(lsn)) if topology.replayed_past(watch.host, lsn) => {
+            watch.seen = lsn;
+            return Look::Replayed;
         }
-        waiter.get_or_insert_with(|| topology.replay_waiter());
-        tokio::time::sleep(POLL).await;
+        Some(Some(lsn)) => Some(lsn),
+        None => None,
+    };
+    if !late {
+        return Look::Waiting;
+    }
+    topology.note_replay_missed();
+    if let Some(lsn) = need {
+        // (the block's next request waits only for newer writes)
+        watch.seen = lsn;
+    }
+    Look::Missed
+}
+
+#[cfg(test)]
+mod tests {
+    use super::ends_the_block_alone;
+
+    fn query(sql: &str) -> Vec<u8> {
+        let mut m = vec![b'Q'];
+        m.extend_from_slice(&((sql.len() + 5) as i32).to_be_bytes());
+        m.extend_from_slice(sql.as_bytes());
+        m.push(0);
+        m
+    }
+
+    #[test]
+    fn only_a_lone_end_of_the_block_goes_unheld() {
+        for sql in [
+            "commit",
+            " COMMIT; ",
+            "rollback to savepoint a",
+            "end",
+            "abort",
+        ] {
+            assert!(ends_the_block_alone(&query(sql)), "{sql}");
+        }
+        for sql in [
+            "commit; select 1",
+            "select 1",
+            "commit -- then\nselect 1",
+            "rollback; select * from t",
+            "committed",
+            "",
+        ] {
+            assert!(!ends_the_block_alone(&query(sql)), "{sql}");
+        }
     }
 }
