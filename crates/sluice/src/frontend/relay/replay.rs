@@ -50,24 +50,62 @@ pub(super) fn request_waiting(cycle: &Cycle, cbuf: &BytesMut, tracking: Option<&
 /// The request is a simple Query or a Parse of one statement that ends
 /// the block (or rolls back to a savepoint) and reads nothing: it needs
 /// no wait (review 51 found a COMMIT held for the whole wait). Anything
-/// after it in the text (`commit; select …`) reads outside the block,
-/// and waits.
+/// after it (`commit; select …`, another message in the buffer but the
+/// Bind, Describe, Execute, Flush, Sync or Close of that unnamed
+/// statement) may read outside the block, and waits.
 fn ends_the_block_alone(cbuf: &[u8]) -> bool {
-    let Some((&tag, rest)) = cbuf.split_first() else {
-        return false;
-    };
-    let Some(body) = rest.get(4..) else {
+    use sluice_wire::tags::frontend as f;
+    let mut messages = std::iter::from_fn({
+        let mut rest = cbuf;
+        move || {
+            let (&tag, after) = rest.split_first()?;
+            let len = after.get(..4)?;
+            let len = i32::from_be_bytes([len[0], len[1], len[2], len[3]]);
+            let len = usize::try_from(len).ok().filter(|l| *l >= 4)?;
+            let body = after.get(4..len)?;
+            rest = &after[len..];
+            Some((tag, body, rest.is_empty()))
+        }
+    });
+    let Some((tag, body, last)) = messages.next() else {
         return false;
     };
     let text = match tag {
-        sluice_wire::tags::frontend::QUERY => body,
-        // (the statement's name first)
-        sluice_wire::tags::frontend::PARSE => match body.iter().position(|&b| b == 0) {
-            Some(i) => &body[i + 1..],
-            None => return false,
-        },
+        f::QUERY if last => body,
+        // (the unnamed statement only: its Bind, and nothing else, may
+        // follow)
+        f::PARSE if body.first() == Some(&0) => &body[1..],
         _ => return false,
     };
+    if !lone_end(text) {
+        return false;
+    }
+    if tag == f::QUERY {
+        return true;
+    }
+    let mut ended = false;
+    for (tag, body, last) in messages {
+        let fine = match tag {
+            // (Bind: portal name, then the statement's: the unnamed one)
+            f::BIND => {
+                let portal = body.iter().position(|&b| b == 0);
+                portal.is_some_and(|i| body.get(i + 1) == Some(&0))
+            }
+            f::DESCRIBE | f::EXECUTE | f::FLUSH | f::SYNC | f::CLOSE => true,
+            _ => false,
+        };
+        if !fine {
+            return false;
+        }
+        ended = last;
+    }
+    // (every byte was a whole message of the request)
+    ended || cbuf.len() == 5 + body.len()
+}
+
+/// `text` (up to its NUL) is one COMMIT, END, ROLLBACK or ABORT, with
+/// only words after it (`and chain`, `to savepoint a`).
+fn lone_end(text: &[u8]) -> bool {
     let text = match text.iter().position(|&b| b == 0) {
         Some(end) => &text[..end],
         None => return false,
@@ -219,6 +257,59 @@ mod tests {
         m.extend_from_slice(sql.as_bytes());
         m.push(0);
         m
+    }
+
+    fn message(tag: u8, body: &[u8]) -> Vec<u8> {
+        let mut m = vec![tag];
+        m.extend_from_slice(&((body.len() + 4) as i32).to_be_bytes());
+        m.extend_from_slice(body);
+        m
+    }
+
+    #[test]
+    fn a_batch_goes_unheld_only_with_nothing_but_its_commit() {
+        let parse = |name: &str, sql: &str| {
+            message(
+                b'P',
+                &[name.as_bytes(), &[0], sql.as_bytes(), &[0, 0, 0]].concat(),
+            )
+        };
+        let bind = |statement: &str| {
+            message(
+                b'B',
+                &[&[0], statement.as_bytes(), &[0, 0, 0, 0, 0, 0, 0]].concat(),
+            )
+        };
+        let execute = message(b'E', &[0, 0, 0, 0, 0]);
+        let sync = message(b'S', &[]);
+        let commit = [parse("", "commit"), bind(""), execute.clone(), sync.clone()].concat();
+        assert!(ends_the_block_alone(&commit));
+        let then_read = [
+            parse("", "commit"),
+            bind(""),
+            execute.clone(),
+            parse("", "select 1"),
+            bind(""),
+            execute.clone(),
+            sync.clone(),
+        ]
+        .concat();
+        assert!(!ends_the_block_alone(&then_read), "a second Parse");
+        let named = [
+            parse("", "commit"),
+            bind(""),
+            execute.clone(),
+            bind("s1"),
+            execute.clone(),
+            sync.clone(),
+        ]
+        .concat();
+        assert!(!ends_the_block_alone(&named), "a named statement's Bind");
+        let named_commit = [parse("s2", "commit"), bind("s2"), execute, sync].concat();
+        assert!(!ends_the_block_alone(&named_commit), "a named Parse");
+        let mut two = query("commit");
+        two.extend(query("select 1"));
+        assert!(!ends_the_block_alone(&two), "a second Query");
     }
 
     #[test]
