@@ -151,14 +151,15 @@ enum Look {
 /// follows a RELOAD that replaced the database's topology (writes are
 /// counted in the new one: review 49; review 51 waited out the whole
 /// wait on a retired one after a second RELOAD), and ends the wait when
-/// the client closes its end or sends a cancel (PostgreSQL, which has
-/// not seen the statement yet, ignores the cancel: the statement runs,
-/// as one whose cancel came before it started).
+/// the client closes its end. A cancel does not end it: the statement,
+/// sent once the replica has caught up (or the wait is over), would
+/// otherwise read stale data with no error (review 52); the cancel reached
+/// the idle server, which ignored it, as PostgreSQL ignores a cancel that
+/// comes before a statement starts.
 pub(super) async fn wait_in_block(client: &mut Client) -> Held {
     let Some(mut watch) = client.replica_watch.take() else {
         return Held::Go;
     };
-    client.app.cancels.forget_cancel(client.cancel);
     let deadline = tokio::time::Instant::now() + watch.wait;
     let mut waiter = None;
     let mut keep = true;
@@ -189,9 +190,6 @@ pub(super) async fn wait_in_block(client: &mut Client) -> Held {
         }
         if client.stream.peer_hung_up() {
             break Held::ClientLeft;
-        }
-        if client.app.cancels.cancel_asked(client.cancel) {
-            break Held::Go;
         }
         if waiter.is_none() {
             waiter = Some(watch.topology.replay_waiter());
