@@ -1294,6 +1294,30 @@ async fn listen_keeps_delivering_after_the_transaction_ends() {
     );
 }
 
+/// `listener` LISTENs to `channel`, `notifier` then sends `r<round>` on
+/// it, and the listener's `inbox` must have it within 5 s.
+async fn listen_then_hear(
+    listener: &Client,
+    inbox: &mut tokio::sync::mpsc::UnboundedReceiver<tokio_postgres::Notification>,
+    notifier: &Client,
+    channel: &str,
+    round: u32,
+) {
+    listener
+        .batch_execute(&format!("LISTEN {channel}"))
+        .await
+        .unwrap();
+    notifier
+        .batch_execute(&format!("NOTIFY {channel}, 'r{round}'"))
+        .await
+        .unwrap();
+    let n = tokio::time::timeout(Duration::from_secs(5), inbox.recv())
+        .await
+        .unwrap_or_else(|_| panic!("round {round}: the LISTEN heard nothing"))
+        .expect("connection open");
+    assert_eq!(n.payload(), format!("r{round}"));
+}
+
 /// A LISTEN that comes while the hub unlistens its channel (its last
 /// listener just left it) hears what is notified once it has returned
 /// (review 49: 18 of 40 such LISTENs heard nothing, ever).
@@ -1313,19 +1337,8 @@ async fn a_listen_right_after_the_last_unlisten_of_its_channel_hears_it() {
             .join(";");
         leaving.batch_execute(&listens).await.unwrap();
         leaving.batch_execute("UNLISTEN *").await.unwrap();
-        coming
-            .batch_execute(&format!("LISTEN race{round}_0"))
-            .await
-            .unwrap();
-        notifier
-            .batch_execute(&format!("NOTIFY race{round}_0, 'r{round}'"))
-            .await
-            .unwrap();
-        let n = tokio::time::timeout(Duration::from_secs(5), inbox.recv())
-            .await
-            .unwrap_or_else(|_| panic!("round {round}: the LISTEN heard nothing"))
-            .expect("connection open");
-        assert_eq!(n.payload(), format!("r{round}"));
+        let channel = format!("race{round}_0");
+        listen_then_hear(&coming, &mut inbox, &notifier, &channel, round).await;
     }
 }
 
@@ -1985,18 +1998,7 @@ async fn a_listen_right_after_the_hub_lost_its_connection_hears_it() {
         // (the hub sees its connection end at once: the LISTEN comes in
         // the window before it is back)
         tokio::time::sleep(Duration::from_millis(50)).await;
-        bob.batch_execute(&format!("LISTEN {channel}"))
-            .await
-            .unwrap();
-        notifier
-            .batch_execute(&format!("NOTIFY {channel}, 'r{round}'"))
-            .await
-            .unwrap();
-        let n = tokio::time::timeout(Duration::from_secs(5), inbox.recv())
-            .await
-            .unwrap_or_else(|_| panic!("round {round}: the LISTEN heard nothing"))
-            .expect("connection open");
-        assert_eq!(n.payload(), format!("r{round}"));
+        listen_then_hear(&bob, &mut inbox, &notifier, &channel, round).await;
         alice.batch_execute("UNLISTEN *").await.unwrap();
         bob.batch_execute("UNLISTEN *").await.unwrap();
     }
