@@ -1133,6 +1133,38 @@ async fn with_read_your_writes_database_a_block_on_a_replica_waits_after_a_flush
         "a request after a Flush missed a write that ended before it"
     );
     on_replica = resume.await.expect("resume");
+    // An Execute split around another client's commit is held whole
+    // (review 53: its second part went out unheld). A COPY's portal takes
+    // its snapshot when it runs.
+    let copy = "copy (select count(*) from items where id = 9203) to stdout";
+    let bind_p = msg::message(b'B', &[b'p', 0, 0, 0, 0, 0, 0, 0, 0]);
+    raw.send(&[msg::parse("", copy), bind_p, msg::sync()].concat())
+        .await
+        .expect("send");
+    assert_eq!(errors_in_replies(&mut raw, 1).await, Vec::<String>::new());
+    let mut execute_p = vec![b'p', 0];
+    execute_p.extend_from_slice(&0i32.to_be_bytes());
+    let request = [msg::message(b'E', &execute_p), msg::sync()].concat();
+    raw.send(&request[..6]).await.expect("send");
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let resume = write_while_replay_waits(&writer, on_replica, 9203).await;
+    raw.send(&request[6..]).await.expect("send");
+    let mut copied = None;
+    loop {
+        match raw.read_message(WAIT).await {
+            RawReply::Message(b'Z', _) => break,
+            RawReply::Message(b'd', body) => copied = Some(body),
+            RawReply::Message(b'E', body) => panic!("{:?}", error_fields(&body)),
+            RawReply::Message(..) => {}
+            other => panic!("{other:?}"),
+        }
+    }
+    assert_eq!(
+        copied.as_deref(),
+        Some(&b"1\n"[..]),
+        "an Execute split around a commit missed it"
+    );
+    on_replica = resume.await.expect("resume");
     // The same two servers, listed the other way round: a new topology.
     let swapped = routed_config(&replica, &primary, "route_reads=1", &ryw);
     sluice.rewrite_config(&swapped.render());

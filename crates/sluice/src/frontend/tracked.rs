@@ -223,10 +223,13 @@ fn rewritten(tag: u8) -> bool {
 /// Messages the client scan needs whole: those it rewrites, those whose
 /// body must be empty (five bytes, so at once), and FunctionCall, so that
 /// one trickled behind a Flush or Sync waits in sluice, not on a server
-/// (a review held the only server so).
+/// (a review held the only server so), and Execute (a few bytes), so
+/// that a request held for a replica's replay is held whole (review 53:
+/// an Execute split around another client's commit ran unheld).
 fn needs_body(tag: u8) -> bool {
     rewritten(tag)
         || tag == tags::frontend::FUNCTION_CALL
+        || tag == tags::frontend::EXECUTE
         || tags::frontend::after_login(tag) == Some(true)
 }
 

@@ -51,8 +51,8 @@ pub(super) fn request_waiting(cycle: &Cycle, cbuf: &BytesMut, tracking: Option<&
 /// the block (or rolls back to a savepoint) and reads nothing: it needs
 /// no wait (review 51 found a COMMIT held for the whole wait). Anything
 /// after it (`commit; select …`, another message in the buffer but the
-/// Bind, Describe, Execute, Flush, Sync or Close of that unnamed
-/// statement) may read outside the block, and waits.
+/// Bind of that unnamed statement to the unnamed portal, Execute of that
+/// portal, Describe, Flush, Sync or Close) may read, and waits.
 fn ends_the_block_alone(cbuf: &[u8]) -> bool {
     use sluice_wire::tags::frontend as f;
     let mut messages = std::iter::from_fn({
@@ -86,12 +86,12 @@ fn ends_the_block_alone(cbuf: &[u8]) -> bool {
     let mut ended = false;
     for (tag, body, last) in messages {
         let fine = match tag {
-            // (Bind: portal name, then the statement's: the unnamed one)
-            f::BIND => {
-                let portal = body.iter().position(|&b| b == 0);
-                portal.is_some_and(|i| body.get(i + 1) == Some(&0))
-            }
-            f::DESCRIBE | f::EXECUTE | f::FLUSH | f::SYNC | f::CLOSE => true,
+            // (Bind of the unnamed statement to the unnamed portal, and
+            // Execute of that portal only: review 53 ran a portal the
+            // client had bound before, behind a ROLLBACK TO SAVEPOINT)
+            f::BIND => body.starts_with(&[0, 0]),
+            f::EXECUTE => body.first() == Some(&0),
+            f::DESCRIBE | f::FLUSH | f::SYNC | f::CLOSE => true,
             _ => false,
         };
         if !fine {
@@ -303,6 +303,23 @@ mod tests {
         ]
         .concat();
         assert!(!ends_the_block_alone(&named), "a named statement's Bind");
+        let portal = {
+            let mut e = vec![b'q', 0];
+            e.extend_from_slice(&0i32.to_be_bytes());
+            message(b'E', &e)
+        };
+        let old_portal = [
+            parse("", "rollback to savepoint a"),
+            bind(""),
+            execute.clone(),
+            portal,
+            sync.clone(),
+        ]
+        .concat();
+        assert!(
+            !ends_the_block_alone(&old_portal),
+            "another portal's Execute"
+        );
         let named_commit = [parse("s2", "commit"), bind("s2"), execute, sync].concat();
         assert!(!ends_the_block_alone(&named_commit), "a named Parse");
         let mut two = query("commit");
