@@ -890,6 +890,19 @@ async fn with_read_your_writes_database_a_commit_whose_client_left_is_waited_for
     reads_back_on_the_replica(&reader).await;
 }
 
+/// Row `id` read through the extended protocol (a driver's Parse, Bind,
+/// Execute): how many rows have it, and whether it ran on a replica.
+async fn extended_read(client: &impl tokio_postgres::GenericClient, id: i32) -> (i64, bool) {
+    let row = client
+        .query_one(
+            "select count(*), pg_is_in_recovery() from items where id = $1",
+            &[&id],
+        )
+        .await
+        .expect("extended read");
+    (row.get(0), row.get(1))
+}
+
 /// How long a raw client waits for its replies.
 const WAIT: Duration = Duration::from_secs(10);
 
@@ -946,19 +959,12 @@ async fn with_read_your_writes_database_each_statement_of_a_block_on_a_replica_s
     on_replica = resume.await.expect("resume");
     // The extended protocol (tokio-postgres prepares, binds): the same.
     let resume = write_while_replay_waits(&writer, on_replica, 9002).await;
-    let row = reader
-        .query_one(
-            "select count(*), pg_is_in_recovery() from items where id = $1",
-            &[&9002i32],
-        )
-        .await
-        .expect("extended read");
+    let (count, in_recovery) = extended_read(&reader, 9002).await;
     assert_eq!(
-        row.get::<_, i64>(0),
-        1,
+        count, 1,
         "an extended-protocol statement of the block missed a write"
     );
-    assert!(row.get::<_, bool>(1), "the block left its replica");
+    assert!(in_recovery, "the block left its replica");
     reader.simple_query("commit").await.expect("commit");
     on_replica = resume.await.expect("resume");
     assert_eq!(missed_waits(&sluice), 0, "a wait was missed");
@@ -1486,22 +1492,9 @@ async fn a_read_only_block_goes_where_its_first_request_can_run() {
         .start()
         .await
         .expect("start a read-only transaction");
-    let row = tx
-        .query_one(
-            "select pg_is_in_recovery(), count(*) from items where id = $1",
-            &[&30i32],
-        )
-        .await
-        .expect("read in the block");
-    assert!(
-        row.get::<_, bool>(0),
-        "the driver's block is on the replica"
-    );
-    assert_eq!(
-        row.get::<_, i64>(1),
-        1,
-        "the replica has the row written above"
-    );
+    let (count, in_recovery) = extended_read(&tx, 30).await;
+    assert!(in_recovery, "the driver's block is on the replica");
+    assert_eq!(count, 1, "the replica has the row written above");
     tx.commit().await.expect("commit");
     // What the client hears: the tags PostgreSQL sends, in a block.
     let mut raw = RawClient::connect(sluice.port()).await;
