@@ -903,6 +903,18 @@ async fn extended_read(client: &impl tokio_postgres::GenericClient, id: i32) -> 
     (row.get(0), row.get(1))
 }
 
+/// `raw` opens a READ ONLY block, and its first query runs on the
+/// replica.
+async fn raw_block_on_the_replica(raw: &mut RawClient) {
+    raw.simple_query("begin read only", WAIT).await;
+    let standby = raw.simple_query("select pg_is_in_recovery()", WAIT).await;
+    assert_eq!(
+        standby,
+        [Some("t".to_owned())],
+        "the block is on the primary"
+    );
+}
+
 /// How long a raw client waits for its replies.
 const WAIT: Duration = Duration::from_secs(10);
 
@@ -976,13 +988,7 @@ async fn with_read_your_writes_database_each_statement_of_a_block_on_a_replica_s
     use sluice_tests::msg;
     let mut raw = RawClient::logged_in(sluice.port(), APP_USER, "postgres").await;
     reads_back_on_the_replica(&reader).await;
-    raw.simple_query("begin read only", WAIT).await;
-    let standby = raw.simple_query("select pg_is_in_recovery()", WAIT).await;
-    assert_eq!(
-        standby,
-        [Some("t".to_owned())],
-        "the block is on the primary"
-    );
+    raw_block_on_the_replica(&mut raw).await;
     let unnamed = [
         msg::parse("", "select count(*) from items where id = 9003"),
         msg::describe(b'S', ""),
@@ -1110,13 +1116,7 @@ async fn with_read_your_writes_database_a_block_on_a_replica_waits_after_a_flush
     let mut raw = RawClient::logged_in(sluice.port(), APP_USER, "postgres").await;
     let count = |id: u32| format!("select count(*) from items where id = {id}");
     reads_back_on_the_replica(&reader).await;
-    raw.simple_query("begin read only", WAIT).await;
-    let standby = raw.simple_query("select pg_is_in_recovery()", WAIT).await;
-    assert_eq!(
-        standby,
-        [Some("t".to_owned())],
-        "the block is on the primary"
-    );
+    raw_block_on_the_replica(&mut raw).await;
     let execute = |sql: &str| [msg::parse("", sql), msg::bind(""), msg::execute()].concat();
     raw.send(&[execute(&count(9201)), msg::flush()].concat())
         .await
@@ -1228,13 +1228,7 @@ async fn with_read_your_writes_database_a_held_request_of_a_client_gone_is_not_s
     // A client gone: its server goes back at once, its statement unsent.
     reads_back_on_the_replica(&reader).await;
     let mut raw = RawClient::logged_in(sluice.port(), APP_USER, "postgres").await;
-    raw.simple_query("begin read only", WAIT).await;
-    let standby = raw.simple_query("select pg_is_in_recovery()", WAIT).await;
-    assert_eq!(
-        standby,
-        [Some("t".to_owned())],
-        "the block is on the primary"
-    );
+    raw_block_on_the_replica(&mut raw).await;
     replay(&on_replica, false).await;
     writer
         .simple_query("insert into items values (9302, 'held')")
